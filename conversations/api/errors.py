@@ -1,0 +1,52 @@
+"""API errors keep DRF's shape ({"detail": ..., "code": ...} or field -> messages) so clients and
+scripts can rely on them."""
+
+from typing import Any
+
+from django.core.exceptions import PermissionDenied
+from django.http import Http404
+from rest_framework import exceptions, status
+from rest_framework.response import Response
+from rest_framework.views import exception_handler as drf_exception_handler
+
+
+class TurnConflict(exceptions.APIException):
+    status_code = status.HTTP_409_CONFLICT
+    default_detail = "Another turn of this chat is in progress."
+    default_code = "turn_in_progress"
+
+
+class ModelUpstreamError(exceptions.APIException):
+    status_code = status.HTTP_502_BAD_GATEWAY
+    default_detail = "The model failed to answer; nothing was stored. Retry the turn."
+    default_code = "model_error"
+
+
+class ModelTimeout(exceptions.APIException):
+    status_code = status.HTTP_504_GATEWAY_TIMEOUT
+    default_detail = "The model did not answer in time; nothing was stored. Retry the turn."
+    default_code = "model_timeout"
+
+
+class MemoryUnavailable(exceptions.APIException):
+    status_code = status.HTTP_503_SERVICE_UNAVAILABLE
+    default_detail = "The context cannot be brought within its bound right now."
+    default_code = "context_over_bound"
+
+
+def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
+    # DRF turns Django's Http404/PermissionDenied into its own exceptions; do it first so the
+    # code below sees the exception whose codes the response carries.
+    if isinstance(exc, Http404):
+        exc = exceptions.NotFound()
+    elif isinstance(exc, PermissionDenied):
+        exc = exceptions.PermissionDenied()
+    response = drf_exception_handler(exc, context)
+    if response is not None and isinstance(exc, exceptions.APIException):
+        data = response.data
+        # Add the stable machine-readable code beside "detail" (DRF keeps it on the exception).
+        if isinstance(data, dict) and set(data) == {"detail"}:
+            codes = exc.get_codes()
+            if isinstance(codes, str):
+                data["code"] = codes
+    return response

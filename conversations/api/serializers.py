@@ -1,0 +1,135 @@
+from typing import Any
+
+from django.conf import settings
+from rest_framework import serializers
+
+from conversations.models import Brief, Chat, Consolidation, Message
+from memory_worker.policies import effective_policy
+from memory_worker.presets import PRESETS, PolicyError, policy_parameters
+
+
+class StrictCharField(serializers.CharField):
+    """A CharField that refuses numbers, booleans and objects instead of str()-ing them."""
+
+    def to_internal_value(self, data: Any) -> str:
+        if not isinstance(data, str):
+            self.fail("invalid")
+        return super().to_internal_value(data)
+
+
+class ChatSerializer(serializers.ModelSerializer):
+    title = StrictCharField(max_length=200, required=False, allow_blank=True, trim_whitespace=False)
+    system_prompt = StrictCharField(
+        required=False, allow_blank=True, trim_whitespace=False, max_length=20000
+    )
+    policy = serializers.ChoiceField(choices=sorted(PRESETS), required=False)
+    policy_overrides = serializers.DictField(required=False)
+    model_variant = StrictCharField(required=False, allow_blank=True, max_length=100)
+    effective_policy = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Chat
+        fields = [
+            "id",
+            "title",
+            "system_prompt",
+            "policy",
+            "policy_overrides",
+            "effective_policy",
+            "model_variant",
+            "last_seq",
+            "created_at",
+            "updated_at",
+        ]
+        read_only_fields = ["id", "last_seq", "created_at", "updated_at"]
+
+    def get_effective_policy(self, chat: Chat) -> dict[str, object]:
+        return policy_parameters(effective_policy(chat.policy, chat.policy_overrides))
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        preset = attrs.get("policy") or settings.MEMORY_POLICY
+        try:
+            effective_policy(preset, attrs.get("policy_overrides") or {})
+        except PolicyError as error:
+            raise serializers.ValidationError({"policy_overrides": [str(error)]}) from error
+        return attrs
+
+
+class MessageSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = Message
+        fields = [
+            "seq",
+            "role",
+            "content",
+            "token_count",
+            "model_variant",
+            "metadata",
+            "created_at",
+        ]
+        read_only_fields = fields
+
+
+class TurnRequestSerializer(serializers.Serializer):
+    content = StrictCharField(trim_whitespace=False)
+    model_variant = StrictCharField(required=False, allow_blank=True, max_length=100)
+
+    def validate_content(self, value: str) -> str:
+        if not value.strip():
+            raise serializers.ValidationError("Content must not be empty or only whitespace.")
+        limit = settings.CHATMEM_MAX_MESSAGE_CHARS
+        if len(value) > limit:
+            raise serializers.ValidationError(
+                f"Content is {len(value)} characters; the limit is {limit}."
+            )
+        return value
+
+
+class TurnResponseSerializer(serializers.Serializer):
+    user_message = MessageSerializer()
+    assistant_message = MessageSerializer()
+
+
+class BriefSerializer(serializers.ModelSerializer):
+    unfolded = serializers.IntegerField(read_only=True)
+    pending = serializers.BooleanField(read_only=True)
+
+    class Meta:
+        model = Brief
+        fields = [
+            "summary",
+            "summary_tokens",
+            "last_consolidated",
+            "last_consolidated_at",
+            "version",
+            "unfolded",
+            "pending",
+            "degraded",
+            "consecutive_failures",
+            "next_attempt_at",
+            "last_error",
+        ]
+        read_only_fields = fields
+
+
+class ConsolidationSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = Consolidation
+        fields = [
+            "id",
+            "trigger",
+            "status",
+            "from_seq",
+            "to_seq",
+            "synchronous",
+            "input_tokens",
+            "output_tokens",
+            "summary_tokens_before",
+            "summary_tokens_after",
+            "summarizer_calls",
+            "started_at",
+            "finished_at",
+            "duration_ms",
+            "error",
+        ]
+        read_only_fields = fields

@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class ConversationsConfig(AppConfig):
+    name = "conversations"
+    default_auto_field = "django.db.models.BigAutoField"

@@ -1,0 +1,309 @@
+"""The chat model that answers a user's turn (DESIGN §3 step 5). Plain Python, no Django.
+
+Two implementations of ``ChatModel``:
+
+- ``OpenAIChatModel``: any OpenAI-compatible Chat Completions endpoint.
+- ``OfflineChatModel``: deterministic and clearly marked, no network (the embedded default).
+
+Failures are ``ModelError`` with the HTTP status the API answers with (502 for an upstream error
+or an unusable reply, 504 for a timeout) and a message safe to show the client: it names the
+upstream status and error code but never echoes provider text, which can contain key fragments.
+The full upstream error goes to the log.
+
+Streaming: ``stream()`` sends the request at once, so an upstream error raises from the call
+itself, before anything has been sent to the client. It returns a ``CompletionStream``: iterate
+it for content deltas; once it is exhausted, ``.result`` holds the ``ChatCompletion`` (content,
+finish reason, usage). A failure while iterating also raises ``ModelError``.
+"""
+
+import logging
+import re
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, Self, cast
+
+import openai
+
+from memory_worker.tokens import count_tokens
+
+log = logging.getLogger(__name__)
+
+UPSTREAM_ERROR = 502
+UPSTREAM_TIMEOUT = 504
+
+# What a context's messages look like: {"role": ..., "content": ...}, plus tool fields.
+ModelMessages = Sequence[Mapping[str, object]]
+
+
+@dataclass(frozen=True)
+class ChatCompletion:
+    content: str
+    finish_reason: str
+    prompt_tokens: int
+    completion_tokens: int
+    model: str
+
+
+class ModelError(Exception):
+    """The model produced no usable reply. ``str(error)`` is safe to show the client."""
+
+    def __init__(self, message: str, status: int = UPSTREAM_ERROR) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class CompletionStream(Iterator[str]):
+    """Content deltas of a streamed reply; ``result`` is set once the stream is exhausted."""
+
+    def __init__(
+        self,
+        deltas: Generator[str, None, ChatCompletion],
+        release: Callable[[], object] | None = None,
+    ) -> None:
+        self._deltas = deltas
+        self._release = release
+        self.result: ChatCompletion | None = None
+
+    def __iter__(self) -> Self:
+        return self
+
+    def __next__(self) -> str:
+        try:
+            return next(self._deltas)
+        except StopIteration as done:
+            self.result = done.value
+            raise
+
+    def close(self) -> None:
+        """Stop early and release the upstream connection (also when never iterated, where the
+        generator's own cleanup would not run)."""
+        self._deltas.close()
+        if self._release is not None:
+            self._release()
+
+
+class ChatModel(Protocol):
+    def complete(self, messages: ModelMessages, model: str) -> ChatCompletion: ...
+
+    def stream(self, messages: ModelMessages, model: str) -> CompletionStream: ...
+
+
+# ---------------------------------------------------------------------------------------------
+# OpenAI-compatible endpoint
+
+
+class OpenAIChatModel:
+    def __init__(self, client: openai.OpenAI, timeout: float) -> None:
+        self.client = client
+        self.timeout = timeout
+
+    def complete(self, messages: ModelMessages, model: str) -> ChatCompletion:
+        try:
+            response = self.client.chat.completions.create(
+                model=model, messages=cast(Any, list(messages)), timeout=self.timeout
+            )
+        except openai.OpenAIError as error:
+            raise self._model_error(error, model) from error
+        if not response.choices:
+            raise ModelError("The model returned no reply.")
+        choice = response.choices[0]
+        content = reply_text(choice.message.content, getattr(choice.message, "refusal", None))
+        require_reply(content, bool(choice.message.tool_calls), choice.finish_reason)
+        usage = response.usage
+        return ChatCompletion(
+            content=content,
+            finish_reason=choice.finish_reason or "stop",
+            prompt_tokens=usage.prompt_tokens if usage else count_messages(messages, model),
+            completion_tokens=usage.completion_tokens if usage else count_tokens(content, model),
+            model=response.model or model,
+        )
+
+    def stream(self, messages: ModelMessages, model: str) -> CompletionStream:
+        try:
+            chunks = self.client.chat.completions.create(
+                model=model,
+                messages=cast(Any, list(messages)),
+                timeout=self.timeout,
+                stream=True,
+                stream_options={"include_usage": True},
+            )
+        except openai.OpenAIError as error:
+            raise self._model_error(error, model) from error
+        return CompletionStream(self._deltas(chunks, messages, model), release=chunks.close)
+
+    def _deltas(
+        self, chunks: Any, messages: ModelMessages, model: str
+    ) -> Generator[str, None, ChatCompletion]:
+        state = StreamState(model=model)
+        try:
+            for chunk in chunks:
+                delta = state.absorb(chunk)
+                if delta:
+                    yield delta
+        except openai.OpenAIError as error:
+            raise self._model_error(error, model, mid_stream=True) from error
+        except Exception as error:
+            # A malformed chunk must still end the turn as a clean 502, not a 500.
+            log.warning("model stream failed", extra={"model": model}, exc_info=True)
+            raise ModelError("The model's reply stream was malformed.") from error
+        finally:
+            chunks.close()
+        return state.completion(messages)
+
+    def _model_error(
+        self, error: openai.OpenAIError, model: str, mid_stream: bool = False
+    ) -> ModelError:
+        log.warning("model call failed: %s", error, extra={"model": model})
+        return model_error_from(error, self.timeout, mid_stream)
+
+
+@dataclass
+class StreamState:
+    """What the chunks of a streamed reply have said so far."""
+
+    model: str
+    content: str = ""
+    finish_reason: str | None = None
+    has_tool_calls: bool = False
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+
+    def absorb(self, chunk: Any) -> str:
+        """Record one chunk; return its content delta ("" when it has none)."""
+        self.model = chunk.model or self.model
+        if chunk.usage:  # the last chunk, with include_usage, has usage and no choices
+            self.prompt_tokens = chunk.usage.prompt_tokens
+            self.completion_tokens = chunk.usage.completion_tokens
+        if not chunk.choices:
+            return ""
+        choice = chunk.choices[0]
+        self.finish_reason = choice.finish_reason or self.finish_reason
+        self.has_tool_calls = self.has_tool_calls or bool(choice.delta.tool_calls)
+        delta = choice.delta.content or getattr(choice.delta, "refusal", None) or ""
+        self.content += delta
+        return delta
+
+    def completion(self, messages: ModelMessages) -> ChatCompletion:
+        if self.finish_reason is None:
+            # The connection closed without the end of the reply: never store a cut reply.
+            raise ModelError("The model's reply stream ended before the reply was complete.")
+        require_reply(self.content, self.has_tool_calls, self.finish_reason)
+        return ChatCompletion(
+            content=self.content,
+            finish_reason=self.finish_reason,
+            prompt_tokens=(
+                self.prompt_tokens
+                if self.prompt_tokens is not None
+                else count_messages(messages, self.model)
+            ),
+            completion_tokens=(
+                self.completion_tokens
+                if self.completion_tokens is not None
+                else count_tokens(self.content, self.model)
+            ),
+            model=self.model,
+        )
+
+
+def reply_text(content: str | None, refusal: str | None) -> str:
+    # A refusal is still an answer the user should see ("I can't help with that").
+    return content or refusal or ""
+
+
+def require_reply(content: str, has_tool_calls: bool, finish_reason: str | None) -> None:
+    """An empty reply is a failure; a reply cut by the length limit is still a reply."""
+    if content.strip() or has_tool_calls:
+        return
+    if finish_reason == "content_filter":
+        raise ModelError("The model's reply was blocked by its content filter.")
+    raise ModelError("The model returned an empty reply.")
+
+
+def model_error_from(
+    error: openai.OpenAIError, timeout: float, mid_stream: bool = False
+) -> ModelError:
+    if isinstance(error, openai.APITimeoutError):
+        return ModelError(f"The model did not answer within {timeout:g} seconds.", UPSTREAM_TIMEOUT)
+    if isinstance(error, openai.APIConnectionError):
+        if mid_stream:
+            return ModelError("The connection to the model endpoint broke during the reply.")
+        return ModelError("Could not connect to the model endpoint.")
+    if isinstance(error, openai.APIStatusError):
+        code = f", {error.code}" if error.code else ""
+        if error.status_code == 408:
+            return ModelError(f"The model endpoint timed out (HTTP 408{code}).", UPSTREAM_TIMEOUT)
+        return ModelError(f"The model endpoint returned an error (HTTP {error.status_code}{code}).")
+    if isinstance(error, openai.APIError) and not isinstance(
+        error, openai.APIResponseValidationError
+    ):
+        # An error event in the middle of a streamed reply.
+        code = f" ({error.code})" if error.code else ""
+        return ModelError(f"The model endpoint reported an error during the reply{code}.")
+    return ModelError("The model endpoint returned an invalid response.")
+
+
+def count_messages(messages: ModelMessages, model: str) -> int:
+    return sum(count_tokens(message_content(message), model) for message in messages)
+
+
+def message_content(message: Mapping[str, object]) -> str:
+    content = message.get("content")
+    return content if isinstance(content, str) else ""
+
+
+# ---------------------------------------------------------------------------------------------
+# Offline model
+
+OFFLINE_MODEL_NAME = "offline"
+ECHO_CHARS = 200
+# conversations.services.context puts the summary in a system message starting with this.
+SUMMARY_PREFIX = "Summary of the earlier conversation"
+WORD_BOUNDARY = re.compile(r"(?<=\s)(?=\S)")
+
+
+class OfflineChatModel:
+    """A stand-in model with no network: answers deterministically, and says it is offline."""
+
+    def __init__(self, summary_prefix: str = SUMMARY_PREFIX) -> None:
+        self.summary_prefix = summary_prefix
+
+    def complete(self, messages: ModelMessages, model: str) -> ChatCompletion:
+        reply = self.reply_to(messages)
+        return ChatCompletion(
+            content=reply,
+            finish_reason="stop",
+            prompt_tokens=count_messages(messages, model),
+            completion_tokens=count_tokens(reply, model),
+            model=model or OFFLINE_MODEL_NAME,
+        )
+
+    def stream(self, messages: ModelMessages, model: str) -> CompletionStream:
+        return CompletionStream(self._words(self.complete(messages, model)))
+
+    def reply_to(self, messages: ModelMessages) -> str:
+        said = last_user_text(messages)[:ECHO_CHARS] or "(nothing)"
+        summary = "yes" if self.has_summary(messages) else "no"
+        return (
+            f"[offline model] You said: {said}. "
+            f"(Context: {len(messages)} messages, summary present: {summary}.)"
+        )
+
+    def has_summary(self, messages: ModelMessages) -> bool:
+        return any(
+            message.get("role") == "system"
+            and message_content(message).startswith(self.summary_prefix)
+            for message in messages
+        )
+
+    @staticmethod
+    def _words(completion: ChatCompletion) -> Generator[str, None, ChatCompletion]:
+        # Split between whitespace and the next word, so the deltas join back exactly.
+        yield from WORD_BOUNDARY.split(completion.content)
+        return completion
+
+
+def last_user_text(messages: ModelMessages) -> str:
+    for message in reversed(messages):
+        if message.get("role") == "user":
+            return message_content(message).strip()
+    return ""

@@ -1,0 +1,129 @@
+"""Chats, their append-only messages, the memory brief and the consolidation ledger (DESIGN §2).
+
+Invariants kept here:
+- ``Message.seq`` is 1, 2, 3… per chat, allocated from ``Chat.last_seq`` under the chat's row
+  lock in the transaction that stores the message, so sequence order is commit order.
+- ``Brief.last_consolidated`` (W) only moves forward, by one conditional UPDATE per fold that
+  also bumps ``version`` (the fencing token).
+"""
+
+from django.conf import settings
+from django.db import models
+
+
+class Role(models.TextChoices):
+    SYSTEM = "system"
+    USER = "user"
+    ASSISTANT = "assistant"
+    TOOL = "tool"
+
+
+class Chat(models.Model):
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="chats"
+    )
+    title = models.CharField(max_length=200, blank=True)
+    system_prompt = models.TextField(blank=True)
+    system_prompt_tokens = models.PositiveIntegerField(default=0)
+    policy = models.CharField(max_length=40)
+    policy_overrides = models.JSONField(default=dict, blank=True)
+    model_variant = models.CharField(max_length=100, blank=True)
+    last_seq = models.PositiveBigIntegerField(default=0)
+    # The turn slot: one turn at a time per chat, claimed by a conditional UPDATE.
+    turn_token = models.UUIDField(null=True, blank=True)
+    turn_started_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        indexes = [models.Index(fields=["owner", "-created_at"])]
+
+    def __str__(self) -> str:
+        return self.title or f"Chat {self.pk}"
+
+
+class Message(models.Model):
+    chat = models.ForeignKey(Chat, on_delete=models.CASCADE, related_name="messages")
+    seq = models.PositiveBigIntegerField()
+    role = models.CharField(max_length=16, choices=Role.choices)
+    content = models.TextField()
+    token_count = models.PositiveIntegerField()
+    model_variant = models.CharField(max_length=100, blank=True)
+    metadata = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["chat", "seq"]
+        constraints = [
+            models.UniqueConstraint(fields=["chat", "seq"], name="message_unique_chat_seq"),
+            models.CheckConstraint(condition=models.Q(seq__gte=1), name="message_seq_positive"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.chat_id}#{self.seq} {self.role}"
+
+
+class Brief(models.Model):
+    """The chat's memory: the rolling summary and the watermark W of what it covers."""
+
+    chat = models.OneToOneField(
+        Chat, on_delete=models.CASCADE, primary_key=True, related_name="brief"
+    )
+    summary = models.TextField(blank=True)
+    summary_tokens = models.PositiveIntegerField(default=0)
+    last_consolidated = models.PositiveBigIntegerField(default=0)
+    last_consolidated_at = models.DateTimeField(null=True, blank=True)
+    version = models.PositiveBigIntegerField(default=0)
+    # chat.last_seq when the last fold was decided: later user messages count for the safety
+    # trigger (seed 000 counts user turns since the last summarization).
+    turns_mark = models.PositiveBigIntegerField(default=0)
+    consecutive_failures = models.PositiveIntegerField(default=0)
+    degraded = models.BooleanField(default=False)
+    next_attempt_at = models.DateTimeField(null=True, blank=True, db_index=True)
+    last_error = models.TextField(blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["last_consolidated_at"], name="brief_last_consolidated_at")]
+
+    def __str__(self) -> str:
+        return f"Brief of chat {self.chat_id} (W={self.last_consolidated}, v{self.version})"
+
+
+class ConsolidationStatus(models.TextChoices):
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    SUPERSEDED = "superseded"
+
+
+class Consolidation(models.Model):
+    """The ledger: one row per fold attempt. Succeeded rows of a chat cover 1..W exactly once."""
+
+    chat = models.ForeignKey(Chat, on_delete=models.CASCADE, related_name="consolidations")
+    trigger = models.CharField(max_length=32)
+    status = models.CharField(
+        max_length=16, choices=ConsolidationStatus.choices, default=ConsolidationStatus.RUNNING
+    )
+    from_seq = models.PositiveBigIntegerField()
+    to_seq = models.PositiveBigIntegerField()
+    base_version = models.PositiveBigIntegerField()
+    synchronous = models.BooleanField(default=False)
+    input_tokens = models.PositiveIntegerField(default=0)
+    output_tokens = models.PositiveIntegerField(default=0)
+    summary_tokens_before = models.PositiveIntegerField(default=0)
+    summary_tokens_after = models.PositiveIntegerField(default=0)
+    summarizer_calls = models.PositiveIntegerField(default=0)
+    started_at = models.DateTimeField(auto_now_add=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    duration_ms = models.PositiveIntegerField(null=True, blank=True)
+    error = models.TextField(blank=True)
+    worker = models.CharField(max_length=200, blank=True)
+
+    class Meta:
+        ordering = ["chat", "-id"]
+        indexes = [models.Index(fields=["chat", "status"])]
+
+    def __str__(self) -> str:
+        return f"{self.chat_id} [{self.from_seq}..{self.to_seq}] {self.status}"

@@ -1,0 +1,35 @@
+"""Which chat model answers turns: the configured OpenAI-compatible endpoint, or the offline
+model when no API key is set (the embedded default)."""
+
+from functools import lru_cache
+
+from django.conf import settings
+
+from conversations.llm import ChatModel, OfflineChatModel, OpenAIChatModel
+from memory_worker.summarizers import make_openai_client
+
+
+def chat_backend_name() -> str:
+    if settings.CHAT_BACKEND:
+        return str(settings.CHAT_BACKEND)
+    return "openai" if settings.OPENAI_API_KEY else "offline"
+
+
+@lru_cache(maxsize=4)
+def _chat_model(backend: str, base_url: str | None, api_key: str, timeout: float) -> ChatModel:
+    if backend == "offline":
+        return OfflineChatModel()
+    if backend != "openai":
+        raise ValueError(f'CHAT_BACKEND must be "openai" or "offline", got "{backend}"')
+    client = make_openai_client(base_url=base_url, api_key=api_key, timeout=timeout, max_retries=0)
+    return OpenAIChatModel(client=client, timeout=timeout)
+
+
+def get_chat_model() -> ChatModel:
+    # Cached per configuration: building an OpenAI client per turn costs a new connection pool.
+    return _chat_model(
+        chat_backend_name(),
+        settings.OPENAI_BASE_URL,
+        settings.OPENAI_API_KEY,
+        settings.LLM_TIMEOUT_SECONDS,
+    )

@@ -1,0 +1,50 @@
+"""Model variants a turn may choose (seed 003 §6). Memory is model-agnostic; a variant's context
+window only feeds the token-budget trigger."""
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+from django.conf import settings
+
+DEFAULT_VARIANT = "default"
+
+
+@dataclass(frozen=True)
+class ModelVariant:
+    name: str
+    model: str
+    context_tokens: int
+
+
+class UnknownVariant(ValueError):
+    pass
+
+
+@lru_cache(maxsize=8)
+def _parse_variants(spec: str, default_model: str, default_context: int) -> dict[str, ModelVariant]:
+    variants = {DEFAULT_VARIANT: ModelVariant(DEFAULT_VARIANT, default_model, default_context)}
+    for item in filter(None, (part.strip() for part in spec.split(","))):
+        name, sep, target = item.partition("=")
+        model, _, context = target.partition(":")
+        if not sep or not name.strip() or not model.strip():
+            raise ValueError(
+                f"MODEL_VARIANTS entry {item!r} must look like name=model[:context_tokens]"
+            )
+        tokens = int(context) if context.strip() else default_context
+        variants[name.strip()] = ModelVariant(name.strip(), model.strip(), tokens)
+    return variants
+
+
+def model_variants() -> dict[str, ModelVariant]:
+    return _parse_variants(
+        settings.MODEL_VARIANTS, settings.CHAT_MODEL, settings.CHAT_MODEL_CONTEXT_TOKENS
+    )
+
+
+def resolve_variant(name: str | None) -> ModelVariant:
+    variants = model_variants()
+    key = name or DEFAULT_VARIANT
+    if key not in variants:
+        known = ", ".join(sorted(variants))
+        raise UnknownVariant(f'Unknown model_variant "{key}". Known variants: {known}.')
+    return variants[key]

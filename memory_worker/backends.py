@@ -1,0 +1,66 @@
+"""Which summarizer folds messages: Chat Completions (default with an API key), the Responses
+API with a hosted prompt (seed 003), or the offline extractive summarizer (embedded default)."""
+
+from functools import lru_cache
+
+from django.conf import settings
+
+from memory_worker.summarizers import (
+    ChatCompletionsSummarizer,
+    OfflineSummarizer,
+    ResponsesSummarizer,
+    Summarizer,
+    make_openai_client,
+)
+
+SUMMARIZER_BACKENDS = ("chat", "responses", "offline")
+
+
+def summarizer_backend_name() -> str:
+    if settings.MEMORY_SUMMARIZER_BACKEND:
+        return str(settings.MEMORY_SUMMARIZER_BACKEND)
+    return "chat" if settings.OPENAI_API_KEY else "offline"
+
+
+@lru_cache(maxsize=4)
+def _summarizer(
+    backend: str,
+    base_url: str | None,
+    api_key: str,
+    model: str,
+    cap: int,
+    timeout: float,
+    prompt_id: str,
+    prompt_version: str | None,
+) -> Summarizer:
+    if backend == "offline":
+        return OfflineSummarizer(cap_tokens=cap)
+    if backend not in SUMMARIZER_BACKENDS:
+        raise ValueError(
+            f"MEMORY_SUMMARIZER_BACKEND must be one of {', '.join(SUMMARIZER_BACKENDS)}, "
+            f'got "{backend}"'
+        )
+    # Celery owns retries and deadlines: the client itself never retries.
+    client = make_openai_client(base_url=base_url, api_key=api_key, timeout=timeout, max_retries=0)
+    if backend == "responses":
+        return ResponsesSummarizer(
+            client,
+            prompt_id=prompt_id,
+            prompt_version=prompt_version,
+            cap_tokens=cap,
+            timeout=timeout,
+        )
+    return ChatCompletionsSummarizer(client, model=model, cap_tokens=cap, timeout=timeout)
+
+
+def get_summarizer() -> Summarizer:
+    return _summarizer(
+        summarizer_backend_name(),
+        settings.OPENAI_BASE_URL,
+        settings.OPENAI_API_KEY,
+        settings.MEMORY_SUMMARIZER_MODEL,
+        settings.MEMORY_SUMMARY_TOKEN_CAP,
+        settings.MEMORY_LLM_TIMEOUT_SECONDS,
+        settings.PROMPT_ID_SUMMARY_GLOBAL,
+        settings.PROMPT_VERSION_SUMMARY_GLOBAL,
+    )

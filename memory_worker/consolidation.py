@@ -1,0 +1,329 @@
+"""Folding messages into the summary (DESIGN §6). Called by the Celery tasks, the in-process
+runner of the embedded mode, the turn (synchronous fold) and the admin.
+
+The fold is: read a snapshot (brief, then unfolded messages), let the pure engine decide, call
+the summarizer with no database transaction open, then commit with ONE conditional UPDATE of the
+brief (``WHERE version = v AND last_consolidated = W``). Zero rows means another fold committed
+first: this result is stale, nothing is written, the ledger row says ``superseded``. That UPDATE,
+not the Redis lock, is what makes folding exactly-once.
+"""
+
+import logging
+import random
+import socket
+import time
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from functools import partial
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import F, Q
+from django.utils import timezone
+
+from conversations.models import Brief, Chat, Consolidation, ConsolidationStatus, Message
+from memory_worker import policy as engine
+from memory_worker.backends import get_summarizer
+from memory_worker.locks import ChatLock, Release
+from memory_worker.policies import policy_for_chat, variant_context_tokens
+from memory_worker.signals import messages_folded
+from memory_worker.state import MemorySnapshot, engine_state, load_snapshot
+from memory_worker.summarizers import FoldMessage, SummarizerError
+from memory_worker.tokens import count_tokens
+
+log = logging.getLogger("chatmem.fold")
+
+WORKER_NAME = f"{socket.gethostname()}:{uuid.uuid4().hex[:6]}"
+
+
+@dataclass(frozen=True)
+class FoldOutcome:
+    status: str  # "nothing" | "deferred" | "succeeded" | "superseded" | "failed"
+    decision: engine.Decision | None = None
+    ledger_id: int | None = None
+    error: str = ""
+    transient: bool = False
+
+
+@dataclass(frozen=True)
+class SummaryDraft:
+    text: str
+    tokens: int
+    input_tokens: int
+    output_tokens: int
+    calls: int
+
+
+def decide_for_chat(
+    chat: Chat, snapshot: MemorySnapshot, trigger: str, now: datetime
+) -> engine.Decision | None:
+    state = engine_state(chat, snapshot, variant_context_tokens(chat))
+    policy = policy_for_chat(chat)
+    if trigger == "manual":
+        return engine.decide_manual(state, policy)
+    return engine.decide(state, policy, now)
+
+
+def consolidate_once(chat_id: int, trigger: str, now: datetime | None = None) -> FoldOutcome:
+    """One policy evaluation and at most one fold (seed 000 §7: one summarization per cycle)."""
+    now = now or timezone.now()
+    chat = Chat.objects.filter(pk=chat_id).first()
+    if chat is None:  # deleted while queued
+        return FoldOutcome("nothing")
+    snapshot = load_snapshot(chat_id)
+    if trigger != "manual" and _in_backoff(chat_id, now):
+        return FoldOutcome("deferred")
+    decision = decide_for_chat(chat, snapshot, trigger, now)
+    if decision is None:
+        return FoldOutcome("nothing")
+    return execute_fold(chat, snapshot, decision, now=now)
+
+
+def _in_backoff(chat_id: int, now: datetime) -> bool:
+    return Brief.objects.filter(chat_id=chat_id, next_attempt_at__gt=now).exists()
+
+
+def execute_fold(
+    chat: Chat,
+    snapshot: MemorySnapshot,
+    decision: engine.Decision,
+    *,
+    now: datetime,
+    synchronous: bool = False,
+) -> FoldOutcome:
+    started = time.monotonic()
+    ledger = Consolidation.objects.create(
+        chat=chat,
+        trigger=decision.trigger,
+        from_seq=decision.from_seq,
+        to_seq=decision.to_seq,
+        base_version=snapshot.version,
+        synchronous=synchronous,
+        summary_tokens_before=snapshot.summary_tokens,
+        worker=WORKER_NAME,
+    )
+    to_fold = [m for m in snapshot.unfolded if decision.from_seq <= m.seq <= decision.to_seq]
+    try:
+        draft = summarize_in_chunks(snapshot.summary, to_fold)
+    except SummarizerError as error:
+        record_failure(chat.pk, snapshot, ledger, str(error), error.transient, now, started)
+        return FoldOutcome("failed", decision, ledger.pk, str(error), error.transient)
+    except Exception as error:
+        # Includes Celery's soft time limit: the ledger must not stay "running".
+        record_failure(chat.pk, snapshot, ledger, repr(error), True, now, started)
+        raise
+    return commit_fold(chat.pk, snapshot, decision, ledger, draft, now, started)
+
+
+def summarize_in_chunks(summary: str, to_fold: list[Message]) -> SummaryDraft:
+    """A fold larger than the summarizer's input budget runs chunk by chunk, each producing the
+    next summary version (DESIGN §5): never trimmed."""
+    summarizer = get_summarizer()
+    chunks = engine.split_for_summarizer(
+        [engine.Msg(m.seq, m.role, m.token_count) for m in to_fold],
+        settings.MEMORY_SUMMARIZER_INPUT_BUDGET,
+    )
+    input_tokens = output_tokens = 0
+    for first, last in chunks:
+        batch = [FoldMessage(m.seq, m.role, m.content) for m in to_fold if first <= m.seq <= last]
+        result = summarizer.summarize(summary, batch)
+        summary = result.text
+        input_tokens += result.input_tokens
+        output_tokens += result.output_tokens
+    return SummaryDraft(summary, count_tokens(summary), input_tokens, output_tokens, len(chunks))
+
+
+def commit_fold(
+    chat_id: int,
+    snapshot: MemorySnapshot,
+    decision: engine.Decision,
+    ledger: Consolidation,
+    draft: SummaryDraft,
+    now: datetime,
+    started: float,
+) -> FoldOutcome:
+    duration_ms = int((time.monotonic() - started) * 1000)
+    with transaction.atomic():
+        # The fencing step: only the fold that read this exact version may advance W.
+        committed = Brief.objects.filter(
+            chat_id=chat_id,
+            version=snapshot.version,
+            last_consolidated=snapshot.last_consolidated,
+        ).update(
+            summary=draft.text,
+            summary_tokens=draft.tokens,
+            last_consolidated=decision.to_seq,
+            last_consolidated_at=now,
+            version=F("version") + 1,
+            turns_mark=snapshot.last_seq,
+            consecutive_failures=0,
+            degraded=False,
+            next_attempt_at=None,
+            last_error="",
+            updated_at=timezone.now(),
+        )
+        status = ConsolidationStatus.SUCCEEDED if committed else ConsolidationStatus.SUPERSEDED
+        Consolidation.objects.filter(pk=ledger.pk).update(
+            status=status,
+            finished_at=timezone.now(),
+            duration_ms=duration_ms,
+            input_tokens=draft.input_tokens,
+            output_tokens=draft.output_tokens,
+            summary_tokens_after=draft.tokens if committed else snapshot.summary_tokens,
+            summarizer_calls=draft.calls,
+        )
+        if committed:
+            transaction.on_commit(
+                partial(
+                    messages_folded.send,
+                    sender=Brief,
+                    chat_id=chat_id,
+                    from_seq=decision.from_seq,
+                    to_seq=decision.to_seq,
+                    version=snapshot.version + 1,
+                    summary=draft.text,
+                )
+            )
+    log.info(
+        "fold %s",
+        status,
+        extra={
+            "event": "fold",
+            "chat_id": chat_id,
+            "trigger": decision.trigger,
+            "synchronous": ledger.synchronous,
+            "from_seq": decision.from_seq,
+            "to_seq": decision.to_seq,
+            "messages_folded": decision.to_seq - decision.from_seq + 1,
+            "summary_tokens_before": snapshot.summary_tokens,
+            "summary_tokens_after": draft.tokens,
+            "input_tokens": draft.input_tokens,
+            "output_tokens": draft.output_tokens,
+            "summarizer_calls": draft.calls,
+            "duration_ms": duration_ms,
+            "outcome": str(status),
+        },
+    )
+    return FoldOutcome(str(status), decision, ledger.pk)
+
+
+def failure_backoff(consecutive_failures: int) -> timedelta:
+    """Exponential with jitter, so a fleet of failing chats does not retry in lockstep."""
+    base = settings.MEMORY_FAILURE_BACKOFF_SECONDS * 2 ** max(consecutive_failures - 1, 0)
+    capped = min(base, settings.MEMORY_FAILURE_BACKOFF_MAX_SECONDS)
+    return timedelta(seconds=capped * random.uniform(0.8, 1.2))
+
+
+def record_failure(
+    chat_id: int,
+    snapshot: MemorySnapshot,
+    ledger: Consolidation,
+    error: str,
+    transient: bool,
+    now: datetime,
+    started: float,
+) -> None:
+    Consolidation.objects.filter(pk=ledger.pk).update(
+        status=ConsolidationStatus.FAILED,
+        finished_at=timezone.now(),
+        duration_ms=int((time.monotonic() - started) * 1000),
+        error=error[:2000],
+    )
+    failures = (
+        Brief.objects.filter(chat_id=chat_id).values_list("consecutive_failures", flat=True).first()
+        or 0
+    ) + 1
+    # Filtered by version: if another fold committed meanwhile, this failure is old news.
+    Brief.objects.filter(chat_id=chat_id, version=snapshot.version).update(
+        consecutive_failures=failures,
+        degraded=failures >= settings.MEMORY_DEGRADED_AFTER_FAILURES,
+        next_attempt_at=now + failure_backoff(failures),
+        last_error=error[:2000],
+        updated_at=timezone.now(),
+    )
+    log.warning(
+        "fold failed",
+        extra={
+            "event": "fold",
+            "chat_id": chat_id,
+            "trigger": ledger.trigger,
+            "synchronous": ledger.synchronous,
+            "from_seq": ledger.from_seq,
+            "to_seq": ledger.to_seq,
+            "outcome": "failed",
+            "transient": transient,
+            "consecutive_failures": failures,
+            "error": error[:500],
+        },
+    )
+
+
+def consolidate_with_lock(
+    chat_id: int, trigger: str, lock: ChatLock, *, max_runs: int | None = None
+) -> list[FoldOutcome]:
+    """Seed 001's is_consolidating / pending_consolidation, made atomic: acquire or mark pending;
+    after each run release, or (pending was set) clear it and re-judge once more. Bounded by
+    ``max_runs``; past it the lock is released and a fresh task takes over."""
+    max_runs = max_runs or settings.MEMORY_MAX_RERUNS_PER_TASK
+    token = uuid.uuid4().hex
+    if not lock.acquire_or_mark_pending(chat_id, token):
+        log.info("lock busy, rerun marked", extra={"event": "lock_contended", "chat_id": chat_id})
+        return []
+    outcomes: list[FoldOutcome] = []
+    try:
+        while True:
+            outcome = consolidate_once(chat_id, trigger)
+            outcomes.append(outcome)
+            if outcome.status == ConsolidationStatus.SUCCEEDED:
+                # One fold per cycle; a backlog may still leave another due: re-judge.
+                lock.mark_pending(chat_id)
+            if len(outcomes) >= max_runs:
+                break
+            release = lock.release_or_rerun(chat_id, token)
+            if release is Release.LOST:
+                log.warning("lock expired during a run", extra={"chat_id": chat_id})
+            if release is not Release.RERUN:
+                return outcomes
+            trigger = "rerun"
+    except BaseException:
+        lock.release(chat_id, token)
+        raise
+    lock.release(chat_id, token)
+    if lock.is_pending(chat_id):
+        from memory_worker.dispatch import request_consolidation
+
+        request_consolidation(chat_id, "rerun")
+    return outcomes
+
+
+def abandon_stale_runs(now: datetime) -> int:
+    """Ledger rows left ``running`` by a killed worker: nothing was written for them (the fold
+    commits atomically), so they are marked failed once no lock can still cover them."""
+    cutoff = now - timedelta(seconds=settings.MEMORY_LOCK_TTL_SECONDS)
+    return Consolidation.objects.filter(
+        status=ConsolidationStatus.RUNNING, started_at__lt=cutoff
+    ).update(status=ConsolidationStatus.FAILED, error="abandoned: worker died", finished_at=now)
+
+
+def sweep_candidates(now: datetime, lock: ChatLock, limit: int) -> list[int]:
+    """Chats the beat sweep should look at: failed chats whose retry is due, chats whose
+    cooldown has passed with messages beyond the watermark, and chats marked pending whose
+    run died."""
+    retry_due = Brief.objects.filter(next_attempt_at__lte=now).values_list("chat_id", flat=True)
+    cooldown_cutoff = now - timedelta(seconds=settings.MEMORY_SWEEP_MIN_COOLDOWN_SECONDS)
+    cooled = (
+        Brief.objects.filter(
+            Q(last_consolidated_at__lte=cooldown_cutoff) | Q(last_consolidated_at__isnull=True),
+            chat__last_seq__gt=F("last_consolidated"),
+            next_attempt_at__isnull=True,
+        )
+        .order_by(F("last_consolidated_at").asc(nulls_first=True))
+        .values_list("chat_id", flat=True)
+    )
+    chosen = dict.fromkeys([*retry_due[:limit], *lock.pending_chats()[:limit]])
+    for chat_id in cooled[:limit]:
+        chat = Chat.objects.get(pk=chat_id)
+        if decide_for_chat(chat, load_snapshot(chat_id), "cooldown", now) is not None:
+            chosen[chat_id] = None
+    return list(chosen)[:limit]

@@ -1,0 +1,166 @@
+"""One consolidation per chat at a time, and no lost trigger (DESIGN §6, seed 001).
+
+"Acquire, or else mark pending" and "release, or else clear pending and keep the lock for one
+more run" are each a single atomic step (a Lua script in Redis, a mutex in-process): a trigger
+that lands between a run's last check and its release can never be lost, which is how
+check-then-release designs drop reruns.
+
+The lock only saves work. Correctness rests on the fold's conditional UPDATE.
+"""
+
+import threading
+import time
+from enum import Enum
+from typing import Protocol
+
+import redis
+
+
+class Release(Enum):
+    RELEASED = "released"
+    RERUN = "rerun"  # a trigger arrived during the run: we still hold the lock, run once more
+    LOST = "lost"  # the TTL expired and someone else may hold it now
+
+
+class ChatLock(Protocol):
+    def acquire_or_mark_pending(self, chat_id: int, token: str) -> bool: ...
+    def release_or_rerun(self, chat_id: int, token: str) -> Release: ...
+    def release(self, chat_id: int, token: str) -> bool: ...
+    def mark_pending(self, chat_id: int) -> None: ...
+    def is_pending(self, chat_id: int) -> bool: ...
+    def pending_chats(self) -> list[int]: ...
+    def clear_pending(self, chat_id: int) -> None: ...
+
+
+PENDING_SET = "chatmem:pending"
+
+# KEYS[1] lock, KEYS[2] pending set; ARGV: token, ttl ms, chat id
+_ACQUIRE = """
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  -- this run reads the state after acquiring, so it covers every earlier trigger
+  redis.call('SREM', KEYS[2], ARGV[3])
+  return 1
+end
+redis.call('SADD', KEYS[2], ARGV[3])
+return 0
+"""
+
+# 2 = rerun (pending cleared, lock kept and refreshed), 1 = released, 0 = not ours any more
+_RELEASE_OR_RERUN = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+  return 0
+end
+if redis.call('SREM', KEYS[2], ARGV[3]) == 1 then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return 2
+end
+redis.call('DEL', KEYS[1])
+return 1
+"""
+
+_RELEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
+"""
+
+
+class RedisChatLock:
+    def __init__(self, client: "redis.Redis", ttl_seconds: float) -> None:
+        self._client = client
+        self._ttl_ms = int(ttl_seconds * 1000)
+        self._acquire = client.register_script(_ACQUIRE)
+        self._release_or_rerun = client.register_script(_RELEASE_OR_RERUN)
+        self._release = client.register_script(_RELEASE)
+
+    @staticmethod
+    def key(chat_id: int) -> str:
+        return f"chatmem:lock:chat:{chat_id}"
+
+    def acquire_or_mark_pending(self, chat_id: int, token: str) -> bool:
+        keys = [self.key(chat_id), PENDING_SET]
+        return bool(self._acquire(keys=keys, args=[token, self._ttl_ms, chat_id]))
+
+    def release_or_rerun(self, chat_id: int, token: str) -> Release:
+        keys = [self.key(chat_id), PENDING_SET]
+        result = int(self._release_or_rerun(keys=keys, args=[token, self._ttl_ms, chat_id]))
+        return {2: Release.RERUN, 1: Release.RELEASED}.get(result, Release.LOST)
+
+    def release(self, chat_id: int, token: str) -> bool:
+        return bool(self._release(keys=[self.key(chat_id)], args=[token]))
+
+    def mark_pending(self, chat_id: int) -> None:
+        self._client.sadd(PENDING_SET, str(chat_id))
+
+    def is_pending(self, chat_id: int) -> bool:
+        return bool(self._client.sismember(PENDING_SET, str(chat_id)))
+
+    def pending_chats(self) -> list[int]:
+        return sorted(int(member) for member in self._client.smembers(PENDING_SET))
+
+    def clear_pending(self, chat_id: int) -> None:
+        self._client.srem(PENDING_SET, str(chat_id))
+
+    def holder(self, chat_id: int) -> str | None:
+        value = self._client.get(self.key(chat_id))
+        return value.decode() if isinstance(value, bytes) else value
+
+
+class LocalChatLock:
+    """The same contract inside one process, for the embedded mode (no Redis)."""
+
+    def __init__(self, ttl_seconds: float) -> None:
+        self._mutex = threading.Lock()
+        self._holders: dict[int, tuple[str, float]] = {}
+        self._pending: set[int] = set()
+        self._ttl = ttl_seconds
+
+    def _held_by_other(self, chat_id: int, token: str) -> bool:
+        holder = self._holders.get(chat_id)
+        return holder is not None and holder[0] != token and holder[1] > time.monotonic()
+
+    def acquire_or_mark_pending(self, chat_id: int, token: str) -> bool:
+        with self._mutex:
+            if self._held_by_other(chat_id, token):
+                self._pending.add(chat_id)
+                return False
+            self._holders[chat_id] = (token, time.monotonic() + self._ttl)
+            self._pending.discard(chat_id)
+            return True
+
+    def release_or_rerun(self, chat_id: int, token: str) -> Release:
+        with self._mutex:
+            holder = self._holders.get(chat_id)
+            if holder is None or holder[0] != token:
+                return Release.LOST
+            if chat_id in self._pending:
+                self._pending.discard(chat_id)
+                self._holders[chat_id] = (token, time.monotonic() + self._ttl)
+                return Release.RERUN
+            del self._holders[chat_id]
+            return Release.RELEASED
+
+    def release(self, chat_id: int, token: str) -> bool:
+        with self._mutex:
+            holder = self._holders.get(chat_id)
+            if holder is None or holder[0] != token:
+                return False
+            del self._holders[chat_id]
+            return True
+
+    def mark_pending(self, chat_id: int) -> None:
+        with self._mutex:
+            self._pending.add(chat_id)
+
+    def is_pending(self, chat_id: int) -> bool:
+        with self._mutex:
+            return chat_id in self._pending
+
+    def pending_chats(self) -> list[int]:
+        with self._mutex:
+            return sorted(self._pending)
+
+    def clear_pending(self, chat_id: int) -> None:
+        with self._mutex:
+            self._pending.discard(chat_id)

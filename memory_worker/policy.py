@@ -1,0 +1,344 @@
+"""The pure memory policy engine (DESIGN §4): given a chat's state, a policy and ``now``, decide
+whether to fold and which range. Standard library only, no I/O, deterministic.
+
+Vocabulary:
+- W (``last_consolidated``): every message with ``seq <= W`` is folded into the summary; every
+  message with ``seq > W`` ("unfolded") is verbatim in the context. A fold moves W forward to a
+  *turn boundary*.
+- Turn boundary: ``b`` is a boundary when ``b == W`` or message ``b + 1`` is a user message. So a
+  user message, its reply, assistant tool calls and tool results (even a call never answered)
+  always stay together.
+- ``compress_end``: the last boundary that keeps the policy's verbatim tail (in messages and in
+  turns) and, in the background, always the newest turn. Backlog = ``compress_end - W``.
+- History: the summary plus every unfolded message. The hard bound limits the history (message
+  count and tokens) and the whole prompt; the new user message comes on top, as in seeds 000
+  (recent_messages <= K + B) and 001 (context_size counts history messages).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+ROLE_OVERHEAD_TOKENS = 4  # per chat message: role and separators
+PROMPT_PRIMING_TOKENS = 3  # every reply is primed with a few tokens
+# A model needs room to answer: the prompt may use at most this share of its context window.
+PROMPT_WINDOW_SHARE = 0.9
+
+TRIGGER_PRIORITY = (
+    "token_budget",
+    "overflow",
+    "hard_limit",
+    "window",
+    "safety",
+    "chunk_size",
+    "cooldown",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Msg:
+    seq: int
+    role: str
+    tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    """Every knob of the engine. ``None`` disables a trigger or a bound. Field names are what
+    clients pass as ``policy_overrides``."""
+
+    name: str
+    # Verbatim tail that background folds never touch.
+    tail_messages: int = 0  # seed 000 K, seed 001 tail_keep_size
+    tail_turns: int = 1  # seed 003 K, seed 004 FULL_DETAIL_TURNS; at least the newest turn
+    # Triggers.
+    token_budget_fraction: float | None = None  # seed 000: prompt > 70% of the model window
+    max_tokens: int | None = None  # seed 002: history tokens; also its hard bound
+    max_summary_tokens: int = 256  # seed 002: reserved for the summary
+    fold_target_tokens: int | None = None  # token folds cut history down to this (low water)
+    overflow_buffer: int | None = None  # seed 000 B: fold when unfolded > tail_messages + B
+    hard_limit: int | None = None  # seed 001 compression_hard_limit (backlog)
+    window: int | None = None  # seed 001 compression_window_size (backlog)
+    safety_user_turns: int | None = None  # seed 000: every N user turns
+    chunk_threshold: int | None = None  # seed 003: summary + unfolded tokens
+    cooldown_seconds: float | None = None  # seed 001 compression_cooldown_sec
+    max_fold_turns: int | None = None  # seed 004: fold one turn at a time
+    # Hard bounds (promise 2), enforced before the model call.
+    context_size: int | None = None  # history messages (seed 001 context_size, seed 000 K + B)
+    max_memory_tokens: int | None = None  # history tokens
+    summary_token_cap: int = 500
+
+
+@dataclass(frozen=True, slots=True)
+class ChatState:
+    last_consolidated: int
+    last_seq: int
+    unfolded: tuple[Msg, ...]
+    summary_tokens: int
+    system_tokens: int
+    turns_mark: int
+    last_consolidated_at: datetime | None
+    model_context_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    trigger: str
+    from_seq: int
+    to_seq: int
+
+    @property
+    def size(self) -> int:
+        return self.to_seq - self.from_seq + 1
+
+
+@dataclass(frozen=True, slots=True)
+class PreTurn:
+    fold: Decision | None
+    fits: bool
+
+
+# --- measures -------------------------------------------------------------------------------
+
+
+def history_tokens(state: ChatState) -> int:
+    return state.summary_tokens + sum(m.tokens for m in state.unfolded)
+
+
+def prompt_tokens(state: ChatState, new_message_tokens: int = 0) -> int:
+    """The whole prompt: system prompt, summary, unfolded messages and the new message, each
+    with its role overhead, plus the reply priming."""
+    total = PROMPT_PRIMING_TOKENS
+    if state.system_tokens:
+        total += state.system_tokens + ROLE_OVERHEAD_TOKENS
+    if state.summary_tokens:
+        total += state.summary_tokens + ROLE_OVERHEAD_TOKENS
+    total += sum(m.tokens + ROLE_OVERHEAD_TOKENS for m in state.unfolded)
+    if new_message_tokens:
+        total += new_message_tokens + ROLE_OVERHEAD_TOKENS
+    return total
+
+
+def boundaries(state: ChatState) -> list[int]:
+    """Every boundary b >= W, ascending: folding (W, b] never splits a turn."""
+    found = [state.last_consolidated]
+    found.extend(m.seq - 1 for m in state.unfolded if m.role == "user")
+    return sorted(set(b for b in found if b >= state.last_consolidated))
+
+
+def _tokens_after(state: ChatState, boundary: int) -> int:
+    return sum(m.tokens for m in state.unfolded if m.seq > boundary)
+
+
+def _users_after(state: ChatState, boundary: int) -> int:
+    return sum(1 for m in state.unfolded if m.seq > boundary and m.role == "user")
+
+
+def compress_end(state: ChatState, policy: Policy, *, keep_newest_turn: bool = True) -> int:
+    """The last boundary that keeps the verbatim tail. Before a turn (``keep_newest_turn=False``)
+    the incoming message is the newest turn, so the stored ones only keep the policy's tail."""
+    min_turns = max(policy.tail_turns, 1) if keep_newest_turn else max(policy.tail_turns - 1, 0)
+    best = state.last_consolidated
+    for boundary in boundaries(state):
+        if (
+            state.last_seq - boundary >= policy.tail_messages
+            and _users_after(state, boundary) >= min_turns
+        ):
+            best = boundary
+    return best
+
+
+def _limit_turns(state: ChatState, policy: Policy, end: int) -> int:
+    if policy.max_fold_turns is None:
+        return end
+    allowed = [
+        b
+        for b in boundaries(state)
+        if b <= end
+        and _users_after(state, state.last_consolidated) - _users_after(state, b)
+        <= policy.max_fold_turns
+    ]
+    return max(allowed) if allowed else state.last_consolidated
+
+
+def _fold(state: ChatState, trigger: str, end: int) -> Decision | None:
+    if end <= state.last_consolidated:
+        return None
+    return Decision(trigger, state.last_consolidated + 1, end)
+
+
+def backlog(state: ChatState, policy: Policy) -> int:
+    return compress_end(state, policy) - state.last_consolidated
+
+
+# --- background decision ---------------------------------------------------------------------
+
+
+def _token_target(policy: Policy, state: ChatState) -> int:
+    if policy.fold_target_tokens is not None:
+        return policy.fold_target_tokens
+    if policy.max_tokens is not None:
+        return policy.max_tokens - policy.max_summary_tokens
+    fraction = policy.token_budget_fraction or 1.0
+    return int(fraction * state.model_context_tokens) // 2
+
+
+def token_budget_exceeded(state: ChatState, policy: Policy) -> bool:
+    if policy.token_budget_fraction is not None and prompt_tokens(state) > (
+        policy.token_budget_fraction * state.model_context_tokens
+    ):
+        return True
+    return (
+        policy.max_tokens is not None
+        and history_tokens(state) > policy.max_tokens - policy.max_summary_tokens
+    )
+
+
+def _token_fold_end(state: ChatState, policy: Policy, newest_allowed: int) -> int:
+    """Fold the oldest turns until the rest (with a summary at its reserve) fits the low-water
+    target (seed 002), never past ``newest_allowed``. A policy with a verbatim message tail
+    folds down to that tail, as seed 000 §5 keeps only the most recent K after a fold."""
+    target = _token_target(policy, state)
+    reserve = max(policy.max_summary_tokens, state.summary_tokens)
+    end = newest_allowed
+    for boundary in boundaries(state):
+        if boundary > newest_allowed:
+            break
+        if reserve + _tokens_after(state, boundary) <= target:
+            end = boundary
+            break
+    if policy.tail_messages:
+        end = max(end, compress_end(state, policy))
+    return end
+
+
+def _newest_turn_boundary(state: ChatState) -> int:
+    """The boundary before the newest stored turn: background folds stop there."""
+    return max(boundaries(state))
+
+
+def _triggered(state: ChatState, policy: Policy, now: datetime) -> str | None:
+    pending = backlog(state, policy)
+    unfolded_count = len(state.unfolded)
+    checks = {
+        "token_budget": token_budget_exceeded(state, policy),
+        "overflow": policy.overflow_buffer is not None
+        and unfolded_count > policy.tail_messages + policy.overflow_buffer,
+        "hard_limit": policy.hard_limit is not None and pending >= policy.hard_limit,
+        "window": policy.window is not None and pending >= policy.window,
+        "safety": policy.safety_user_turns is not None
+        and sum(1 for m in state.unfolded if m.role == "user" and m.seq > state.turns_mark)
+        >= policy.safety_user_turns,
+        "chunk_size": policy.chunk_threshold is not None
+        and history_tokens(state) > policy.chunk_threshold,
+        "cooldown": policy.cooldown_seconds is not None
+        and pending > 0
+        and (
+            state.last_consolidated_at is None
+            or (now - state.last_consolidated_at).total_seconds() >= policy.cooldown_seconds
+        ),
+    }
+    for trigger in TRIGGER_PRIORITY:
+        if checks[trigger] and _range_end(state, policy, trigger) > state.last_consolidated:
+            return trigger
+    return None
+
+
+def _range_end(state: ChatState, policy: Policy, trigger: str) -> int:
+    if trigger == "token_budget":
+        end = _token_fold_end(state, policy, _newest_turn_boundary(state))
+    else:
+        end = compress_end(state, policy)
+    return _limit_turns(state, policy, end)
+
+
+def decide(state: ChatState, policy: Policy, now: datetime) -> Decision | None:
+    """At most one fold, for the highest-priority trigger that has a non-empty range."""
+    trigger = _triggered(state, policy, now)
+    if trigger is None:
+        return None
+    return _fold(state, trigger, _range_end(state, policy, trigger))
+
+
+def decide_manual(state: ChatState, policy: Policy) -> Decision | None:
+    return _fold(state, "manual", _limit_turns(state, policy, compress_end(state, policy)))
+
+
+# --- request path ----------------------------------------------------------------------------
+
+
+def _within_bound(
+    state: ChatState, policy: Policy, boundary: int, summary_tokens: int, new_tokens: int
+) -> bool:
+    remaining = [m for m in state.unfolded if m.seq > boundary]
+    if policy.context_size is not None and len(remaining) > policy.context_size:
+        return False
+    history = summary_tokens + sum(m.tokens for m in remaining)
+    if policy.max_memory_tokens is not None and history > policy.max_memory_tokens:
+        return False
+    after = ChatState(
+        last_consolidated=boundary,
+        last_seq=state.last_seq,
+        unfolded=tuple(remaining),
+        summary_tokens=summary_tokens,
+        system_tokens=state.system_tokens,
+        turns_mark=state.turns_mark,
+        last_consolidated_at=state.last_consolidated_at,
+        model_context_tokens=state.model_context_tokens,
+    )
+    return prompt_tokens(after, new_tokens) <= PROMPT_WINDOW_SHARE * state.model_context_tokens
+
+
+def decide_before_turn(state: ChatState, policy: Policy, new_message_tokens: int) -> PreTurn:
+    """DESIGN §3 step 4: if the context with the new message is over the hard bound, the fold to
+    run synchronously first. Every stored message is foldable here (the new message is the
+    newest turn). ``fits`` is False when even folding everything would not fit."""
+    if _within_bound(
+        state, policy, state.last_consolidated, state.summary_tokens, new_message_tokens
+    ):
+        return PreTurn(None, True)
+    # After a fold the summary may grow up to its cap: plan with the cap.
+    summary_after = max(state.summary_tokens, policy.summary_token_cap)
+    candidates = [*boundaries(state), state.last_seq]
+    for boundary in sorted(set(candidates)):
+        if boundary <= state.last_consolidated:
+            continue
+        if _within_bound(state, policy, boundary, summary_after, new_message_tokens):
+            end = max(boundary, compress_end(state, policy, keep_newest_turn=False))
+            return PreTurn(Decision("hard_bound", state.last_consolidated + 1, end), True)
+    return PreTurn(None, False)
+
+
+# --- summarizer input ------------------------------------------------------------------------
+
+
+def turns_of(msgs: Sequence[Msg]) -> list[list[Msg]]:
+    """Group messages into turns: each user message opens one; a leading non-user message
+    opens one too."""
+    grouped: list[list[Msg]] = []
+    for message in msgs:
+        if message.role == "user" or not grouped:
+            grouped.append([message])
+        else:
+            grouped[-1].append(message)
+    return grouped
+
+
+def split_for_summarizer(msgs: Sequence[Msg], max_input_tokens: int) -> list[tuple[int, int]]:
+    """Consecutive (from_seq, to_seq) chunks of whole turns, each within ``max_input_tokens``
+    where possible; a turn larger than the budget is a chunk of its own, never trimmed."""
+    chunks: list[tuple[int, int]] = []
+    current: list[Msg] = []
+    current_tokens = 0
+    for turn in turns_of(msgs):
+        turn_tokens = sum(m.tokens for m in turn)
+        if current and current_tokens + turn_tokens > max_input_tokens:
+            chunks.append((current[0].seq, current[-1].seq))
+            current, current_tokens = [], 0
+        current.extend(turn)
+        current_tokens += turn_tokens
+    if current:
+        chunks.append((current[0].seq, current[-1].seq))
+    return chunks

@@ -1,0 +1,151 @@
+"""The named presets, one per requirement seed, and validation of per-chat overrides.
+Pure: standard library only. ``docs/policies.md`` documents each preset against its seed."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from types import MappingProxyType
+
+from memory_worker.policy import Policy
+
+DEFAULT_PRESET = "sliding-window"
+
+PRESETS: Mapping[str, Policy] = MappingProxyType(
+    {
+        # seed 000 v2.2: K = 6, B = 4, token trigger 70 %, safety every 10 user turns.
+        "contract": Policy(
+            name="contract",
+            tail_messages=6,
+            overflow_buffer=4,
+            token_budget_fraction=0.7,
+            safety_user_turns=10,
+            context_size=10,
+        ),
+        # seed 001: context 75, tail 40, window 12, cooldown 900 s, hard limit 30.
+        "sliding-window": Policy(
+            name="sliding-window",
+            tail_messages=40,
+            window=12,
+            hard_limit=30,
+            cooldown_seconds=900.0,
+            context_size=75,
+        ),
+        # seed 002: fold oldest until the rest fits max_tokens - max_summary_tokens.
+        "token-budget": Policy(
+            name="token-budget",
+            max_tokens=4000,
+            max_summary_tokens=256,
+            max_memory_tokens=4000,
+        ),
+        # seed 003: K = 3 turns, chunk threshold 6000, prompt memory budget 3000 (adapted: the
+        # whole unfolded buffer is shown, so the bound is threshold + budget, see docs).
+        "chunked": Policy(
+            name="chunked",
+            tail_turns=3,
+            chunk_threshold=6000,
+            max_memory_tokens=9000,
+        ),
+        # seed 004: 3 full-detail turns; older turns folded one at a time.
+        "turn-digest": Policy(
+            name="turn-digest",
+            tail_turns=3,
+            window=1,
+            max_fold_turns=1,
+            token_budget_fraction=0.7,
+            context_size=24,
+        ),
+    }
+)
+
+
+class PolicyError(ValueError):
+    """A preset name or an override that cannot be used; the message says why."""
+
+
+_FIELDS = {field.name: field for field in dataclasses.fields(Policy) if field.name != "name"}
+_FLOAT_KNOBS = {"token_budget_fraction", "cooldown_seconds"}
+_AT_LEAST_ONE = {
+    "tail_turns",
+    "max_tokens",
+    "overflow_buffer",
+    "hard_limit",
+    "window",
+    "safety_user_turns",
+    "chunk_threshold",
+    "max_fold_turns",
+    "context_size",
+    "max_memory_tokens",
+    "summary_token_cap",
+}
+
+
+def knob_names() -> tuple[str, ...]:
+    return tuple(_FIELDS)
+
+
+def _optional(name: str) -> bool:
+    return _FIELDS[name].default is None
+
+
+def _coerce(name: str, value: object) -> object:
+    if value is None:
+        if _optional(name):
+            return None
+        raise PolicyError(f'Knob "{name}" cannot be null.')
+    if isinstance(value, bool):
+        raise PolicyError(f'Knob "{name}" must be a number, got a boolean.')
+    if name in _FLOAT_KNOBS:
+        if not isinstance(value, int | float):
+            raise PolicyError(f'Knob "{name}" must be a number, got {value!r}.')
+        number: float = float(value)
+        if number < 0:
+            raise PolicyError(f'Knob "{name}" must not be negative, got {value!r}.')
+        return number
+    if not isinstance(value, int):
+        raise PolicyError(f'Knob "{name}" must be an integer, got {value!r}.')
+    minimum = 1 if name in _AT_LEAST_ONE else 0
+    if value < minimum:
+        raise PolicyError(f'Knob "{name}" must be at least {minimum}, got {value}.')
+    return value
+
+
+def _check_consistency(policy: Policy) -> None:
+    if policy.token_budget_fraction is not None and not 0 < policy.token_budget_fraction <= 1:
+        raise PolicyError('Knob "token_budget_fraction" must be in (0, 1].')
+    if policy.context_size is not None and policy.tail_messages >= policy.context_size:
+        raise PolicyError(
+            f"tail_messages ({policy.tail_messages}) must be less than context_size "
+            f"({policy.context_size})."
+        )
+    if policy.max_tokens is not None and policy.max_summary_tokens >= policy.max_tokens:
+        raise PolicyError(
+            f"max_summary_tokens ({policy.max_summary_tokens}) must be less than max_tokens "
+            f"({policy.max_tokens})."
+        )
+    if (
+        policy.max_memory_tokens is not None
+        and policy.summary_token_cap >= policy.max_memory_tokens
+    ):
+        raise PolicyError(
+            f"summary_token_cap ({policy.summary_token_cap}) must be less than "
+            f"max_memory_tokens ({policy.max_memory_tokens})."
+        )
+
+
+def resolve_policy(name: str, overrides: Mapping[str, object] | None = None) -> Policy:
+    if name not in PRESETS:
+        known = ", ".join(sorted(PRESETS))
+        raise PolicyError(f'Unknown policy "{name}". Known policies: {known}.')
+    changes: dict[str, object] = {}
+    for knob, value in (overrides or {}).items():
+        if knob not in _FIELDS:
+            raise PolicyError(f'Unknown knob "{knob}". Known knobs: {", ".join(knob_names())}.')
+        changes[knob] = _coerce(knob, value)
+    policy = dataclasses.replace(PRESETS[name], **changes)  # type: ignore[arg-type]
+    _check_consistency(policy)
+    return policy
+
+
+def policy_parameters(policy: Policy) -> dict[str, object]:
+    return dataclasses.asdict(policy)

@@ -1,0 +1,6 @@
+"""Seed 002's memory flush hook: sent after a fold commits, never before."""
+
+from django.dispatch import Signal
+
+# sender=Brief; kwargs: chat_id, from_seq, to_seq, version, summary
+messages_folded = Signal()

@@ -1,0 +1,69 @@
+"""Reads a chat's memory state from the database and turns it into the pure engine's input.
+
+Read order matters: the brief first, then every message after its watermark. A fold that
+commits in between only makes the snapshot include messages that are already folded (an
+older summary plus extra verbatim messages): never a gap.
+"""
+
+from dataclasses import dataclass
+
+from conversations.models import Brief, Chat, Message
+from memory_worker import policy as engine
+
+
+@dataclass(frozen=True)
+class MemorySnapshot:
+    chat_id: int
+    summary: str
+    summary_tokens: int
+    last_consolidated: int
+    version: int
+    turns_mark: int
+    last_consolidated_at: object  # datetime | None, kept opaque for the engine
+    unfolded: tuple[Message, ...]
+
+    @property
+    def last_seq(self) -> int:
+        return self.unfolded[-1].seq if self.unfolded else self.last_consolidated
+
+
+UNFOLDED_FIELDS = ("id", "chat_id", "seq", "role", "content", "token_count", "metadata")
+
+
+def load_snapshot(chat_id: int) -> MemorySnapshot:
+    brief = Brief.objects.get(chat_id=chat_id)
+    unfolded = tuple(
+        Message.objects.filter(chat_id=chat_id, seq__gt=brief.last_consolidated)
+        .order_by("seq")
+        .only(*UNFOLDED_FIELDS)
+    )
+    return MemorySnapshot(
+        chat_id=chat_id,
+        summary=brief.summary,
+        summary_tokens=brief.summary_tokens,
+        last_consolidated=brief.last_consolidated,
+        version=brief.version,
+        turns_mark=brief.turns_mark,
+        last_consolidated_at=brief.last_consolidated_at,
+        unfolded=unfolded,
+    )
+
+
+def with_appended(snapshot: MemorySnapshot, messages: list[Message]) -> MemorySnapshot:
+    """The snapshot after a turn stored ``messages`` (no re-read needed)."""
+    return MemorySnapshot(**{**snapshot.__dict__, "unfolded": snapshot.unfolded + tuple(messages)})
+
+
+def engine_state(chat: Chat, snapshot: MemorySnapshot, context_tokens: int) -> engine.ChatState:
+    return engine.ChatState(
+        last_consolidated=snapshot.last_consolidated,
+        last_seq=snapshot.last_seq,
+        unfolded=tuple(engine.Msg(m.seq, m.role, m.token_count) for m in snapshot.unfolded),
+        summary_tokens=snapshot.summary_tokens,
+        system_tokens=chat.system_prompt_tokens,
+        turns_mark=snapshot.turns_mark,
+        # Seed 001's cooldown counts from the last fold; before the first one, from the chat's
+        # creation (otherwise any new chat past its tail would fold at once).
+        last_consolidated_at=snapshot.last_consolidated_at or chat.created_at,  # type: ignore[arg-type]
+        model_context_tokens=context_tokens,
+    )

@@ -1,0 +1,151 @@
+"""Chats, auth, isolation and bad input through the REST API."""
+
+import json
+
+import pytest
+
+from conversations.models import Brief, Chat, Message
+
+pytestmark = pytest.mark.django_db
+
+
+def create_chat(api, **body):  # type: ignore[no-untyped-def]
+    response = api.post("/api/v1/chats/", body, format="json")
+    assert response.status_code == 201, response.content
+    return response.json()
+
+
+def test_create_chat_defaults_and_echoes_policy(api, settings) -> None:  # type: ignore[no-untyped-def]
+    chat = create_chat(api, title="trip")
+    assert chat["title"] == "trip"
+    assert chat["policy"] == settings.MEMORY_POLICY == "sliding-window"
+    assert chat["policy_overrides"] == {}
+    assert chat["effective_policy"]["name"] == "sliding-window"
+    assert chat["system_prompt"] == settings.CHATMEM_DEFAULT_SYSTEM_PROMPT
+    assert Brief.objects.filter(chat_id=chat["id"], last_consolidated=0, version=0).exists()
+
+
+def test_list_detail_delete(api) -> None:  # type: ignore[no-untyped-def]
+    first = create_chat(api, title="a")
+    second = create_chat(api, title="b")
+    listing = api.get("/api/v1/chats/").json()
+    assert listing["count"] == 2
+    assert [c["id"] for c in listing["results"]] == [second["id"], first["id"]]
+    assert api.get(f"/api/v1/chats/{first['id']}/").json()["title"] == "a"
+    assert api.delete(f"/api/v1/chats/{first['id']}/").status_code == 204
+    assert api.get(f"/api/v1/chats/{first['id']}/").status_code == 404
+    assert not Brief.objects.filter(chat_id=first["id"]).exists()
+
+
+def test_unauthenticated_is_401_with_www_authenticate(client) -> None:  # type: ignore[no-untyped-def]
+    response = client.get("/api/v1/chats/")
+    assert response.status_code == 401
+    assert response["WWW-Authenticate"] == "Token"
+    assert response.json()["code"] == "not_authenticated"
+
+
+def test_wrong_token_is_401(db, client) -> None:  # type: ignore[no-untyped-def]
+    response = client.get("/api/v1/chats/", HTTP_AUTHORIZATION="Token nope")
+    assert response.status_code == 401
+    assert "Invalid token" in response.json()["detail"]
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"policy": "no-such-policy"}, "policy"),
+        ({"title": 5}, "title"),
+        ({"title": "x" * 201}, "title"),
+        ({"system_prompt": ["a"]}, "system_prompt"),
+        ({"policy_overrides": "big"}, "policy_overrides"),
+        ({"policy_overrides": {"no_such_knob": 1}}, "policy_overrides"),
+        ({"model_variant": "nope"}, "model_variant"),
+    ],
+)
+def test_bad_chat_input_is_400_and_stores_nothing(api, body, field) -> None:  # type: ignore[no-untyped-def]
+    response = api.post("/api/v1/chats/", body, format="json")
+    assert response.status_code == 400, response.content
+    assert field in response.json()
+    assert Chat.objects.count() == 0
+
+
+def test_malformed_json_is_400(api) -> None:  # type: ignore[no-untyped-def]
+    response = api.post("/api/v1/chats/", "{not json", content_type="application/json")
+    assert response.status_code == 400
+    assert response.json()["code"] == "parse_error"
+    assert Chat.objects.count() == 0
+
+
+def test_policies_endpoint_lists_every_preset(api) -> None:  # type: ignore[no-untyped-def]
+    names = [p["name"] for p in api.get("/api/v1/policies/").json()["results"]]
+    assert names == sorted(["contract", "sliding-window", "token-budget", "chunked", "turn-digest"])
+
+
+@pytest.mark.parametrize(
+    "content",
+    ["", "   \n\t ", 42, None, ["hi"], {"text": "hi"}, True, "x" * 32001],
+)
+def test_bad_turn_content_is_400_and_stores_nothing(api, content) -> None:  # type: ignore[no-untyped-def]
+    chat = create_chat(api)
+    response = api.post(f"/api/v1/chats/{chat['id']}/turns/", {"content": content}, format="json")
+    assert response.status_code == 400, response.content
+    assert "content" in response.json()
+    assert Message.objects.count() == 0
+    assert Chat.objects.get(pk=chat["id"]).last_seq == 0
+
+
+def test_missing_content_and_malformed_turn_json(api) -> None:  # type: ignore[no-untyped-def]
+    chat = create_chat(api)
+    url = f"/api/v1/chats/{chat['id']}/turns/"
+    missing = api.post(url, {}, format="json")
+    assert missing.status_code == 400
+    assert missing.json()["content"] == ["This field is required."]
+    broken = api.post(url, '{"content": ', content_type="application/json")
+    assert broken.status_code == 400
+    unknown_variant = api.post(url, {"content": "hi", "model_variant": "x"}, format="json")
+    assert unknown_variant.status_code == 400
+    assert "model_variant" in unknown_variant.json()
+    assert Message.objects.count() == 0
+
+
+def test_message_size_limit_is_configurable(api, settings) -> None:  # type: ignore[no-untyped-def]
+    settings.CHATMEM_MAX_MESSAGE_CHARS = 10
+    chat = create_chat(api)
+    url = f"/api/v1/chats/{chat['id']}/turns/"
+    response = api.post(url, {"content": "x" * 11}, format="json")
+    assert response.status_code == 400
+    assert "limit is 10" in response.json()["content"][0]
+    assert api.post(url, {"content": "x" * 10}, format="json").status_code == 201
+
+
+def test_another_users_chat_is_404_everywhere(api, other_api) -> None:  # type: ignore[no-untyped-def]
+    chat = create_chat(api, title="private")
+    assert (
+        api.post(f"/api/v1/chats/{chat['id']}/turns/", {"content": "hi"}, format="json").status_code
+        == 201
+    )
+    base = f"/api/v1/chats/{chat['id']}/"
+    requests = [
+        ("get", base, None),
+        ("delete", base, None),
+        ("post", base + "turns/", {"content": "hello"}),
+        ("get", base + "messages/", None),
+        ("get", base + "brief/", None),
+        ("get", base + "context/", None),
+        ("post", base + "consolidate/", None),
+        ("get", base + "consolidations/", None),
+    ]
+    for method, url, body in requests:
+        response = getattr(other_api, method)(url, body, format="json")
+        assert response.status_code == 404, (method, url, response.status_code)
+        assert response.json()["code"] == "not_found"
+    assert other_api.get("/api/v1/chats/").json()["count"] == 0
+    assert Chat.objects.filter(pk=chat["id"]).exists()
+    assert Message.objects.filter(chat_id=chat["id"]).count() == 2
+
+
+def test_health_endpoints_need_no_auth(client, db) -> None:  # type: ignore[no-untyped-def]
+    assert client.get("/healthz").json() == {"status": "ok"}
+    ready = client.get("/readyz")
+    assert ready.status_code == 200
+    assert json.loads(ready.content)["database"] == "ok"

@@ -1,0 +1,317 @@
+"""The fold service, called directly as a worker would (Zulip-style consume tests): the first
+working sliding-window fold, fencing, failures, and the post-commit enqueue."""
+
+import pytest
+from django.utils import timezone
+
+from conversations.models import Brief, Chat, Consolidation, Message
+from memory_worker import consolidation
+from memory_worker.state import load_snapshot
+
+pytestmark = pytest.mark.django_db
+
+
+def new_chat(api, **body):  # type: ignore[no-untyped-def]
+    response = api.post("/api/v1/chats/", body, format="json")
+    assert response.status_code == 201, response.content
+    return response.json()["id"]
+
+
+def turns(api, chat_id, count, start=0):  # type: ignore[no-untyped-def]
+    for number in range(start, start + count):
+        response = api.post(
+            f"/api/v1/chats/{chat_id}/turns/",
+            {"content": f"I decided to use tool {number}."},
+            format="json",
+        )
+        assert response.status_code == 201, response.content
+
+
+def recorder(requested: list[tuple[int, str]]):  # type: ignore[no-untyped-def]
+    def request_consolidation(chat_id: int, trigger: str) -> bool:
+        requested.append((chat_id, trigger))
+        return True
+
+    return request_consolidation
+
+
+def test_sliding_window_folds_twelve_beyond_the_tail(api) -> None:  # type: ignore[no-untyped-def]
+    chat_id = new_chat(api)  # sliding-window defaults: tail 40, window 12
+    turns(api, chat_id, 25)  # 50 messages: backlog 10, nothing due
+    assert consolidation.consolidate_once(chat_id, "turn").status == "nothing"
+    turns(api, chat_id, 1, start=25)  # 52 messages: backlog 12
+    outcome = consolidation.consolidate_once(chat_id, "turn")
+    assert outcome.status == "succeeded"
+    assert outcome.decision is not None
+    assert (outcome.decision.trigger, outcome.decision.from_seq, outcome.decision.to_seq) == (
+        "window",
+        1,
+        12,
+    )
+    brief = Brief.objects.get(chat_id=chat_id)
+    assert (brief.last_consolidated, brief.version) == (12, 1)
+    assert brief.summary and brief.summary_tokens > 0
+    context = api.get(f"/api/v1/chats/{chat_id}/context/").json()["messages"]
+    assert context[1]["role"] == "system" and brief.summary in context[1]["content"]
+    verbatim = context[2:]
+    assert len(verbatim) == 40
+    assert verbatim[0]["content"] == Message.objects.get(chat_id=chat_id, seq=13).content
+    ledger = api.get(f"/api/v1/chats/{chat_id}/consolidations/").json()["results"]
+    assert [(r["status"], r["from_seq"], r["to_seq"], r["trigger"]) for r in ledger] == [
+        ("succeeded", 1, 12, "window")
+    ]
+    api_brief = api.get(f"/api/v1/chats/{chat_id}/brief/").json()
+    assert (api_brief["last_consolidated"], api_brief["unfolded"], api_brief["pending"]) == (
+        12,
+        40,
+        False,
+    )
+
+
+def test_stale_fold_is_superseded_and_writes_nothing(api) -> None:  # type: ignore[no-untyped-def]
+    chat_id = new_chat(api)
+    turns(api, chat_id, 26)
+    chat = Chat.objects.get(pk=chat_id)
+    stale = load_snapshot(chat_id)
+    decision = consolidation.decide_for_chat(chat, stale, "turn", timezone.now())
+    assert decision is not None
+    first = consolidation.execute_fold(chat, stale, decision, now=timezone.now())
+    assert first.status == "succeeded"
+    before = Brief.objects.get(chat_id=chat_id)
+    second = consolidation.execute_fold(chat, stale, decision, now=timezone.now())
+    assert second.status == "superseded"
+    after = Brief.objects.get(chat_id=chat_id)
+    assert (after.summary, after.last_consolidated, after.version) == (
+        before.summary,
+        before.last_consolidated,
+        before.version,
+    )
+    statuses = list(
+        Consolidation.objects.filter(chat_id=chat_id)
+        .order_by("id")
+        .values_list("status", flat=True)
+    )
+    assert statuses == ["succeeded", "superseded"]
+
+
+def test_summarizer_failure_writes_nothing_and_backs_off(api, use_fake_openai) -> None:  # type: ignore[no-untyped-def]
+    chat_id = new_chat(api)
+    turns(api, chat_id, 26)
+    use_fake_openai.queue_faults("summarize", ["500"])
+    outcome = consolidation.consolidate_once(chat_id, "turn")
+    assert outcome.status == "failed" and outcome.transient
+    brief = Brief.objects.get(chat_id=chat_id)
+    assert (brief.summary, brief.last_consolidated, brief.version) == ("", 0, 0)
+    assert brief.consecutive_failures == 1
+    assert brief.next_attempt_at is not None and brief.next_attempt_at > timezone.now()
+    assert "500" in brief.last_error or "server" in brief.last_error.lower()
+    # While backing off, turn triggers do not hammer the model; a manual request does run.
+    assert consolidation.consolidate_once(chat_id, "turn").status == "deferred"
+    assert consolidation.consolidate_once(chat_id, "manual").status == "succeeded"
+    brief.refresh_from_db()
+    assert (brief.consecutive_failures, brief.next_attempt_at, brief.last_error) == (0, None, "")
+
+
+def test_invalid_summaries_are_failures(api, use_fake_openai) -> None:  # type: ignore[no-untyped-def]
+    chat_id = new_chat(api)
+    turns(api, chat_id, 26)
+    for fault in ("empty", "truncated", "refusal"):
+        use_fake_openai.queue_faults("summarize", [fault])
+        outcome = consolidation.consolidate_once(chat_id, "manual")
+        assert outcome.status == "failed", fault
+        assert not outcome.transient, fault
+    assert Brief.objects.get(chat_id=chat_id).last_consolidated == 0
+
+
+def test_turn_enqueues_only_when_a_fold_is_due(
+    api, settings, monkeypatch, django_capture_on_commit_callbacks
+) -> None:  # type: ignore[no-untyped-def]
+    requested: list[tuple[int, str]] = []
+    monkeypatch.setattr("conversations.services.turns.request_consolidation", recorder(requested))
+    chat_id = new_chat(api)
+    for number in range(26):
+        with django_capture_on_commit_callbacks(execute=True):
+            turns(api, chat_id, 1, start=number)
+        expected = [(chat_id, "turn")] if number == 25 else []
+        assert requested == expected, number
+
+
+def test_manual_consolidate_endpoint_queues(api, settings, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    requested: list[tuple[int, str]] = []
+    monkeypatch.setattr("conversations.api.views.request_consolidation", recorder(requested))
+    chat_id = new_chat(api)
+    response = api.post(f"/api/v1/chats/{chat_id}/consolidate/")
+    assert response.status_code == 202
+    assert requested == [(chat_id, "manual")]
+
+
+def test_inline_mode_folds_in_the_background(api, settings, transactional_db) -> None:  # type: ignore[no-untyped-def]
+    """The embedded default: after a turn makes a fold due, the in-process runner folds it."""
+    from memory_worker.dispatch import drain_inline
+    from tests.workers import wait_until
+
+    settings.MEMORY_DISPATCH = "inline"
+    chat_id = new_chat(api, policy="contract")
+    turns(api, chat_id, 7)
+    assert wait_until(lambda: Brief.objects.get(chat_id=chat_id).last_consolidated > 0, timeout=20)
+    drain_inline()  # the rerun it chained must finish before the test database is flushed
+    assert Consolidation.objects.filter(chat_id=chat_id, status="succeeded").count() >= 1
+
+
+def test_turn_folds_synchronously_when_background_fell_behind(api, use_fake_openai) -> None:  # type: ignore[no-untyped-def]
+    chat_id = new_chat(api, policy="contract")  # K + B = 10 history messages at most
+    turns(api, chat_id, 5)  # 10 unfolded; no worker ran
+    assert Brief.objects.get(chat_id=chat_id).last_consolidated == 0
+    turns(api, chat_id, 1, start=5)  # still 10 + the new one: within the bound
+    # 12 unfolded now: the next turn must fold first, on the request path.
+    before = len(use_fake_openai.summarize_requests())
+    response = api.post(
+        f"/api/v1/chats/{chat_id}/turns/", {"content": "after the backlog"}, format="json"
+    )
+    assert response.status_code == 201
+    assert len(use_fake_openai.summarize_requests()) == before + 1
+    sync = Consolidation.objects.get(chat_id=chat_id, synchronous=True)
+    assert (sync.trigger, sync.status, sync.from_seq) == ("hard_bound", "succeeded", 1)
+    sent = use_fake_openai.chat_requests()[-1].body["messages"]
+    assert len([m for m in sent if m["role"] != "system"]) <= 10 + 1
+    assert "Summary of the earlier conversation" in sent[1]["content"]
+
+
+def test_failed_synchronous_fold_is_503_and_stores_nothing(api, use_fake_openai) -> None:  # type: ignore[no-untyped-def]
+    chat_id = new_chat(api, policy="contract")
+    turns(api, chat_id, 6)
+    use_fake_openai.queue_faults("summarize", ["500"])
+    chat_calls = len(use_fake_openai.chat_requests())
+    response = api.post(f"/api/v1/chats/{chat_id}/turns/", {"content": "x"}, format="json")
+    assert response.status_code == 503, response.content
+    assert response.json()["code"] == "context_over_bound"
+    assert "nothing was stored" in response.json()["detail"]
+    assert len(use_fake_openai.chat_requests()) == chat_calls  # the model was never called
+    assert Message.objects.filter(chat_id=chat_id).count() == 12
+    assert Chat.objects.get(pk=chat_id).turn_token is None
+    # Once the summarizer works again the same request goes through.
+    retry = api.post(f"/api/v1/chats/{chat_id}/turns/", {"content": "x"}, format="json")
+    assert retry.status_code == 201
+
+
+def test_message_too_large_for_any_context_is_503(api, settings) -> None:  # type: ignore[no-untyped-def]
+    settings.CHAT_MODEL_CONTEXT_TOKENS = 300
+    from conversations.services.variants import _parse_variants
+
+    _parse_variants.cache_clear()
+    chat_id = new_chat(api)
+    response = api.post(
+        f"/api/v1/chats/{chat_id}/turns/", {"content": "word " * 400}, format="json"
+    )
+    assert response.status_code == 503
+    assert "does not fit" in response.json()["detail"]
+    assert Message.objects.filter(chat_id=chat_id).count() == 0
+    _parse_variants.cache_clear()
+
+
+def test_large_fold_is_summarized_in_chunks(api, use_fake_openai, settings) -> None:  # type: ignore[no-untyped-def]
+    settings.MEMORY_SUMMARIZER_INPUT_BUDGET = 120  # a few turns per summarizer call
+    chat_id = new_chat(api)
+    turns(api, chat_id, 26)
+    outcome = consolidation.consolidate_once(chat_id, "turn")
+    assert outcome.status == "succeeded"
+    assert outcome.ledger_id is not None
+    ledger = Consolidation.objects.get(pk=outcome.ledger_id)
+    requests = use_fake_openai.summarize_requests()
+    assert ledger.summarizer_calls == len(requests) > 1
+    # The first chunk starts from no summary; every later one from the previous chunk's output.
+    existing = [
+        r.text.split("=== EXISTING_SUMMARY ===")[1].split("=== END_EXISTING_SUMMARY ===")[0].strip()
+        for r in requests
+    ]
+    assert existing[0] == "NONE"
+    assert all(section.startswith("## ") for section in existing[1:]), existing
+    folded = "\n".join(r.text for r in requests)
+    for message in Message.objects.filter(chat_id=chat_id, seq__lte=12):
+        assert message.content in folded
+
+
+FLUSHED: list[tuple[int, list[int], int]] = []
+
+
+def record_flush(chat_id: int, messages: list[Message], version: int) -> None:
+    FLUSHED.append((chat_id, [m.seq for m in messages], version))
+
+
+def test_flush_hooks_run_after_a_committed_fold(api, settings, transactional_db) -> None:  # type: ignore[no-untyped-def]
+    from memory_worker.dispatch import drain_inline
+    from memory_worker.signals import messages_folded
+
+    FLUSHED.clear()
+    signalled: list[dict[str, object]] = []
+
+    def on_fold(sender, **kwargs):  # type: ignore[no-untyped-def]
+        signalled.append(kwargs)
+
+    messages_folded.connect(on_fold)
+    try:
+        chat_id = new_chat(api)
+        turns(api, chat_id, 26)
+        settings.MEMORY_FLUSH_HOOKS = ["tests.test_consolidation.record_flush"]
+        settings.MEMORY_DISPATCH = "inline"
+        stale = load_snapshot(chat_id)
+        assert consolidation.consolidate_once(chat_id, "manual").status == "succeeded"
+        drain_inline()
+    finally:
+        messages_folded.disconnect(on_fold)
+    assert [(s["chat_id"], s["from_seq"], s["to_seq"], s["version"]) for s in signalled] == [
+        (chat_id, 1, 12, 1)
+    ]
+    assert [(chat_id, list(range(1, 13)), 1)] == FLUSHED
+    # A superseded (stale) fold sends nothing.
+    chat = Chat.objects.get(pk=chat_id)
+    decision = consolidation.decide_for_chat(chat, stale, "manual", timezone.now())
+    assert decision is not None
+    assert (
+        consolidation.execute_fold(chat, stale, decision, now=timezone.now()).status == "superseded"
+    )
+    drain_inline()
+    assert len(FLUSHED) == 1
+
+
+def test_sweep_finds_cooled_due_and_stranded_chats(api, settings) -> None:  # type: ignore[no-untyped-def]
+    from datetime import timedelta
+
+    from memory_worker.locks import LocalChatLock
+
+    lock = LocalChatLock(ttl_seconds=30)
+    now = timezone.now()
+    cooled = new_chat(api)  # sliding-window: 42 messages = backlog 2, cooldown 900 s
+    turns(api, cooled, 21)
+    quiet = new_chat(api)  # 4 messages: nothing beyond the 40-message tail
+    turns(api, quiet, 2)
+    failing = new_chat(api)
+    Brief.objects.filter(chat_id=failing).update(next_attempt_at=now - timedelta(seconds=1))
+    stranded = new_chat(api)
+    lock.mark_pending(stranded)  # its run died after marking a rerun
+    Chat.objects.filter(pk=cooled).update(created_at=now - timedelta(seconds=901))
+    found = consolidation.sweep_candidates(now, lock, limit=100)
+    assert sorted(found) == sorted([cooled, failing, stranded])
+    # Not yet cooled down: not a candidate.
+    Chat.objects.filter(pk=cooled).update(created_at=now - timedelta(seconds=899))
+    assert cooled not in consolidation.sweep_candidates(now, lock, limit=100)
+
+
+def test_abandoned_running_rows_are_marked_failed(api, settings) -> None:  # type: ignore[no-untyped-def]
+    from datetime import timedelta
+
+    chat_id = new_chat(api)
+    old = Consolidation.objects.create(
+        chat_id=chat_id, trigger="turn", from_seq=1, to_seq=2, base_version=0
+    )
+    fresh = Consolidation.objects.create(
+        chat_id=chat_id, trigger="turn", from_seq=1, to_seq=2, base_version=0
+    )
+    Consolidation.objects.filter(pk=old.pk).update(
+        started_at=timezone.now() - timedelta(seconds=settings.MEMORY_LOCK_TTL_SECONDS + 1)
+    )
+    assert consolidation.abandon_stale_runs(timezone.now()) == 1
+    old.refresh_from_db()
+    fresh.refresh_from_db()
+    assert (old.status, fresh.status) == ("failed", "running")
+    assert "abandoned" in old.error

@@ -1,0 +1,186 @@
+"""Property tests of the pure engine: random conversations (sizes, tool calls, unanswered calls),
+every preset with random valid overrides, clock jumps and failed folds. After every step:
+W never decreases, every fold starts at W + 1 and ends on a turn boundary, every message is
+either verbatim (seq > W) or folded (seq <= W), and a turn that is accepted sees a context
+within the policy's bound."""
+
+import os
+from datetime import UTC, datetime, timedelta
+
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from memory_worker.policy import (
+    PROMPT_WINDOW_SHARE,
+    ChatState,
+    Decision,
+    Msg,
+    Policy,
+    decide,
+    decide_before_turn,
+    prompt_tokens,
+)
+from memory_worker.presets import PRESETS, resolve_policy
+
+EXAMPLES = int(os.environ.get("HYPOTHESIS_POLICY_EXAMPLES", "200"))
+START = datetime(2026, 1, 1, tzinfo=UTC)
+SUMMARY_CAP = 500
+
+OVERRIDES: dict[str, st.SearchStrategy[dict[str, object]]] = {
+    "contract": st.fixed_dictionaries(
+        {},
+        optional={
+            "tail_messages": st.integers(0, 8),
+            "overflow_buffer": st.integers(1, 6),
+            "safety_user_turns": st.integers(1, 12),
+        },
+    ),
+    "sliding-window": st.fixed_dictionaries(
+        {},
+        optional={
+            "tail_messages": st.integers(0, 20),
+            "window": st.integers(1, 15),
+            "hard_limit": st.integers(1, 40),
+            "cooldown_seconds": st.floats(0, 2000),
+        },
+    ),
+    "token-budget": st.fixed_dictionaries(
+        {}, optional={"fold_target_tokens": st.integers(0, 3000)}
+    ),
+    "chunked": st.fixed_dictionaries(
+        {}, optional={"tail_turns": st.integers(1, 5), "chunk_threshold": st.integers(500, 8000)}
+    ),
+    "turn-digest": st.fixed_dictionaries({}, optional={"tail_turns": st.integers(1, 5)}),
+}
+
+
+def history_within_bound(state: ChatState, policy: Policy, new_tokens: int) -> bool:
+    if policy.context_size is not None and len(state.unfolded) > policy.context_size:
+        return False
+    history = state.summary_tokens + sum(m.tokens for m in state.unfolded)
+    if policy.max_memory_tokens is not None and history > policy.max_memory_tokens:
+        return False
+    return prompt_tokens(state, new_tokens) <= PROMPT_WINDOW_SHARE * state.model_context_tokens
+
+
+class Conversation(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.messages: list[Msg] = []
+        self.w = 0
+        self.summary_tokens = 0
+        self.turns_mark = 0
+        self.now = START
+        self.last_at: datetime | None = None
+        self.policy = PRESETS["sliding-window"]
+        self.window = 100_000
+        self.highest_w = 0
+
+    @initialize(data=st.data(), name=st.sampled_from(sorted(PRESETS)))
+    def choose_policy(self, data: st.DataObject, name: str) -> None:
+        overrides: dict[str, object] = data.draw(OVERRIDES[name])
+        self.policy = resolve_policy(name, overrides)
+        self.window = data.draw(st.sampled_from([4_000, 16_000, 128_000]))
+
+    def state(self) -> ChatState:
+        return ChatState(
+            last_consolidated=self.w,
+            last_seq=len(self.messages),
+            unfolded=tuple(m for m in self.messages if m.seq > self.w),
+            summary_tokens=self.summary_tokens,
+            system_tokens=30,
+            turns_mark=self.turns_mark,
+            last_consolidated_at=self.last_at or START,
+            model_context_tokens=self.window,
+        )
+
+    def check_fold(self, decision: Decision, *, pre_turn: bool) -> None:
+        assert decision.from_seq == self.w + 1
+        assert decision.from_seq <= decision.to_seq <= len(self.messages)
+        if decision.to_seq < len(self.messages):
+            assert self.messages[decision.to_seq].role == "user", "a fold split a turn"
+        else:
+            assert pre_turn, "a background fold took the newest turn"
+
+    def apply(self, decision: Decision) -> None:
+        self.w = decision.to_seq
+        self.summary_tokens = SUMMARY_CAP // 2 + len(self.messages) % (SUMMARY_CAP // 2)
+        self.turns_mark = len(self.messages)
+        self.last_at = self.now
+
+    @rule(
+        user_tokens=st.integers(1, 1500),
+        reply_tokens=st.integers(1, 1500),
+        tool_calls=st.integers(0, 2),
+        unanswered=st.booleans(),
+        fold_fails=st.booleans(),
+    )
+    def turn(
+        self,
+        user_tokens: int,
+        reply_tokens: int,
+        tool_calls: int,
+        unanswered: bool,
+        fold_fails: bool,
+    ) -> None:
+        pre = decide_before_turn(self.state(), self.policy, user_tokens)
+        if not pre.fits:
+            return  # refused with a 503: nothing stored, nothing dropped
+        if pre.fold is not None:
+            self.check_fold(pre.fold, pre_turn=True)
+            if fold_fails:
+                return  # the synchronous fold failed: the turn is refused
+            self.apply(pre.fold)
+        assert history_within_bound(self.state(), self.policy, user_tokens)
+        seq = len(self.messages)
+        turn_messages = [Msg(seq + 1, "user", user_tokens)]
+        for _ in range(tool_calls):
+            turn_messages.append(Msg(seq + len(turn_messages) + 1, "assistant", 20))
+            turn_messages.append(Msg(seq + len(turn_messages) + 1, "tool", 40))
+        if unanswered:
+            turn_messages.append(Msg(seq + len(turn_messages) + 1, "assistant", 20))
+        else:
+            turn_messages.append(Msg(seq + len(turn_messages) + 1, "assistant", reply_tokens))
+        self.messages.extend(turn_messages)
+
+    @rule(fails=st.booleans())
+    def background(self, fails: bool) -> None:
+        decision = decide(self.state(), self.policy, self.now)
+        if decision is None:
+            return
+        self.check_fold(decision, pre_turn=False)
+        if not fails:
+            self.apply(decision)
+
+    @precondition(lambda self: self.messages)
+    @rule(seconds=st.integers(0, 3600))
+    def clock(self, seconds: int) -> None:
+        self.now += timedelta(seconds=seconds)
+
+    @invariant()
+    def every_message_is_verbatim_or_folded(self) -> None:
+        state = self.state()
+        verbatim = {m.seq for m in state.unfolded}
+        for message in self.messages:
+            assert (message.seq in verbatim) != (message.seq <= self.w)
+
+    @invariant()
+    def watermark_never_decreases(self) -> None:
+        assert self.w >= self.highest_w
+        self.highest_w = self.w
+
+    @invariant()
+    def watermark_is_a_turn_boundary(self) -> None:
+        assert 0 <= self.w <= len(self.messages)
+        if 0 < self.w < len(self.messages):
+            assert self.messages[self.w].role == "user"
+
+
+Conversation.TestCase.settings = settings(
+    max_examples=EXAMPLES,
+    stateful_step_count=50,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+TestConversation = Conversation.TestCase

@@ -1,0 +1,306 @@
+"""The turn's chat model (DESIGN §3 step 5): the OpenAI-compatible model against a scripted HTTP
+server (real openai client, real HTTP, JSON and server-sent events), and the offline model.
+No database, no Django."""
+
+import socket
+import subprocess
+import sys
+import time
+from typing import Any
+
+import pytest
+
+from conversations.llm import (
+    ChatCompletion,
+    ModelError,
+    OfflineChatModel,
+    OpenAIChatModel,
+)
+from memory_worker.summarizers import make_openai_client
+from memory_worker.tokens import count_tokens
+
+# The scripted server lives with the summarizer tests; both suites talk to it the same way.
+from tests.test_summarizers import (
+    API_KEY,
+    RATE_LIMITED,
+    SERVER_ERROR,
+    Reply,
+    ScriptedServer,
+    chat_reply,
+    error_reply,
+    server_fixture,  # noqa: F401  (the "server" fixture: pytest finds it in this module)
+)
+
+MESSAGES = [
+    {"role": "system", "content": "You are a piano teacher."},
+    {"role": "user", "content": "How long should I practise?"},
+]
+
+
+def openai_model(server: ScriptedServer, timeout: float = 5.0) -> OpenAIChatModel:
+    client = make_openai_client(base_url=server.base_url, api_key=API_KEY, timeout=timeout)
+    return OpenAIChatModel(client=client, timeout=timeout)
+
+
+def chunk(
+    content: str | None = None,
+    finish_reason: str | None = None,
+    usage: tuple[int, int] | None = None,
+) -> dict[str, Any]:
+    event: dict[str, Any] = {
+        "id": "chatcmpl-1",
+        "object": "chat.completion.chunk",
+        "created": 0,
+        "model": "gpt-test-2025",
+        "choices": [],
+    }
+    if content is not None or finish_reason is not None:
+        delta = {"role": "assistant", "content": content}
+        event["choices"] = [{"index": 0, "delta": delta, "finish_reason": finish_reason}]
+    if usage:
+        event["usage"] = {
+            "prompt_tokens": usage[0],
+            "completion_tokens": usage[1],
+            "total_tokens": sum(usage),
+        }
+    return event
+
+
+HELLO_EVENTS: list[dict[str, Any] | float] = [
+    chunk("Hel"),
+    chunk("lo"),
+    chunk(" world"),
+    chunk(finish_reason="stop"),
+    chunk(usage=(31, 3)),
+]
+
+# ---------------------------------------------------------------------------------------------
+# complete()
+
+
+def test_complete_returns_content_finish_reason_usage_and_model(server: ScriptedServer) -> None:
+    server.script(chat_reply("Twenty minutes a day.", usage=(31, 6)))
+    completion = openai_model(server).complete(MESSAGES, "gpt-test")
+    assert completion == ChatCompletion("Twenty minutes a day.", "stop", 31, 6, "gpt-test")
+    [request] = server.requests
+    assert request.body["model"] == "gpt-test"
+    assert request.body["messages"] == MESSAGES
+    assert "stream" not in request.body
+
+
+def test_a_reply_cut_by_length_is_still_a_reply(server: ScriptedServer) -> None:
+    server.script(chat_reply("Twenty minutes a", finish_reason="length"))
+    completion = openai_model(server).complete(MESSAGES, "gpt-test")
+    assert (completion.content, completion.finish_reason) == ("Twenty minutes a", "length")
+
+
+def test_a_refusal_is_shown_as_the_reply(server: ScriptedServer) -> None:
+    server.script(chat_reply(None, refusal="I can't help with that."))
+    assert openai_model(server).complete(MESSAGES, "m").content == "I can't help with that."
+
+
+def test_missing_usage_is_counted_locally(server: ScriptedServer) -> None:
+    server.script(chat_reply("Twenty minutes a day.", usage=None))
+    completion = openai_model(server).complete(MESSAGES, "gpt-4")
+    assert completion.prompt_tokens == sum(count_tokens(m["content"], "gpt-4") for m in MESSAGES)
+    assert completion.completion_tokens == count_tokens("Twenty minutes a day.", "gpt-4")
+
+
+@pytest.mark.parametrize(
+    ("reply", "words"),
+    [
+        (chat_reply(""), "empty reply"),
+        (chat_reply("   "), "empty reply"),
+        (chat_reply(None, finish_reason="content_filter"), "content filter"),
+    ],
+)
+def test_an_empty_reply_is_a_502(server: ScriptedServer, reply: Reply, words: str) -> None:
+    server.script(reply)
+    with pytest.raises(ModelError) as caught:
+        openai_model(server).complete(MESSAGES, "m")
+    assert caught.value.status == 502
+    assert words in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("reply", "words"),
+    [
+        (SERVER_ERROR, "HTTP 500"),
+        (RATE_LIMITED, "HTTP 429, rate_limit_exceeded"),
+        (error_reply(404, "The model does not exist", "invalid_request_error"), "HTTP 404"),
+    ],
+)
+def test_upstream_errors_are_502(server: ScriptedServer, reply: Reply, words: str) -> None:
+    server.script(reply)
+    with pytest.raises(ModelError) as caught:
+        openai_model(server).complete(MESSAGES, "m")
+    assert caught.value.status == 502
+    assert words in str(caught.value)
+    assert len(server.requests) == 1  # no hidden client retries: the turn fails fast
+
+
+def test_error_message_for_the_client_carries_no_secret(server: ScriptedServer) -> None:
+    server.script(
+        error_reply(401, f"Incorrect API key provided: {API_KEY}", "invalid_request_error")
+    )
+    with pytest.raises(ModelError) as caught:
+        openai_model(server).complete(MESSAGES, "m")
+    assert caught.value.status == 502
+    assert str(caught.value) == "The model endpoint returned an error (HTTP 401)."
+
+
+def test_a_timeout_is_a_504(server: ScriptedServer) -> None:
+    server.script(Reply(delay=1.0, body=chat_reply("late").body))
+    started = time.monotonic()
+    with pytest.raises(ModelError) as caught:
+        openai_model(server, timeout=0.3).complete(MESSAGES, "m")
+    assert caught.value.status == 504
+    assert "0.3 seconds" in str(caught.value)
+    assert time.monotonic() - started < 1.0
+
+
+# ---------------------------------------------------------------------------------------------
+# stream()
+
+
+def test_stream_yields_deltas_then_holds_the_completion(server: ScriptedServer) -> None:
+    server.script(Reply(events=HELLO_EVENTS))
+    stream = openai_model(server).stream(MESSAGES, "gpt-test")
+    assert stream.result is None
+    assert list(stream) == ["Hel", "lo", " world"]
+    assert stream.result == ChatCompletion("Hello world", "stop", 31, 3, "gpt-test-2025")
+    [request] = server.requests
+    assert request.body["stream"] is True
+    assert request.body["stream_options"] == {"include_usage": True}
+
+
+def test_stream_without_usage_counts_locally(server: ScriptedServer) -> None:
+    server.script(Reply(events=HELLO_EVENTS[:-1]))
+    stream = openai_model(server).stream(MESSAGES, "gpt-4")
+    assert "".join(stream) == "Hello world"
+    assert stream.result is not None
+    assert stream.result.completion_tokens == count_tokens("Hello world", "gpt-4")
+
+
+def test_stream_request_failure_raises_before_any_delta(server: ScriptedServer) -> None:
+    server.script(SERVER_ERROR)
+    with pytest.raises(ModelError) as caught:
+        openai_model(server).stream(MESSAGES, "m")
+    assert caught.value.status == 502
+
+
+def test_an_error_event_mid_stream_raises_after_the_deltas_so_far(server: ScriptedServer) -> None:
+    error_event = {"error": {"message": "overloaded", "type": "server_error", "code": "overloaded"}}
+    server.script(Reply(events=[chunk("Hel"), error_event]))
+    stream = openai_model(server).stream(MESSAGES, "m")
+    received = []
+    with pytest.raises(ModelError) as caught:
+        for delta in stream:
+            received.append(delta)
+    assert received == ["Hel"]
+    assert caught.value.status == 502
+    assert "overloaded" in str(caught.value)
+    assert stream.result is None
+
+
+def test_a_stream_cut_before_its_finish_is_a_502(server: ScriptedServer) -> None:
+    server.script(Reply(events=[chunk("Hel"), chunk("lo")], done=False))
+    stream = openai_model(server).stream(MESSAGES, "m")
+    with pytest.raises(ModelError) as caught:
+        list(stream)
+    assert caught.value.status == 502
+    assert "ended before the reply was complete" in str(caught.value)
+
+
+def test_a_connection_broken_mid_stream_is_a_502(server: ScriptedServer) -> None:
+    server.script(Reply(events=[chunk("Hel")], done=False, abort=True))
+    stream = openai_model(server).stream(MESSAGES, "m")
+    with pytest.raises(ModelError) as caught:
+        list(stream)
+    assert caught.value.status == 502
+    assert "broke during the reply" in str(caught.value)
+
+
+def test_an_unreachable_endpoint_is_a_502() -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    client = make_openai_client(f"http://127.0.0.1:{port}/v1", API_KEY, timeout=2.0)
+    with pytest.raises(ModelError) as caught:
+        OpenAIChatModel(client, timeout=2.0).complete(MESSAGES, "m")
+    assert caught.value.status == 502
+    assert str(caught.value) == "Could not connect to the model endpoint."
+
+
+def test_a_stream_that_stalls_is_a_504(server: ScriptedServer) -> None:
+    server.script(Reply(events=[chunk("Hel"), 1.0, chunk(finish_reason="stop")]))
+    stream = openai_model(server, timeout=0.3).stream(MESSAGES, "m")
+    with pytest.raises(ModelError) as caught:
+        list(stream)
+    assert caught.value.status == 504
+
+
+def test_an_empty_stream_is_a_502(server: ScriptedServer) -> None:
+    server.script(Reply(events=[chunk(""), chunk(finish_reason="stop"), chunk(usage=(5, 0))]))
+    with pytest.raises(ModelError) as caught:
+        list(openai_model(server).stream(MESSAGES, "m"))
+    assert caught.value.status == 502
+
+
+def test_closing_a_stream_early_is_safe(server: ScriptedServer) -> None:
+    server.script(Reply(events=HELLO_EVENTS))
+    stream = openai_model(server).stream(MESSAGES, "m")
+    stream.close()
+    with pytest.raises(StopIteration):
+        next(stream)
+
+
+# ---------------------------------------------------------------------------------------------
+# Offline model
+
+
+def test_offline_reply_is_deterministic_and_marked() -> None:
+    model = OfflineChatModel()
+    completion = model.complete(MESSAGES, "gpt-test")
+    assert completion.content == (
+        "[offline model] You said: How long should I practise?. "
+        "(Context: 2 messages, summary present: no.)"
+    )
+    assert completion == model.complete(MESSAGES, "gpt-test")
+    assert completion.finish_reason == "stop"
+    assert completion.prompt_tokens == sum(count_tokens(m["content"], "gpt-test") for m in MESSAGES)
+    assert completion.completion_tokens == count_tokens(completion.content, "gpt-test")
+
+
+def test_offline_sees_the_summary_and_echoes_at_most_200_chars() -> None:
+    messages = [
+        {"role": "system", "content": "Summary of the earlier conversation (memory):\n\n- x"},
+        {"role": "user", "content": "a" * 500},
+    ]
+    content = OfflineChatModel().complete(messages, "m").content
+    assert f"You said: {'a' * 200}. " in content
+    assert "a" * 201 not in content
+    assert content.endswith("(Context: 2 messages, summary present: yes.)")
+
+
+def test_offline_without_a_user_message() -> None:
+    content = OfflineChatModel().complete([], "").content
+    assert content.startswith("[offline model] You said: (nothing).")
+
+
+def test_offline_streams_word_by_word() -> None:
+    model = OfflineChatModel()
+    stream = model.stream(MESSAGES, "m")
+    deltas = list(stream)
+    assert len(deltas) > 5
+    assert all(delta.strip() for delta in deltas)
+    assert "".join(deltas) == model.complete(MESSAGES, "m").content
+    assert stream.result == model.complete(MESSAGES, "m")
+
+
+def test_model_modules_do_not_import_django() -> None:
+    code = (
+        "import sys, conversations.llm, memory_worker.summarizers, memory_worker.tokens\n"
+        "assert not [m for m in sys.modules if m.split('.')[0] == 'django'], 'django imported'\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

@@ -1,0 +1,672 @@
+"""The summarizer contract (DESIGN §5): input format, validation, the offline backend, and the
+two network backends against a small scripted HTTP server (real openai client, real HTTP).
+
+No database and no Django: run with ``python -m pytest -p no:django tests/test_summarizers.py``.
+"""
+
+import json
+import socket
+import threading
+import time
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+
+from memory_worker.summarizers import (
+    HEADINGS,
+    ChatCompletionsSummarizer,
+    FoldMessage,
+    OfflineSummarizer,
+    ResponsesSummarizer,
+    SummarizerError,
+    format_fold_input,
+    make_openai_client,
+    summary_instructions,
+    validate_summary,
+)
+from memory_worker.tokens import count_tokens
+
+API_KEY = "sk-test-0123456789abcdef"
+PROMPT_ID = "pmpt_6917ebe9367c819396fe4840cf0f0e050c18a965a3366120"
+
+# ---------------------------------------------------------------------------------------------
+# A scripted OpenAI-shaped server: each request gets the next scripted Reply.
+
+
+@dataclass
+class Reply:
+    status: int = 200
+    body: dict[str, Any] | None = None
+    # Server-sent events: a dict is one "data:" event, a float pauses that many seconds.
+    events: list[dict[str, Any] | float] | None = None
+    delay: float = 0.0  # before answering at all
+    done: bool = True  # end the event stream with "data: [DONE]"
+    abort: bool = False  # promise more bytes than are sent: the connection breaks mid-body
+
+
+@dataclass
+class Recorded:
+    path: str
+    body: dict[str, Any]
+    headers: dict[str, str]
+
+
+@dataclass
+class ScriptedServer:
+    replies: deque[Reply] = field(default_factory=deque)
+    requests: list[Recorded] = field(default_factory=list)
+    base_url: str = ""
+
+    def script(self, *replies: Reply) -> None:
+        self.replies.extend(replies)
+
+    def next_reply(self, recorded: Recorded) -> Reply:
+        self.requests.append(recorded)
+        if not self.replies:
+            return error_reply(500, "no scripted reply left", "server_error")
+        return self.replies.popleft()
+
+
+def make_handler(server: ScriptedServer) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            length = int(self.headers.get("Content-Length", "0"))
+            body = json.loads(self.rfile.read(length) or b"{}")
+            headers = {name.lower(): value for name, value in self.headers.items()}
+            reply = server.next_reply(Recorded(self.path, body, headers))
+            time.sleep(reply.delay)
+            try:
+                if reply.events is not None:
+                    self.send_events(reply)
+                else:
+                    self.send_json(reply.status, reply.body or {})
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # the client gave up (timeout tests): nothing to answer
+
+        def send_json(self, status: int, body: dict[str, Any]) -> None:
+            payload = json.dumps(body).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            self.wfile.write(payload)
+
+        def send_events(self, reply: Reply) -> None:
+            self.send_response(reply.status)
+            self.send_header("Content-Type", "text/event-stream")
+            if reply.abort:
+                self.send_header("Content-Length", "1000000")
+            self.end_headers()
+            for event in reply.events or []:
+                if isinstance(event, float):
+                    time.sleep(event)
+                    continue
+                self.wfile.write(f"data: {json.dumps(event)}\n\n".encode())
+                self.wfile.flush()
+            if reply.done:
+                self.wfile.write(b"data: [DONE]\n\n")
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass  # keep test output clean
+
+    return Handler
+
+
+@pytest.fixture(name="server")
+def server_fixture() -> Iterator[ScriptedServer]:
+    scripted = ScriptedServer()
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), make_handler(scripted))
+    httpd.daemon_threads = True
+    scripted.base_url = f"http://127.0.0.1:{httpd.server_address[1]}/v1"
+    # A short poll interval keeps shutdown() (one poll at most) from slowing every test.
+    thread = threading.Thread(target=httpd.serve_forever, args=(0.02,), daemon=True)
+    thread.start()
+    yield scripted
+    httpd.shutdown()
+    httpd.server_close()
+
+
+def error_reply(status: int, message: str, error_type: str, code: str | None = None) -> Reply:
+    error = {"message": message, "type": error_type, "param": None, "code": code}
+    return Reply(status=status, body={"error": error})
+
+
+def chat_reply(
+    content: str | None,
+    finish_reason: str = "stop",
+    refusal: str | None = None,
+    usage: tuple[int, int] | None = (120, 40),
+) -> Reply:
+    body: dict[str, Any] = {
+        "id": "chatcmpl-1",
+        "object": "chat.completion",
+        "created": 0,
+        "model": "gpt-test",
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": content, "refusal": refusal},
+                "finish_reason": finish_reason,
+            }
+        ],
+    }
+    if usage:
+        body["usage"] = {
+            "prompt_tokens": usage[0],
+            "completion_tokens": usage[1],
+            "total_tokens": sum(usage),
+        }
+    return Reply(body=body)
+
+
+def responses_reply(
+    text: str | None,
+    status: str = "completed",
+    incomplete_reason: str | None = None,
+    refusal: str | None = None,
+) -> Reply:
+    content: list[dict[str, Any]] = []
+    if text is not None:
+        content.append({"type": "output_text", "text": text, "annotations": []})
+    if refusal is not None:
+        content.append({"type": "refusal", "refusal": refusal})
+    body = {
+        "id": "resp_1",
+        "object": "response",
+        "created_at": 0,
+        "model": "gpt-5-nano",
+        "status": status,
+        "incomplete_details": {"reason": incomplete_reason} if incomplete_reason else None,
+        "output": [
+            {
+                "type": "message",
+                "id": "msg_1",
+                "role": "assistant",
+                "status": "completed",
+                "content": content,
+            }
+        ],
+        "usage": {
+            "input_tokens": 300,
+            "input_tokens_details": {"cached_tokens": 0},
+            "output_tokens": 60,
+            "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": 360,
+        },
+    }
+    return Reply(body=body)
+
+
+# ---------------------------------------------------------------------------------------------
+# Input format
+
+TWO_TURNS = [
+    FoldMessage(1, "user", "I practise scales daily."),
+    FoldMessage(2, "assistant", "Noted: daily scales."),
+    FoldMessage(3, "user", "My recital is on 12 May."),
+    FoldMessage(4, "assistant", "Then we plan backwards from 12 May."),
+]
+
+SUMMARY = """## Facts / Constraints
+- Recital on 12 May.
+
+## Goals / Preferences
+- None
+
+## Decisions
+- None
+
+## Open Items
+- None
+
+## Key Artifacts
+- None"""
+
+
+def test_fold_input_is_seed_003_format_exactly() -> None:
+    assert format_fold_input("", TWO_TURNS) == (
+        "=== EXISTING_SUMMARY ===\n"
+        "NONE\n"
+        "=== END_EXISTING_SUMMARY ===\n"
+        "\n"
+        "=== NEW_TURNS ===\n"
+        "Turn 1:\n"
+        "User: I practise scales daily.\n"
+        "Assistant: Noted: daily scales.\n"
+        "\n"
+        "Turn 2:\n"
+        "User: My recital is on 12 May.\n"
+        "Assistant: Then we plan backwards from 12 May.\n"
+        "=== END_NEW_TURNS ==="
+    )
+
+
+def test_fold_input_keeps_tool_traffic_in_its_turn_and_a_leading_reply_opens_a_turn() -> None:
+    messages = [
+        FoldMessage(7, "assistant", "Welcome back."),
+        FoldMessage(8, "user", "What's the weather?"),
+        FoldMessage(9, "assistant", ""),  # a tool call only: no text
+        FoldMessage(10, "tool", '{"temp": 21}'),
+        FoldMessage(11, "assistant", "It is 21 degrees."),
+    ]
+    assert format_fold_input("  - old fact\n", messages) == (
+        "=== EXISTING_SUMMARY ===\n"
+        "- old fact\n"
+        "=== END_EXISTING_SUMMARY ===\n"
+        "\n"
+        "=== NEW_TURNS ===\n"
+        "Turn 1:\n"
+        "Assistant: Welcome back.\n"
+        "\n"
+        "Turn 2:\n"
+        "User: What's the weather?\n"
+        "Assistant: (no text)\n"
+        'Tool: {"temp": 21}\n'
+        "Assistant: It is 21 degrees.\n"
+        "=== END_NEW_TURNS ==="
+    )
+
+
+def test_fold_input_without_messages_has_empty_turns_block() -> None:
+    assert format_fold_input("x", []).endswith("=== NEW_TURNS ===\n=== END_NEW_TURNS ===")
+
+
+def test_instructions_follow_seed_000_and_state_the_cap() -> None:
+    instructions = summary_instructions(321)
+    for heading in HEADINGS:
+        assert f"\n{heading}\n" in instructions
+    assert "within 321 tokens" in instructions
+    for rule in ("Rewrite the whole summary", "Deduplicate", "most recent explicit decision"):
+        assert rule in instructions
+    assert "Do not invent" in instructions and "No transcript" in instructions
+
+
+# ---------------------------------------------------------------------------------------------
+# Validation
+
+
+@pytest.mark.parametrize(
+    ("text", "finish_reason", "refusal", "kind"),
+    [
+        ("", "stop", None, "empty"),
+        ("  \n ", "stop", None, "empty"),
+        (None, "stop", None, "empty"),
+        ("half a summ", "length", None, "truncated"),
+        ("", "length", None, "truncated"),
+        ("", "stop", "I can't help with that.", "refused"),
+        ("text", "content_filter", None, "refused"),
+        ("word " * 50, "stop", None, "over_cap"),
+    ],
+)
+def test_unusable_output_is_a_non_transient_error(
+    text: str | None, finish_reason: str, refusal: str | None, kind: str
+) -> None:
+    with pytest.raises(SummarizerError) as caught:
+        validate_summary(text, finish_reason, 20, None, refusal=refusal)
+    assert caught.value.kind == kind
+    assert caught.value.transient is False
+
+
+def test_valid_output_is_returned_stripped() -> None:
+    assert (
+        validate_summary("\n  ## Decisions\n- x  \n", "stop", 20, "gpt-4o") == "## Decisions\n- x"
+    )
+
+
+@pytest.mark.parametrize(
+    ("kind", "transient"),
+    [
+        ("timeout", True),
+        ("rate_limit", True),
+        ("server_error", True),
+        ("connection", True),
+        ("quota", False),
+        ("client_error", False),
+        ("over_cap", False),
+    ],
+)
+def test_transient_follows_from_kind(kind: Any, transient: bool) -> None:
+    assert SummarizerError(kind, "x").transient is transient
+
+
+# ---------------------------------------------------------------------------------------------
+# Offline backend
+
+CONVERSATION = [
+    FoldMessage(
+        1, "user", "Hi! I want to learn the first Chopin ballade. I prefer evening practice."
+    ),
+    FoldMessage(2, "assistant", "Great. We decided to start with the coda. Thanks!"),
+    FoldMessage(
+        3, "user", "My left hand must never exceed 30 minutes a day because of tendinitis."
+    ),
+    FoldMessage(
+        4,
+        "assistant",
+        "Understood. Will you send the fingering next? The score is ballade_op23.pdf.",
+    ),
+    FoldMessage(5, "user", "Actually, let's start with the opening instead of the coda."),
+    FoldMessage(6, "user", "I prefer evening practice."),
+]
+
+
+def sections(summary: str) -> dict[str, list[str]]:
+    by_heading: dict[str, list[str]] = {}
+    for block in summary.split("\n\n"):
+        heading, *lines = block.split("\n")
+        by_heading[heading] = [line.removeprefix("- ") for line in lines]
+    return by_heading
+
+
+def test_offline_sorts_sentences_under_the_five_headings() -> None:
+    result = OfflineSummarizer().summarize("", CONVERSATION)
+    assert list(sections(result.text)) == list(HEADINGS)
+    by_heading = sections(result.text)
+    assert by_heading["## Facts / Constraints"] == [
+        "My left hand must never exceed 30 minutes a day because of tendinitis."
+    ]
+    assert by_heading["## Goals / Preferences"] == [
+        "I want to learn the first Chopin ballade.",
+        "I prefer evening practice.",
+    ]
+    assert by_heading["## Decisions"] == [
+        "Actually, let's start with the opening instead of the coda."
+    ]
+    assert by_heading["## Open Items"] == ["Will you send the fingering next?"]
+    assert by_heading["## Key Artifacts"] == ["The score is ballade_op23.pdf."]
+    assert result.backend == "offline"
+    assert result.output_tokens == count_tokens(result.text)
+    assert result.input_tokens == count_tokens(format_fold_input("", CONVERSATION))
+
+
+def test_offline_drops_filler_dedups_and_latest_decision_wins() -> None:
+    text = OfflineSummarizer().summarize("", CONVERSATION).text
+    for filler in ("Hi!", "Thanks!", "Great.", "Understood."):
+        assert filler not in text
+    assert text.count("I prefer evening practice.") == 1
+    assert sections(text)["## Decisions"] == [
+        "Actually, let's start with the opening instead of the coda."
+    ]
+
+
+def test_offline_is_deterministic_and_stable_on_its_own_output() -> None:
+    first = OfflineSummarizer().summarize(SUMMARY, CONVERSATION)
+    again = OfflineSummarizer().summarize(SUMMARY, CONVERSATION)
+    assert first == again
+    # Re-folding the summary with nothing new keeps every bullet under its heading.
+    assert OfflineSummarizer().summarize(first.text, []).text == first.text
+
+
+def test_offline_keeps_existing_summary_bullets_in_their_sections() -> None:
+    text = OfflineSummarizer().summarize(SUMMARY, []).text
+    assert sections(text)["## Facts / Constraints"] == ["Recital on 12 May."]
+    assert sections(text)["## Decisions"] == ["None"]
+
+
+def test_offline_classifies_a_summary_in_another_format() -> None:
+    text = (
+        OfflineSummarizer().summarize("We agreed on weekly lessons. See https://x.test/a", []).text
+    )
+    assert sections(text)["## Decisions"] == ["We agreed on weekly lessons."]
+    assert sections(text)["## Key Artifacts"] == ["See https://x.test/a"]
+
+
+@pytest.mark.parametrize("cap", [64, 100, 250, 500])
+def test_offline_never_exceeds_the_cap_and_drops_the_oldest_first(cap: int) -> None:
+    messages = [
+        FoldMessage(seq, "user", f"Fact number {seq} is that item {seq} weighs {seq * 7} grams.")
+        for seq in range(1, 301)
+    ]
+    text = OfflineSummarizer(cap_tokens=cap).summarize("", messages).text
+    assert count_tokens(text) <= cap
+    assert "item 300 weighs" in text  # the newest survives
+    assert "item 1 weighs" not in text  # the oldest went first
+
+
+def test_offline_shrinks_a_single_huge_sentence_rather_than_return_nothing() -> None:
+    huge = FoldMessage(1, "user", "The constraint is " + "very " * 2000 + "long.")
+    text = OfflineSummarizer(cap_tokens=64).summarize("", [huge]).text
+    assert count_tokens(text) <= 64
+    assert "- The constraint is very" in text
+
+
+def test_offline_input_with_only_filler_still_returns_the_headings() -> None:
+    text = OfflineSummarizer().summarize("", [FoldMessage(1, "user", "Thanks!")]).text
+    assert text.startswith("## Facts / Constraints\n- None")
+
+
+def test_offline_rejects_a_cap_too_small_for_the_headings() -> None:
+    with pytest.raises(ValueError):
+        OfflineSummarizer(cap_tokens=10)
+
+
+# ---------------------------------------------------------------------------------------------
+# Chat Completions backend (scripted server)
+
+
+def chat_summarizer(server: ScriptedServer, cap: int = 500, timeout: float = 5.0) -> Any:
+    client = make_openai_client(base_url=server.base_url, api_key=API_KEY, timeout=timeout)
+    return ChatCompletionsSummarizer(client, model="gpt-test", cap_tokens=cap, timeout=timeout)
+
+
+def test_chat_success_sends_instructions_and_seed_input(server: ScriptedServer) -> None:
+    server.script(chat_reply(f"\n{SUMMARY}\n"))
+    result = chat_summarizer(server).summarize("", TWO_TURNS)
+    assert result.text == SUMMARY
+    assert (result.input_tokens, result.output_tokens, result.backend) == (120, 40, "chat")
+    [request] = server.requests
+    assert request.path == "/v1/chat/completions"
+    assert request.headers["authorization"] == f"Bearer {API_KEY}"
+    assert request.body["model"] == "gpt-test"
+    assert request.body["max_completion_tokens"] == 750  # cap x 1.5: over-cap arrives whole
+    assert request.body["messages"] == [
+        {"role": "system", "content": summary_instructions(500)},
+        {"role": "user", "content": format_fold_input("", TWO_TURNS)},
+    ]
+
+
+def test_chat_without_usage_counts_tokens_itself(server: ScriptedServer) -> None:
+    server.script(chat_reply(SUMMARY, usage=None))
+    result = chat_summarizer(server).summarize("", TWO_TURNS)
+    assert result.output_tokens == count_tokens(SUMMARY, "gpt-test")
+    assert result.input_tokens > count_tokens(format_fold_input("", TWO_TURNS))
+
+
+RATE_LIMITED = error_reply(429, "Rate limit reached", "requests", "rate_limit_exceeded")
+QUOTA_EXHAUSTED = error_reply(
+    429, "You exceeded your quota", "insufficient_quota", "insufficient_quota"
+)
+SERVER_ERROR = error_reply(500, "The server had an error", "server_error")
+OVERLOADED = error_reply(503, "Overloaded", "server_error")
+BAD_REQUEST = error_reply(400, "Invalid model", "invalid_request_error", "model_not_found")
+
+
+@pytest.mark.parametrize(
+    ("reply", "kind", "transient"),
+    [
+        (RATE_LIMITED, "rate_limit", True),
+        (QUOTA_EXHAUSTED, "quota", False),
+        (SERVER_ERROR, "server_error", True),
+        (OVERLOADED, "server_error", True),
+        (BAD_REQUEST, "client_error", False),
+    ],
+)
+def test_chat_maps_http_errors(
+    server: ScriptedServer, reply: Reply, kind: str, transient: bool
+) -> None:
+    server.script(reply)
+    with pytest.raises(SummarizerError) as caught:
+        chat_summarizer(server).summarize("", TWO_TURNS)
+    assert (caught.value.kind, caught.value.transient) == (kind, transient)
+    assert len(server.requests) == 1  # the client never retries: Celery owns retries
+
+
+def test_chat_error_message_never_contains_the_key(server: ScriptedServer) -> None:
+    server.script(
+        error_reply(401, f"Incorrect API key provided: {API_KEY}", "invalid_request_error")
+    )
+    with pytest.raises(SummarizerError) as caught:
+        chat_summarizer(server).summarize("", TWO_TURNS)
+    assert caught.value.kind == "client_error"
+    assert "HTTP 401" in str(caught.value)
+    assert API_KEY not in str(caught.value) and "0123456789" not in str(caught.value)
+
+
+def test_chat_timeout_is_transient(server: ScriptedServer) -> None:
+    server.script(Reply(delay=1.0, body=chat_reply(SUMMARY).body))
+    started = time.monotonic()
+    with pytest.raises(SummarizerError) as caught:
+        chat_summarizer(server, timeout=0.3).summarize("", TWO_TURNS)
+    assert (caught.value.kind, caught.value.transient) == ("timeout", True)
+    assert time.monotonic() - started < 1.0
+
+
+def test_chat_connection_refused_is_transient() -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    client = make_openai_client(f"http://127.0.0.1:{port}/v1", API_KEY, timeout=2.0)
+    with pytest.raises(SummarizerError) as caught:
+        ChatCompletionsSummarizer(client, model="m").summarize("", TWO_TURNS)
+    assert (caught.value.kind, caught.value.transient) == ("connection", True)
+
+
+@pytest.mark.parametrize(
+    ("reply", "kind"),
+    [
+        (chat_reply("## Facts / Constraints\n- half", finish_reason="length"), "truncated"),
+        (chat_reply(""), "empty"),
+        (chat_reply(None, refusal="I can't help with that."), "refused"),
+        (chat_reply("", finish_reason="content_filter"), "refused"),
+    ],
+)
+def test_chat_unusable_output_fails_without_retry(
+    server: ScriptedServer, reply: Reply, kind: str
+) -> None:
+    server.script(reply)
+    with pytest.raises(SummarizerError) as caught:
+        chat_summarizer(server).summarize("", TWO_TURNS)
+    assert (caught.value.kind, caught.value.transient) == (kind, False)
+    assert len(server.requests) == 1
+
+
+LONG = "## Facts / Constraints\n" + "\n".join(f"- fact number {n} is here" for n in range(20))
+SHORT = "## Facts / Constraints\n- fact"
+
+
+def test_chat_over_cap_retries_once_with_a_stricter_limit(server: ScriptedServer) -> None:
+    server.script(chat_reply(LONG, usage=(100, 90)), chat_reply(SHORT, usage=(200, 10)))
+    result = chat_summarizer(server, cap=40).summarize("", TWO_TURNS)
+    assert result.text == SHORT
+    assert (result.input_tokens, result.output_tokens) == (300, 100)  # both calls were paid for
+    assert len(server.requests) == 2
+    first, retry = (request.body["messages"] for request in server.requests)
+    assert retry[:2] == first
+    assert retry[2] == {"role": "assistant", "content": LONG}
+    assert retry[3]["role"] == "user"
+    assert (
+        f"{count_tokens(LONG, 'gpt-test')} tokens, over the hard cap of 40" in retry[3]["content"]
+    )
+    assert "at most 28 tokens" in retry[3]["content"]  # 70% of the cap
+
+
+def test_chat_over_cap_twice_fails_after_exactly_two_requests(server: ScriptedServer) -> None:
+    server.script(chat_reply(LONG), chat_reply(LONG))
+    with pytest.raises(SummarizerError) as caught:
+        chat_summarizer(server, cap=40).summarize("", TWO_TURNS)
+    assert (caught.value.kind, caught.value.transient) == ("over_cap", False)
+    assert len(server.requests) == 2
+
+
+def test_chat_can_send_max_tokens_for_older_servers(server: ScriptedServer) -> None:
+    server.script(chat_reply(SUMMARY))
+    client = make_openai_client(server.base_url, API_KEY, timeout=5.0)
+    summarizer = ChatCompletionsSummarizer(
+        client, "m", cap_tokens=100, token_limit_field="max_tokens"
+    )
+    summarizer.summarize("", TWO_TURNS)
+    assert server.requests[0].body["max_tokens"] == 150
+    assert "max_completion_tokens" not in server.requests[0].body
+
+
+# ---------------------------------------------------------------------------------------------
+# Responses backend (scripted server)
+
+
+def responses_summarizer(server: ScriptedServer, version: str | None = "7", cap: int = 500) -> Any:
+    client = make_openai_client(base_url=server.base_url, api_key=API_KEY, timeout=5.0)
+    return ResponsesSummarizer(client, prompt_id=PROMPT_ID, prompt_version=version, cap_tokens=cap)
+
+
+def test_responses_sends_prompt_id_version_and_exact_input_without_model(
+    server: ScriptedServer,
+) -> None:
+    server.script(responses_reply(SUMMARY))
+    result = responses_summarizer(server).summarize(SUMMARY, TWO_TURNS)
+    assert (result.text, result.input_tokens, result.output_tokens) == (SUMMARY, 300, 60)
+    assert result.backend == "responses"
+    [request] = server.requests
+    assert request.path == "/v1/responses"
+    assert request.body == {
+        "prompt": {"id": PROMPT_ID, "version": "7"},
+        "input": format_fold_input(SUMMARY, TWO_TURNS),
+    }
+
+
+def test_responses_without_version_uses_the_hosted_default(server: ScriptedServer) -> None:
+    server.script(responses_reply(SUMMARY))
+    responses_summarizer(server, version=None).summarize("", TWO_TURNS)
+    assert server.requests[0].body["prompt"] == {"id": PROMPT_ID}
+
+
+@pytest.mark.parametrize(
+    ("reply", "kind"),
+    [
+        (
+            responses_reply("## F", status="incomplete", incomplete_reason="max_output_tokens"),
+            "truncated",
+        ),
+        (responses_reply("", status="incomplete", incomplete_reason="content_filter"), "refused"),
+        (responses_reply(None, refusal="I can't help with that."), "refused"),
+        (responses_reply(""), "empty"),
+        (responses_reply(LONG), "over_cap"),
+    ],
+)
+def test_responses_unusable_output(server: ScriptedServer, reply: Reply, kind: str) -> None:
+    server.script(reply)
+    with pytest.raises(SummarizerError) as caught:
+        responses_summarizer(server, cap=40).summarize("", TWO_TURNS)
+    assert (caught.value.kind, caught.value.transient) == (kind, False)
+    assert len(server.requests) == 1
+
+
+@pytest.mark.parametrize(
+    ("reply", "kind", "transient"),
+    [
+        (QUOTA_EXHAUSTED, "quota", False),
+        (RATE_LIMITED, "rate_limit", True),
+        (error_reply(502, "bad gateway", "server_error"), "server_error", True),
+        (error_reply(404, "prompt not found", "invalid_request_error"), "client_error", False),
+    ],
+)
+def test_responses_maps_http_errors(
+    server: ScriptedServer, reply: Reply, kind: str, transient: bool
+) -> None:
+    server.script(reply)
+    with pytest.raises(SummarizerError) as caught:
+        responses_summarizer(server).summarize("", TWO_TURNS)
+    assert (caught.value.kind, caught.value.transient) == (kind, transient)
+
+
+def test_a_failed_response_is_classified_by_its_error_code(server: ScriptedServer) -> None:
+    failed = responses_reply(None)
+    assert failed.body is not None
+    failed.body.update(status="failed", error={"code": "server_error", "message": "boom"})
+    server.script(failed)
+    with pytest.raises(SummarizerError) as caught:
+        responses_summarizer(server).summarize("", TWO_TURNS)
+    assert (caught.value.kind, caught.value.transient) == ("server_error", True)

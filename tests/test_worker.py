@@ -1,0 +1,74 @@
+"""The production path: turns queue consolidation through Redis to a real celery worker."""
+
+import pytest
+
+from conversations.models import Brief, Consolidation
+from tests.conftest import client_for
+from tests.workers import Worker, point_celery_at, wait_until
+
+pytestmark = [pytest.mark.postgres, pytest.mark.redis, pytest.mark.worker]
+
+
+@pytest.fixture
+def celery_broker(settings, clean_redis):  # type: ignore[no-untyped-def]
+    """Publish from the test process to the test Redis, as the web process would."""
+
+    previous = point_celery_at(clean_redis)
+    settings.REDIS_URL = clean_redis
+    settings.MEMORY_DISPATCH = "celery"
+    from memory_worker.runtime import _lock
+
+    _lock.cache_clear()
+    yield clean_redis
+    point_celery_at(previous)
+    _lock.cache_clear()
+
+
+def test_turns_are_folded_by_a_real_worker(require_postgres, celery_broker, user) -> None:  # type: ignore[no-untyped-def]
+    worker = Worker(celery_broker, "fold")
+    try:
+        worker.wait_ready()
+        api = client_for(user)
+        chat_id = api.post("/api/v1/chats/", {"policy": "contract"}, format="json").json()["id"]
+        for number in range(12):
+            response = api.post(
+                f"/api/v1/chats/{chat_id}/turns/", {"content": f"fact {number}"}, format="json"
+            )
+            assert response.status_code == 201
+        assert wait_until(
+            lambda: Brief.objects.get(chat_id=chat_id).last_consolidated > 0, timeout=30
+        ), worker.log()
+        brief = Brief.objects.get(chat_id=chat_id)
+        assert brief.summary
+        succeeded = Consolidation.objects.filter(chat_id=chat_id, status="succeeded").order_by(
+            "from_seq"
+        )
+        assert succeeded.exists()
+        covered = [seq for row in succeeded for seq in range(row.from_seq, row.to_seq + 1)]
+        assert covered == list(range(1, brief.last_consolidated + 1))
+        assert all(row.worker for row in succeeded)
+    finally:
+        worker.stop()
+
+
+def test_turn_succeeds_with_the_broker_down(require_postgres, settings, user, caplog) -> None:  # type: ignore[no-untyped-def]
+    import socket
+
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        dead_port = probe.getsockname()[1]
+    previous = point_celery_at(f"redis://127.0.0.1:{dead_port}/0")
+    settings.MEMORY_DISPATCH = "celery"
+    try:
+        api = client_for(user)
+        chat_id = api.post("/api/v1/chats/", {"policy": "contract"}, format="json").json()["id"]
+        statuses = [
+            api.post(
+                f"/api/v1/chats/{chat_id}/turns/", {"content": f"m{n}"}, format="json"
+            ).status_code
+            for n in range(8)
+        ]
+        assert statuses == [201] * 8
+        assert any(getattr(r, "event", "") == "enqueue_failed" for r in caplog.records)
+    finally:
+        point_celery_at(previous)

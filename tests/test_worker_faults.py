@@ -1,0 +1,196 @@
+"""Consolidation across real worker processes under faults (DESIGN §6): a burst of triggers, a
+worker killed in the middle of the LLM call, a paused worker whose result comes back stale."""
+
+import signal
+import time
+
+import pytest
+
+from conversations.models import Brief, Consolidation
+from memory_worker import tasks
+from memory_worker.dispatch import request_consolidation
+from memory_worker.invariants import chat_violations
+from tests.conftest import client_for
+from tests.workers import Worker, point_celery_at, wait_until
+
+pytestmark = [pytest.mark.postgres, pytest.mark.redis, pytest.mark.worker]
+
+# Short, correctly ordered deadlines so recovery happens within a test's patience.
+FAST_DEADLINES = {
+    "MEMORY_LLM_TIMEOUT_SECONDS": "4",
+    "MEMORY_TASK_SOFT_TIME_LIMIT": "5",
+    "MEMORY_TASK_TIME_LIMIT": "6",
+    "MEMORY_LOCK_TTL_SECONDS": "8",
+    "BROKER_VISIBILITY_TIMEOUT": "10",
+}
+
+
+@pytest.fixture
+def broker(settings, clean_redis):  # type: ignore[no-untyped-def]
+    from memory_worker.runtime import _lock
+
+    previous = point_celery_at(clean_redis)
+    settings.REDIS_URL = clean_redis
+    settings.MEMORY_DISPATCH = "celery"
+    settings.MEMORY_LOCK_TTL_SECONDS = 8
+    _lock.cache_clear()
+    yield clean_redis
+    point_celery_at(previous)
+    _lock.cache_clear()
+
+
+def model_env(server) -> dict[str, str]:  # type: ignore[no-untyped-def]
+    return {
+        "OPENAI_BASE_URL": server.base_url,
+        "OPENAI_API_KEY": "test-key",
+        "CHAT_BACKEND": "openai",
+        "MEMORY_SUMMARIZER_BACKEND": "chat",
+        "MEMORY_SUMMARIZER_MODEL": "fake-summarizer",
+        **FAST_DEADLINES,
+    }
+
+
+def chat_with_fold_due(user, settings) -> int:  # type: ignore[no-untyped-def]
+    """A contract chat with 12 unfolded messages (K + B = 10): one overflow fold is due."""
+    api = client_for(user)
+    settings.MEMORY_DISPATCH = "off"  # build the backlog without triggering anything
+    chat_id = api.post("/api/v1/chats/", {"policy": "contract"}, format="json").json()["id"]
+    for number in range(6):
+        response = api.post(
+            f"/api/v1/chats/{chat_id}/turns/", {"content": f"fact {number}"}, format="json"
+        )
+        assert response.status_code == 201
+    settings.MEMORY_DISPATCH = "celery"
+    return chat_id
+
+
+def queue_is_empty(redis_url: str) -> bool:
+    import redis
+
+    return redis.Redis.from_url(redis_url).llen("memory") == 0
+
+
+def test_burst_of_200_triggers_across_4_workers(
+    require_postgres, broker, settings, user, use_fake_openai
+) -> None:  # type: ignore[no-untyped-def]
+    use_fake_openai.summarize_latency = 1.0  # runs overlap the whole burst
+    chat_id = chat_with_fold_due(user, settings)
+    workers = [Worker(broker, f"burst{n}", env=model_env(use_fake_openai)) for n in range(4)]
+    try:
+        for worker in workers:
+            worker.wait_ready()
+        for _ in range(200):
+            assert request_consolidation(chat_id, "turn")
+        assert wait_until(
+            lambda: (
+                queue_is_empty(broker)
+                and Brief.objects.get(chat_id=chat_id).last_consolidated > 0
+                and use_fake_openai.counters()["in_flight"] == 0
+            ),
+            timeout=60,
+        )
+        # Let any rerun the burst chained finish, then measure.
+        assert wait_until(
+            lambda: not Consolidation.objects.filter(chat_id=chat_id, status="running").exists(),
+            timeout=30,
+        )
+    finally:
+        for worker in workers:
+            worker.stop()
+    summarize_calls = len(use_fake_openai.summarize_requests())
+    assert use_fake_openai.counters()["max_in_flight"] == 1  # never two folds of the chat at once
+    assert 1 <= summarize_calls <= 2
+    assert Consolidation.objects.filter(chat_id=chat_id, status="succeeded").count() == 1
+    assert chat_violations(chat_id) == []
+    handled_by = {
+        line.split("]")[0]
+        for worker in workers
+        for line in worker.log().splitlines()
+        if "chatmem.consolidate_chat" in line and "succeeded" in line
+    }
+    assert handled_by, "no worker reported a finished task"
+
+
+def test_worker_killed_mid_llm_call_is_recovered(
+    require_postgres, broker, settings, user, use_fake_openai
+) -> None:  # type: ignore[no-untyped-def]
+    use_fake_openai.summarize_latency = 3.0
+    chat_id = chat_with_fold_due(user, settings)
+    victim = Worker(broker, "victim", env=model_env(use_fake_openai))
+    rescuer = None
+    try:
+        victim.wait_ready()
+        assert request_consolidation(chat_id, "turn")
+        assert wait_until(lambda: use_fake_openai.counters()["in_flight"] == 1, timeout=30)
+        victim.signal(signal.SIGKILL)
+        killed_at = time.monotonic()
+        victim.process.wait(timeout=10)
+        brief = Brief.objects.get(chat_id=chat_id)
+        assert (brief.last_consolidated, brief.version, brief.summary) == (0, 0, "")
+        use_fake_openai.summarize_latency = 0.0
+        rescuer = Worker(broker, "rescuer", env=model_env(use_fake_openai))
+        rescuer.wait_ready()
+
+        def recovered() -> bool:
+            tasks.sweep()  # what beat runs every minute
+            return Brief.objects.get(chat_id=chat_id).last_consolidated > 0
+
+        assert wait_until(recovered, timeout=40, interval=1.0), rescuer.log()
+        recovery_seconds = time.monotonic() - killed_at
+        print(f"\nrecovery after kill -9: {recovery_seconds:.1f} s (lock TTL 8 s)")
+    finally:
+        victim.stop()
+        if rescuer is not None:
+            rescuer.stop()
+    succeeded = Consolidation.objects.filter(chat_id=chat_id, status="succeeded")
+    assert succeeded.count() == 1
+    assert Brief.objects.get(chat_id=chat_id).version == 1
+    assert chat_violations(chat_id) == []
+
+
+def test_paused_worker_past_its_lock_writes_nothing(
+    require_postgres, broker, settings, user, use_fake_openai
+) -> None:  # type: ignore[no-untyped-def]
+    use_fake_openai.summarize_latency = 2.0
+    chat_id = chat_with_fold_due(user, settings)
+    # The solo pool has no parent process enforcing time limits: a paused worker really comes
+    # back later with a stale result (as after a VM pause), which only the fencing UPDATE stops.
+    sleeper = Worker(broker, "sleeper", pool="solo", env=model_env(use_fake_openai))
+    other = None
+    try:
+        sleeper.wait_ready()
+        assert request_consolidation(chat_id, "turn")
+        assert wait_until(lambda: use_fake_openai.counters()["in_flight"] == 1, timeout=30)
+        sleeper.signal(signal.SIGSTOP)
+        use_fake_openai.summarize_latency = 0.0
+        other = Worker(broker, "other", env=model_env(use_fake_openai))
+        other.wait_ready()
+        time.sleep(8.5)  # the paused worker's lock TTL runs out: nothing to poll for here
+
+        def folded_by_other() -> bool:
+            request_consolidation(chat_id, "turn")
+            return Brief.objects.get(chat_id=chat_id).version == 1
+
+        assert wait_until(folded_by_other, timeout=30, interval=1.0), other.log()
+        committed = Brief.objects.get(chat_id=chat_id)
+        sleeper.signal(signal.SIGCONT)
+        assert wait_until(
+            lambda: not Consolidation.objects.filter(chat_id=chat_id, status="running").exists(),
+            timeout=30,
+        ), sleeper.log()
+    finally:
+        sleeper.signal(signal.SIGCONT)
+        sleeper.stop()
+        if other is not None:
+            other.stop()
+    after = Brief.objects.get(chat_id=chat_id)
+    assert (after.summary, after.version, after.last_consolidated) == (
+        committed.summary,
+        committed.version,
+        committed.last_consolidated,
+    )
+    statuses = sorted(
+        Consolidation.objects.filter(chat_id=chat_id).values_list("status", flat=True)
+    )
+    assert statuses == ["succeeded", "superseded"]
+    assert chat_violations(chat_id) == []
