@@ -227,11 +227,14 @@ FACT_TEAMS = ("atlas", "borealis", "cobalt", "delta", "ember", "fjord", "granite
 # --- configurations ------------------------------------------------------------------------
 
 PRESET_NAMES = ("contract", "sliding-window", "token-budget", "chunked", "turn-digest")
-# The bound the peers were measured at: 4,000 verbatim tokens plus a 500-token summary.
-PEER_BOUND = {"max_tokens": 4500, "max_summary_tokens": 500, "max_memory_tokens": 4500}
+# The bound the peers were measured at: 4,000 verbatim tokens plus a 500-token summary. The
+# token-budget trigger fires when summary + verbatim history passes max_tokens - max_summary_tokens
+# (4,500 here), and the hard bound on summary + history (max_memory_tokens) is that same 4,500: a
+# peer buffer holds up to 4,000 verbatim tokens beside a summary of up to 500.
+PEER_BOUND = {"max_tokens": 5000, "max_summary_tokens": 500, "max_memory_tokens": 4500}
 # Low-water targets for token folds. The target includes the summary's 500-token reserve, so any
 # target up to about 500 + one turn folds everything but the newest turn (0 and 500 act alike).
-PEER_FOLD_TARGETS: tuple[int | None, ...] = (None, 0, 1000, 1500, 2000, 2500)
+PEER_FOLD_TARGETS: tuple[int | None, ...] = (None, 0, 1500, 2500)
 
 
 @dataclass(frozen=True)
