@@ -27,7 +27,6 @@ import shlex
 import sys
 import tempfile
 import time
-import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -36,6 +35,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from bench.common import api_client, configure_django
 from memory_worker.tokens import count_tokens
 from tests.fake_openai import SUMMARY_MARKER, FakeOpenAI, RecordedRequest, content_text
 
@@ -809,12 +809,10 @@ def header_lines(info: dict[str, Any], command: str, date: str, database: str) -
 # --- setup ----------------------------------------------------------------------------------
 
 
-def configure_django(database_url: str, base_url: str) -> str:
-    """Environment first, then django.setup() and migrate. Returns the database vendor."""
-    os.environ.update(
+def configure_for_fake_server(database_url: str, base_url: str) -> str:
+    return configure_django(
+        database_url,
         {
-            "DJANGO_SETTINGS_MODULE": "chatmem_project.settings",
-            "DATABASE_URL": database_url,
             "MEMORY_DISPATCH": "off",
             "CHAT_BACKEND": "openai",
             "MEMORY_SUMMARIZER_BACKEND": "chat",
@@ -822,30 +820,8 @@ def configure_django(database_url: str, base_url: str) -> str:
             "OPENAI_BASE_URL": base_url,
             "CHAT_MODEL": "fake-chat",
             "MEMORY_SUMMARIZER_MODEL": "fake-summarizer",
-            "ALLOWED_HOSTS": "testserver,127.0.0.1,localhost",
-        }
+        },
     )
-    # Fold and turn failures are counted in the results; the app's own log would drown them.
-    os.environ.setdefault("LOG_LEVEL", "CRITICAL")
-    import django
-
-    django.setup()
-    from django.core.management import call_command
-    from django.db import connection
-
-    call_command("migrate", verbosity=0, interactive=False)
-    return str(connection.vendor)
-
-
-def api_client() -> Any:
-    from django.contrib.auth import get_user_model
-    from rest_framework.authtoken.models import Token
-    from rest_framework.test import APIClient
-
-    user = get_user_model().objects.create_user(username=f"bench-{uuid.uuid4().hex[:10]}")
-    client = APIClient()
-    client.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.create(user=user).key}")
-    return client
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -887,7 +863,7 @@ def run_all(
     script = ReplyScript()
     with FakeOpenAI(reply_fn=script, summary_cap_words=SUMMARY_CAP_WORDS) as server:
         database_url = args.database_url or f"sqlite:///{tmpdir}/bench.sqlite3"
-        vendor = configure_django(database_url, server.base_url)
+        vendor = configure_for_fake_server(database_url, server.base_url)
         client = api_client()
         results = []
         for config in configs:

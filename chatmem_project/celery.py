@@ -3,7 +3,7 @@
 import os
 
 from celery import Celery
-from celery.signals import beat_init, worker_init
+from celery.signals import beat_init, worker_init, worker_process_shutdown
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "chatmem_project.settings")
 
@@ -23,3 +23,26 @@ def refuse_misconfigured_start(**_: object) -> None:
     serious = [error for error in run_checks() if error.is_serious()]
     if serious:
         raise ImproperlyConfigured("\n".join(str(error) for error in serious))
+
+
+@worker_init.connect
+def serve_worker_metrics(**_: object) -> None:
+    """Celery workers have no web server: with WORKER_METRICS_PORT set, the main process serves
+    the metrics of all its pool processes (multiprocess mode) on that port."""
+    from django.conf import settings
+
+    if not settings.WORKER_METRICS_PORT:
+        return
+    from prometheus_client import start_http_server
+
+    from conversations.metrics import registry
+
+    start_http_server(settings.WORKER_METRICS_PORT, registry=registry())
+
+
+@worker_process_shutdown.connect
+def forget_pool_process(pid: int | None = None, **_: object) -> None:
+    if pid and os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        from prometheus_client import multiprocess
+
+        multiprocess.mark_process_dead(pid)

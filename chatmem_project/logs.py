@@ -4,6 +4,8 @@ import json
 import logging
 from datetime import UTC, datetime
 
+from chatmem_project.request_id import current_request_id
+
 _STANDARD_ATTRS = set(logging.makeLogRecord({}).__dict__) | {"message", "asctime"}
 
 
@@ -15,6 +17,9 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "msg": record.getMessage(),
         }
+        request_id = current_request_id.get()
+        if request_id:
+            payload["request_id"] = request_id
         for key, value in record.__dict__.items():
             if key not in _STANDARD_ATTRS and not key.startswith("_"):
                 payload[key] = value

@@ -16,6 +16,21 @@ SECRET_KEY = env("SECRET_KEY", default="django-insecure-chatmem-local-only-set-S
 ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=["127.0.0.1", "localhost"])
 CSRF_TRUSTED_ORIGINS = env.list("CSRF_TRUSTED_ORIGINS", default=[])
 
+# HTTPS hardening for production (`manage.py check --deploy` passes with the values in
+# .env.example's production block). Off by default: the embedded mode serves plain HTTP locally.
+SECURE_SSL_REDIRECT = env.bool("SECURE_SSL_REDIRECT", default=False)
+# Health probes come over plain HTTP from inside the container or the orchestrator.
+SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^readyz$"]
+SECURE_HSTS_SECONDS = env.int("SECURE_HSTS_SECONDS", default=0)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env.bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", default=False)
+SECURE_HSTS_PRELOAD = env.bool("SECURE_HSTS_PRELOAD", default=False)
+SESSION_COOKIE_SECURE = env.bool("SESSION_COOKIE_SECURE", default=False)
+CSRF_COOKIE_SECURE = env.bool("CSRF_COOKIE_SECURE", default=False)
+# Behind a TLS-terminating proxy that sets X-Forwarded-Proto (set only if the proxy strips it
+# from client requests).
+if env.bool("SECURE_PROXY_SSL_HEADER", default=False):
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+
 INSTALLED_APPS = [
     "django.contrib.admin",
     "django.contrib.auth",
@@ -25,12 +40,17 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "rest_framework",
     "rest_framework.authtoken",
+    "drf_spectacular",
+    "drf_spectacular_sidecar",  # Swagger UI's files, served locally: /api/v1/docs/ works offline
     "conversations",
     "memory_worker",
 ]
 
 MIDDLEWARE = [
+    "chatmem_project.request_id.RequestIdMiddleware",
+    "conversations.metrics.RequestMetricsMiddleware",
     "django.middleware.security.SecurityMiddleware",
+    "conversations.middleware.BodySizeLimitMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -102,11 +122,41 @@ REST_FRAMEWORK = {
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
     "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
     "EXCEPTION_HANDLER": "conversations.api.errors.exception_handler",
+    "DEFAULT_SCHEMA_CLASS": "conversations.api.schema.ChatmemAutoSchema",
+}
+# OpenAPI 3 schema at /api/v1/schema/, Swagger UI at /api/v1/docs/ (conversations/api/schema.py).
+SPECTACULAR_SETTINGS = {
+    "TITLE": "chatmem API",
+    "DESCRIPTION": "Chats with summarization memory. Token authentication: "
+    "`Authorization: Token <key>`. Turns answer JSON or server-sent events (docs/streaming.md).",
+    "VERSION": "1",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+    "COMPONENT_SPLIT_REQUEST": True,
+    "PREPROCESSING_HOOKS": ["conversations.api.schema.only_rest_api"],
+    # tests/test_openapi.py fails on any schema warning; `check --deploy` stays about deployment.
+    "ENABLE_DJANGO_DEPLOY_CHECK": False,
 }
 
 # --- Redis, Celery --------------------------------------------------------------------------
 # Unset = embedded mode: consolidation runs on an in-process background thread.
 REDIS_URL = env("REDIS_URL", default="")
+# The shared cache (turn throttling): Redis when configured, with short timeouts because a turn
+# must never wait on it (the throttle lets requests through when the cache is down).
+CACHES = {
+    "default": (
+        {
+            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "LOCATION": env("CACHE_URL", default="") or REDIS_URL,
+            "KEY_PREFIX": "chatmem-cache",
+            "OPTIONS": {"socket_connect_timeout": 0.5, "socket_timeout": 0.5},
+        }
+        if REDIS_URL
+        else {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}
+    )
+}
 
 LLM_TIMEOUT_SECONDS = env.float("LLM_TIMEOUT_SECONDS", default=60.0)
 MEMORY_LLM_TIMEOUT_SECONDS = env.float("MEMORY_LLM_TIMEOUT_SECONDS", default=60.0)
@@ -174,22 +224,41 @@ PROMPT_VERSION_SUMMARY_GLOBAL = env("PROMPT_VERSION_SUMMARY_GLOBAL", default="")
 
 # --- Turns ----------------------------------------------------------------------------------
 CHATMEM_MAX_MESSAGE_CHARS = env.int("CHATMEM_MAX_MESSAGE_CHARS", default=32000)
+# Turns cost model calls: limited per user ("120/min"; empty = off), counted in the shared cache
+# (Redis when configured, so the limit holds across web processes). conversations/throttling.py
+TURN_RATE_LIMIT = env("TURN_RATE_LIMIT", default="120/min")
+# Requests with a larger body are refused with 413 before anything reads them.
+CHATMEM_MAX_BODY_BYTES = env.int("CHATMEM_MAX_BODY_BYTES", default=1024 * 1024)
+DATA_UPLOAD_MAX_MEMORY_SIZE = CHATMEM_MAX_BODY_BYTES
 CHATMEM_DEFAULT_SYSTEM_PROMPT = env(
     "CHATMEM_DEFAULT_SYSTEM_PROMPT", default="You are a helpful assistant."
 )
 # A turn slot older than this is taken to belong to a dead process; it must outlast the model
 # deadline so a live turn is never pre-empted.
 TURN_SLOT_STALE_SECONDS = env.float("TURN_SLOT_STALE_SECONDS", default=LLM_TIMEOUT_SECONDS + 30)
+# A streamed turn sends an SSE comment after this many idle seconds (a synchronous fold, a slow
+# first token), so proxies do not drop the connection as idle. (Not an environment knob.)
+TURN_STREAM_HEARTBEAT_SECONDS = 15.0
 
 # --- Logging --------------------------------------------------------------------------------
 LOG_LEVEL = env("LOG_LEVEL", default="INFO")
+# /metrics (Prometheus): open by default, like /healthz; set a token to require
+# "Authorization: Bearer <token>". WORKER_METRICS_PORT: Celery workers serve theirs there.
+METRICS_TOKEN = env("METRICS_TOKEN", default="")
+WORKER_METRICS_PORT = env.int("WORKER_METRICS_PORT", default=0)
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {"json": {"()": "chatmem_project.logs.JsonFormatter"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "json"}},
+    "handlers": {
+        "console": {"class": "logging.StreamHandler", "formatter": "json", "level": LOG_LEVEL},
+        # Fold, sync-fold, lock and enqueue events become Prometheus metrics.
+        "metrics": {"class": "conversations.metrics.MetricsLogHandler"},
+    },
     "root": {"handlers": ["console"], "level": LOG_LEVEL},
     "loggers": {
+        # INFO always reaches the metrics handler; the console handler applies LOG_LEVEL.
+        "chatmem": {"level": "INFO", "handlers": ["metrics"]},
         "django.db.backends": {"level": "WARNING"},
         "httpx": {"level": "WARNING"},
         "httpx2": {"level": "WARNING"},
@@ -210,6 +279,26 @@ MEMORY_SWEEP_BATCH = env.int("MEMORY_SWEEP_BATCH", default=500)
 # Seed 002's flush hooks: dotted paths of callables hook(chat_id, messages, version), each run
 # as its own task after a fold commits.
 MEMORY_FLUSH_HOOKS = env.list("MEMORY_FLUSH_HOOKS", default=[])
+# Seed 002's daily tier: a built-in flush hook that extracts durable facts from folded messages
+# into one note per chat and day ("offline": deterministic rules; "chat": one model call).
+MEMORY_DAILY_NOTES = env.bool("MEMORY_DAILY_NOTES", default=True)
+MEMORY_DAILY_NOTES_BACKEND = env("MEMORY_DAILY_NOTES_BACKEND", default="offline")
+if MEMORY_DAILY_NOTES and "memory_worker.daily_notes.extract_daily_notes" not in MEMORY_FLUSH_HOOKS:
+    MEMORY_FLUSH_HOOKS.append("memory_worker.daily_notes.extract_daily_notes")
+
+# --- Agent state (seed 004's Summarize node, docs/agent-state.md) ---------------------------
+# The seed's constants, under the seed's names. FULL_DETAIL_TURNS is the turn-digest preset's
+# tail_turns (memory_worker.env_knobs); it is read here too so the state endpoint can show it.
+SUMMARIZE_THRESHOLD = env.int("SUMMARIZE_THRESHOLD", default=400)
+FULL_DETAIL_TURNS = env.int("FULL_DETAIL_TURNS", default=3)
+FULL_DETAIL_STEPS = env.int("FULL_DETAIL_STEPS", default=3)
+PENDING_TTL_TURNS = env.int("PENDING_TTL_TURNS", default=3)
+# Bounds the seed leaves open: active entities go into every context, step summaries into a row.
+AGENT_MAX_ACTIVE_ENTITIES = env.int("AGENT_MAX_ACTIVE_ENTITIES", default=20)
+AGENT_MAX_STEP_SUMMARIES = env.int("AGENT_MAX_STEP_SUMMARIES", default=50)
+# "llm", "offline", or empty = the chat backend's choice (llm when an API key is configured).
+AGENT_SUMMARY_BACKEND = env("AGENT_SUMMARY_BACKEND", default="")
+AGENT_SUMMARY_MODEL = env("AGENT_SUMMARY_MODEL", default="")  # empty = CHAT_MODEL
 
 # Operator defaults per preset, from the environment (seed 003 §10 and seed 001 knobs); a chat's
 # own policy_overrides win over these. Filled in by memory_worker.env_knobs.

@@ -19,7 +19,7 @@ finish reason, usage). A failure while iterating also raises ``ModelError``.
 import logging
 import re
 from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol, Self, cast
 
 import openai
@@ -35,6 +35,10 @@ UPSTREAM_TIMEOUT = 504
 ModelMessages = Sequence[Mapping[str, object]]
 
 
+# Tools offered to the model and how it may use them, passed through as the client sent them.
+ToolOptions = Mapping[str, object]
+
+
 @dataclass(frozen=True)
 class ChatCompletion:
     content: str
@@ -42,6 +46,8 @@ class ChatCompletion:
     prompt_tokens: int
     completion_tokens: int
     model: str
+    # Tool calls in Chat Completions shape: {"id", "type": "function", "function": {...}}.
+    tool_calls: tuple[dict[str, Any], ...] = ()
 
 
 class ModelError(Exception):
@@ -83,9 +89,13 @@ class CompletionStream(Iterator[str]):
 
 
 class ChatModel(Protocol):
-    def complete(self, messages: ModelMessages, model: str) -> ChatCompletion: ...
+    def complete(
+        self, messages: ModelMessages, model: str, tools: ToolOptions | None = None
+    ) -> ChatCompletion: ...
 
-    def stream(self, messages: ModelMessages, model: str) -> CompletionStream: ...
+    def stream(
+        self, messages: ModelMessages, model: str, tools: ToolOptions | None = None
+    ) -> CompletionStream: ...
 
 
 # ---------------------------------------------------------------------------------------------
@@ -97,10 +107,15 @@ class OpenAIChatModel:
         self.client = client
         self.timeout = timeout
 
-    def complete(self, messages: ModelMessages, model: str) -> ChatCompletion:
+    def complete(
+        self, messages: ModelMessages, model: str, tools: ToolOptions | None = None
+    ) -> ChatCompletion:
         try:
             response = self.client.chat.completions.create(
-                model=model, messages=cast(Any, list(messages)), timeout=self.timeout
+                model=model,
+                messages=cast(Any, list(messages)),
+                timeout=self.timeout,
+                **tool_kwargs(tools),
             )
         except openai.OpenAIError as error:
             raise self._model_error(error, model) from error
@@ -116,9 +131,14 @@ class OpenAIChatModel:
             prompt_tokens=usage.prompt_tokens if usage else count_messages(messages, model),
             completion_tokens=usage.completion_tokens if usage else count_tokens(content, model),
             model=response.model or model,
+            tool_calls=tuple(
+                call.model_dump(exclude_none=True) for call in choice.message.tool_calls or ()
+            ),
         )
 
-    def stream(self, messages: ModelMessages, model: str) -> CompletionStream:
+    def stream(
+        self, messages: ModelMessages, model: str, tools: ToolOptions | None = None
+    ) -> CompletionStream:
         try:
             chunks = self.client.chat.completions.create(
                 model=model,
@@ -126,6 +146,7 @@ class OpenAIChatModel:
                 timeout=self.timeout,
                 stream=True,
                 stream_options={"include_usage": True},
+                **tool_kwargs(tools),
             )
         except openai.OpenAIError as error:
             raise self._model_error(error, model) from error
@@ -164,9 +185,14 @@ class StreamState:
     model: str
     content: str = ""
     finish_reason: str | None = None
-    has_tool_calls: bool = False
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
+    # Tool calls arrive in pieces keyed by index: the id and name first, then argument text.
+    tool_calls: dict[int, dict[str, Any]] = field(default_factory=dict)
+
+    @property
+    def has_tool_calls(self) -> bool:
+        return bool(self.tool_calls)
 
     def absorb(self, chunk: Any) -> str:
         """Record one chunk; return its content delta ("" when it has none)."""
@@ -178,10 +204,20 @@ class StreamState:
             return ""
         choice = chunk.choices[0]
         self.finish_reason = choice.finish_reason or self.finish_reason
-        self.has_tool_calls = self.has_tool_calls or bool(choice.delta.tool_calls)
+        for piece in choice.delta.tool_calls or ():
+            self.absorb_tool_call(piece)
         delta = choice.delta.content or getattr(choice.delta, "refusal", None) or ""
         self.content += delta
         return delta
+
+    def absorb_tool_call(self, piece: Any) -> None:
+        call = self.tool_calls.setdefault(
+            piece.index, {"id": "", "type": "function", "function": {"name": "", "arguments": ""}}
+        )
+        call["id"] = piece.id or call["id"]
+        if piece.function is not None:
+            call["function"]["name"] += piece.function.name or ""
+            call["function"]["arguments"] += piece.function.arguments or ""
 
     def completion(self, messages: ModelMessages) -> ChatCompletion:
         if self.finish_reason is None:
@@ -202,7 +238,14 @@ class StreamState:
                 else count_tokens(self.content, self.model)
             ),
             model=self.model,
+            tool_calls=tuple(self.tool_calls[index] for index in sorted(self.tool_calls)),
         )
+
+
+def tool_kwargs(tools: ToolOptions | None) -> dict[str, Any]:
+    """``tools`` / ``tool_choice`` / ``parallel_tool_calls`` only when the client sent them: an
+    absent key and an explicit null mean different things to some providers."""
+    return dict(tools or {})
 
 
 def reply_text(content: str | None, refusal: str | None) -> str:
@@ -267,7 +310,10 @@ class OfflineChatModel:
     def __init__(self, summary_prefix: str = SUMMARY_PREFIX) -> None:
         self.summary_prefix = summary_prefix
 
-    def complete(self, messages: ModelMessages, model: str) -> ChatCompletion:
+    def complete(
+        self, messages: ModelMessages, model: str, tools: ToolOptions | None = None
+    ) -> ChatCompletion:
+        # Offline, no tool is ever called: the reply is always text.
         reply = self.reply_to(messages)
         return ChatCompletion(
             content=reply,
@@ -277,7 +323,9 @@ class OfflineChatModel:
             model=model or OFFLINE_MODEL_NAME,
         )
 
-    def stream(self, messages: ModelMessages, model: str) -> CompletionStream:
+    def stream(
+        self, messages: ModelMessages, model: str, tools: ToolOptions | None = None
+    ) -> CompletionStream:
         return CompletionStream(self._words(self.complete(messages, model)))
 
     def reply_to(self, messages: ModelMessages) -> str:

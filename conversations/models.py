@@ -28,6 +28,9 @@ class Chat(models.Model):
     policy = models.CharField(max_length=40)
     policy_overrides = models.JSONField(default=dict, blank=True)
     model_variant = models.CharField(max_length=100, blank=True)
+    # The name an OpenAI-compatible client gives the conversation (X-Chatmem-Chat-Id, `user` or
+    # metadata): unique per owner, empty for chats made through the REST API.
+    external_id = models.CharField(max_length=200, blank=True, default="")
     last_seq = models.PositiveBigIntegerField(default=0)
     # The turn slot: one turn at a time per chat, claimed by a conditional UPDATE.
     turn_token = models.UUIDField(null=True, blank=True)
@@ -38,6 +41,13 @@ class Chat(models.Model):
     class Meta:
         ordering = ["-created_at", "-id"]
         indexes = [models.Index(fields=["owner", "-created_at"])]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["owner", "external_id"],
+                condition=~models.Q(external_id=""),
+                name="chat_owner_external_id_unique",
+            )
+        ]
 
     def __str__(self) -> str:
         return self.title or f"Chat {self.pk}"
@@ -127,3 +137,73 @@ class Consolidation(models.Model):
 
     def __str__(self) -> str:
         return f"{self.chat_id} [{self.from_seq}..{self.to_seq}] {self.status}"
+
+
+class DailyNote(models.Model):
+    """Seed 002's daily tier: durable facts extracted from folded messages, one note per chat and
+    day (the day the messages were written). Filled off the fold path by a flush hook."""
+
+    chat = models.ForeignKey(Chat, on_delete=models.CASCADE, related_name="daily_notes")
+    day = models.DateField()
+    facts = models.JSONField(default=list, blank=True)  # [{"seq", "role", "text"}, ...]
+    # Fold ranges already extracted into this note: hook tasks may run twice (late ack) or out
+    # of order (parallel workers), so each range is taken at most once rather than by a mark.
+    ranges = models.JSONField(default=list, blank=True)  # [[from_seq, to_seq], ...]
+    extractor = models.CharField(max_length=32, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["chat", "-day"]
+        constraints = [
+            models.UniqueConstraint(fields=["chat", "day"], name="daily_note_chat_day_unique")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.chat_id} {self.day}: {len(self.facts)} facts"
+
+
+class AgentState(models.Model):
+    """Seed 004's Summarize-node state of a chat (docs/agent-state.md), written off the request
+    path after replies. ``processed_seq`` is the watermark of turns already applied, so a task
+    that runs twice or late never applies a turn twice."""
+
+    chat = models.OneToOneField(
+        Chat, on_delete=models.CASCADE, primary_key=True, related_name="agent_state"
+    )
+    processed_seq = models.PositiveBigIntegerField(default=0)
+    turns = models.PositiveIntegerField(default=0)  # turns applied: the entity GC clock
+    engagement_summary = models.TextField(blank=True)
+    active_entities = models.JSONField(default=list, blank=True)
+    entity_registry = models.JSONField(default=dict, blank=True)  # id -> lifecycle record
+    pending_clarification = models.JSONField(null=True, blank=True)
+    recent_steps = models.JSONField(default=list, blank=True)  # newest FULL_DETAIL_STEPS
+    step_summaries = models.JSONField(default=list, blank=True)  # older ones, one line each
+    # What the model receives from this state, rendered and counted at write time so the turn's
+    # bound check reads a stored count (like Message.token_count).
+    context_block = models.TextField(blank=True)
+    context_tokens = models.PositiveIntegerField(default=0)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    def __str__(self) -> str:
+        return f"Agent state of chat {self.chat_id} (up to #{self.processed_seq})"
+
+
+class ResponseSummary(models.Model):
+    """Seed 004's AssistantResponseSummary: one sentence per assistant reply (long replies, and
+    every propose/clarify reply). The turn-digest fold sends it instead of the full reply."""
+
+    chat = models.ForeignKey(Chat, on_delete=models.CASCADE, related_name="response_summaries")
+    seq = models.PositiveBigIntegerField()  # the assistant message's seq
+    decision = models.CharField(max_length=16, blank=True)
+    summary = models.TextField()
+    source = models.CharField(max_length=16)  # deterministic | llm | offline
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["chat", "seq"]
+        constraints = [
+            models.UniqueConstraint(fields=["chat", "seq"], name="response_summary_chat_seq")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.chat_id}#{self.seq}: {self.summary[:60]}"

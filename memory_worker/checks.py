@@ -57,3 +57,20 @@ def check_default_policy(app_configs: Any = None, **kwargs: Any) -> list[Error]:
             id="chatmem.E003",
         )
     ]
+
+
+DAILY_NOTES_BACKENDS = ("offline", "chat")
+
+
+@register()
+def check_daily_notes_backend(app_configs: Any = None, **kwargs: Any) -> list[Error]:
+    backend = settings.MEMORY_DAILY_NOTES_BACKEND
+    if backend in DAILY_NOTES_BACKENDS:
+        return []
+    return [
+        Error(
+            f'MEMORY_DAILY_NOTES_BACKEND "{backend}" is not one of: '
+            f"{', '.join(DAILY_NOTES_BACKENDS)}.",
+            id="chatmem.E004",
+        )
+    ]

@@ -23,6 +23,7 @@ from django.db.models import F, Q
 from django.utils import timezone
 
 from conversations.models import Brief, Chat, Consolidation, ConsolidationStatus, Message
+from conversations.services.agent_state import digest_fold_messages
 from memory_worker import policy as engine
 from memory_worker.backends import get_summarizer
 from memory_worker.locks import ChatLock, Release
@@ -44,6 +45,8 @@ class FoldOutcome:
     ledger_id: int | None = None
     error: str = ""
     transient: bool = False
+    kind: str = ""  # the summarizer's error kind when failed ("crash" for anything else)
+    retry_in: float | None = None  # seconds until the worker's own retry; None: no fast retry
 
 
 @dataclass(frozen=True)
@@ -104,14 +107,24 @@ def execute_fold(
         worker=WORKER_NAME,
     )
     to_fold = [m for m in snapshot.unfolded if decision.from_seq <= m.seq <= decision.to_seq]
+    # turn-digest (seed 004): replies with a response summary are folded from that summary.
+    to_fold = digest_fold_messages(chat, to_fold)
     try:
         draft = summarize_in_chunks(snapshot.summary, to_fold)
     except SummarizerError as error:
-        record_failure(chat.pk, snapshot, ledger, str(error), error.transient, now, started)
-        return FoldOutcome("failed", decision, ledger.pk, str(error), error.transient)
+        plan = record_failure(chat.pk, snapshot, ledger, str(error), error.kind, now, started)
+        return FoldOutcome(
+            "failed",
+            decision,
+            ledger.pk,
+            str(error),
+            error.transient,
+            error.kind,
+            plan.delay.total_seconds() if plan.fast_retry else None,
+        )
     except Exception as error:
         # Includes Celery's soft time limit: the ledger must not stay "running".
-        record_failure(chat.pk, snapshot, ledger, repr(error), True, now, started)
+        record_failure(chat.pk, snapshot, ledger, repr(error), CRASH_KIND, now, started)
         raise
     return commit_fold(chat.pk, snapshot, decision, ledger, draft, now, started)
 
@@ -211,8 +224,75 @@ def commit_fold(
 def failure_backoff(consecutive_failures: int) -> timedelta:
     """Exponential with jitter, so a fleet of failing chats does not retry in lockstep."""
     base = settings.MEMORY_FAILURE_BACKOFF_SECONDS * 2 ** max(consecutive_failures - 1, 0)
-    capped = min(base, settings.MEMORY_FAILURE_BACKOFF_MAX_SECONDS)
-    return timedelta(seconds=capped * random.uniform(0.8, 1.2))
+    return _jittered(min(base, settings.MEMORY_FAILURE_BACKOFF_MAX_SECONDS))
+
+
+def _jittered(seconds: float) -> timedelta:
+    return timedelta(seconds=seconds * random.uniform(0.8, 1.2))
+
+
+# What retrying can achieve decides how a failure is retried (DESIGN §6: backoff retries only
+# for transient errors). Anything not raised by the summarizer (a crash, the soft time limit,
+# a database error) counts as transient: it says nothing about the request itself.
+CRASH_KIND = "crash"
+TRANSIENT = "transient"  # timeout, connection, 429 rate limit, 5xx: may work in a moment
+INVALID_OUTPUT = "invalid_output"  # empty, truncated, refused, over cap: the model answered
+REJECTED = "rejected"  # exhausted quota, other 4xx: only a human (billing, config) fixes it
+INVALID_OUTPUT_KINDS = frozenset({"empty", "truncated", "refused", "over_cap"})
+REJECTED_KINDS = frozenset({"quota", "client_error"})
+
+
+@dataclass(frozen=True)
+class RetryPlan:
+    failure_class: str
+    delay: timedelta  # until the brief's next_attempt_at (turn triggers wait, the sweep retries)
+    degraded: bool
+    fast_retry: bool  # the worker queues a delayed retry itself instead of waiting for the sweep
+
+
+def failure_class(kind: str) -> str:
+    if kind in INVALID_OUTPUT_KINDS:
+        return INVALID_OUTPUT
+    if kind in REJECTED_KINDS:
+        return REJECTED
+    # TRANSIENT_KINDS and crashes; an unknown kind too: retried on the ladder, then degraded.
+    return TRANSIENT
+
+
+def retry_plan(kind: str, consecutive_failures: int) -> RetryPlan:
+    """The retry policy for the ``consecutive_failures``-th failure in a row, of this kind.
+
+    Transient: exponential backoff with jitter, and a fast retry queued by the worker until the
+    chat is degraded (after MEMORY_DEGRADED_AFTER_FAILURES); from then on only the sweep
+    retries, on the same ladder. Invalid output: the same input would likely fail the same way,
+    so no fast retry, degraded at once, and the ladder starts where a degraded transient chat
+    stands. Rejected: retrying cannot help before someone acts; degraded at once and one
+    attempt per maximum backoff. A manual consolidation always tries at once."""
+    degraded_after = settings.MEMORY_DEGRADED_AFTER_FAILURES
+    klass = failure_class(kind)
+    if klass == TRANSIENT:
+        degraded = consecutive_failures >= degraded_after
+        return RetryPlan(klass, failure_backoff(consecutive_failures), degraded, not degraded)
+    if klass == INVALID_OUTPUT:
+        step = consecutive_failures + max(degraded_after - 1, 0)
+        return RetryPlan(klass, failure_backoff(step), degraded=True, fast_retry=False)
+    return RetryPlan(
+        klass,
+        _jittered(settings.MEMORY_FAILURE_BACKOFF_MAX_SECONDS),
+        degraded=True,
+        fast_retry=False,
+    )
+
+
+def fast_retry_delay(outcomes: list[FoldOutcome]) -> float | None:
+    """Seconds after which the worker should retry the chat itself, judged by the newest
+    attempt that did something (a later ``deferred`` rerun does not cancel the retry)."""
+    for outcome in reversed(outcomes):
+        if outcome.status == "failed":
+            return outcome.retry_in
+        if outcome.status in (ConsolidationStatus.SUCCEEDED, ConsolidationStatus.SUPERSEDED):
+            return None
+    return None
 
 
 def record_failure(
@@ -220,10 +300,10 @@ def record_failure(
     snapshot: MemorySnapshot,
     ledger: Consolidation,
     error: str,
-    transient: bool,
+    kind: str,
     now: datetime,
     started: float,
-) -> None:
+) -> RetryPlan:
     Consolidation.objects.filter(pk=ledger.pk).update(
         status=ConsolidationStatus.FAILED,
         finished_at=timezone.now(),
@@ -234,14 +314,17 @@ def record_failure(
         Brief.objects.filter(chat_id=chat_id).values_list("consecutive_failures", flat=True).first()
         or 0
     ) + 1
+    plan = retry_plan(kind, failures)
     # Filtered by version: if another fold committed meanwhile, this failure is old news.
-    Brief.objects.filter(chat_id=chat_id, version=snapshot.version).update(
+    current = Brief.objects.filter(chat_id=chat_id, version=snapshot.version).update(
         consecutive_failures=failures,
-        degraded=failures >= settings.MEMORY_DEGRADED_AFTER_FAILURES,
-        next_attempt_at=now + failure_backoff(failures),
+        degraded=plan.degraded,
+        next_attempt_at=now + plan.delay,
         last_error=error[:2000],
         updated_at=timezone.now(),
     )
+    if not current:
+        plan = RetryPlan(plan.failure_class, plan.delay, plan.degraded, fast_retry=False)
     log.warning(
         "fold failed",
         extra={
@@ -252,11 +335,17 @@ def record_failure(
             "from_seq": ledger.from_seq,
             "to_seq": ledger.to_seq,
             "outcome": "failed",
-            "transient": transient,
+            "error_kind": kind,
+            "failure_class": plan.failure_class,
+            "transient": plan.failure_class == TRANSIENT,
             "consecutive_failures": failures,
+            "degraded": plan.degraded,
+            "retry_in_seconds": round(plan.delay.total_seconds(), 1),
+            "fast_retry": plan.fast_retry,
             "error": error[:500],
         },
     )
+    return plan
 
 
 def consolidate_with_lock(

@@ -2,6 +2,7 @@
 sweep, the API and the admin. It never raises: a broker that is down is logged, and the beat
 sweep finds the chat later (DESIGN §3 step 7)."""
 
+import contextvars
 import logging
 import threading
 from collections.abc import Callable
@@ -53,7 +54,8 @@ def _executor() -> ThreadPoolExecutor:
 
 def submit_inline(function: Callable[..., None], *args: object) -> None:
     """Run ``function`` on the in-process runner, after what is already queued."""
-    _executor().submit(_closing_connection, function, *args)
+    # The copied context carries the request id into the runner's log lines.
+    _executor().submit(contextvars.copy_context().run, _closing_connection, function, *args)
 
 
 def _closing_connection(function: Callable[..., None], *args: object) -> None:

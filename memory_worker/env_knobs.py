@@ -19,6 +19,8 @@ ENV_KNOBS: dict[str, tuple[str, str]] = {
     # seed 003 §10 — chunked
     "MEMORY_K_RAW_TURNS": ("chunked", "tail_turns"),
     "MEMORY_CHUNK_SUMMARIZE_THRESHOLD": ("chunked", "chunk_threshold"),
+    # seed 004 — turn-digest
+    "FULL_DETAIL_TURNS": ("turn-digest", "tail_turns"),
 }
 FLOAT_KNOBS = {"cooldown_seconds"}
 # seed 003's prompt memory budget is the headroom above the chunk threshold (docs/policies.md)

@@ -7,7 +7,7 @@ older summary plus extra verbatim messages): never a gap.
 
 from dataclasses import dataclass
 
-from conversations.models import Brief, Chat, Message
+from conversations.models import AgentState, Brief, Chat, Message
 from memory_worker import policy as engine
 
 
@@ -21,6 +21,10 @@ class MemorySnapshot:
     turns_mark: int
     last_consolidated_at: object  # datetime | None, kept opaque for the engine
     unfolded: tuple[Message, ...]
+    # Seed 004's agent state as the model receives it (a system message after the prompt) and
+    # its stored token count: part of the prompt, so part of the bound.
+    agent_context: str = ""
+    agent_context_tokens: int = 0
 
     @property
     def last_seq(self) -> int:
@@ -37,6 +41,11 @@ def load_snapshot(chat_id: int) -> MemorySnapshot:
         .order_by("seq")
         .only(*UNFOLDED_FIELDS)
     )
+    agent = (
+        AgentState.objects.filter(chat_id=chat_id)
+        .values_list("context_block", "context_tokens")
+        .first()
+    )
     return MemorySnapshot(
         chat_id=chat_id,
         summary=brief.summary,
@@ -46,6 +55,8 @@ def load_snapshot(chat_id: int) -> MemorySnapshot:
         turns_mark=brief.turns_mark,
         last_consolidated_at=brief.last_consolidated_at,
         unfolded=unfolded,
+        agent_context=agent[0] if agent else "",
+        agent_context_tokens=agent[1] if agent else 0,
     )
 
 
@@ -60,10 +71,20 @@ def engine_state(chat: Chat, snapshot: MemorySnapshot, context_tokens: int) -> e
         last_seq=snapshot.last_seq,
         unfolded=tuple(engine.Msg(m.seq, m.role, m.token_count) for m in snapshot.unfolded),
         summary_tokens=snapshot.summary_tokens,
-        system_tokens=chat.system_prompt_tokens,
+        system_tokens=chat.system_prompt_tokens + agent_context_tokens(chat, snapshot),
         turns_mark=snapshot.turns_mark,
         # Seed 001's cooldown counts from the last fold; before the first one, from the chat's
         # creation (otherwise any new chat past its tail would fold at once).
         last_consolidated_at=snapshot.last_consolidated_at or chat.created_at,  # type: ignore[arg-type]
         model_context_tokens=context_tokens,
     )
+
+
+def agent_context_tokens(chat: Chat, snapshot: MemorySnapshot) -> int:
+    """The agent-state message counted with the system prompt: its tokens, plus the role
+    overhead of a second system message when the prompt already has one (the engine adds one
+    overhead for the system part)."""
+    if not snapshot.agent_context:
+        return 0
+    overhead = engine.ROLE_OVERHEAD_TOKENS if chat.system_prompt_tokens else 0
+    return snapshot.agent_context_tokens + overhead

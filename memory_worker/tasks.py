@@ -8,6 +8,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from memory_worker import consolidation, hooks
+from memory_worker.agent_summaries import summarize_agent_turns  # noqa: F401  (registers it)
 from memory_worker.dispatch import request_consolidation
 from memory_worker.runtime import chat_lock
 
@@ -17,7 +18,22 @@ log = logging.getLogger("chatmem.tasks")
 @shared_task(name="chatmem.consolidate_chat", queue="memory", acks_late=True)
 def consolidate_chat(chat_id: int, trigger: str = "turn") -> list[str]:
     outcomes = consolidation.consolidate_with_lock(chat_id, trigger, chat_lock())
+    delay = consolidation.fast_retry_delay(outcomes)  # the policy lives in the service
+    if delay is not None:
+        _queue_retry(chat_id, delay)
     return [outcome.status for outcome in outcomes]
+
+
+def _queue_retry(chat_id: int, delay: float) -> None:
+    # A new delayed task rather than Celery's retry(): the attempt is already recorded, so this
+    # one ends cleanly. If the broker refuses, the sweep retries once next_attempt_at is due.
+    try:
+        consolidate_chat.apply_async(args=(chat_id, "retry"), countdown=delay, retry=False)
+    except Exception:
+        log.exception(
+            "could not queue the retry; the sweep will pick the chat up",
+            extra={"event": "enqueue_failed", "chat_id": chat_id, "trigger": "retry"},
+        )
 
 
 @shared_task(name="chatmem.sweep", queue="memory")

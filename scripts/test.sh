@@ -8,7 +8,7 @@ PYTHON="${PYTHON:-python3.11}"
 command -v "$PYTHON" >/dev/null || PYTHON=python3
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
 .venv/bin/python -m pip install --quiet --upgrade pip
-.venv/bin/python -m pip install --quiet -e '.[test]'
+.venv/bin/python -m pip install --quiet -e '.[test,langgraph]'
 
 port_open() { .venv/bin/python -c "import socket,sys; socket.create_connection(('127.0.0.1', $1), 1)" 2>/dev/null; }
 if [ -z "${DATABASE_URL:-}" ] && port_open 5432; then

@@ -58,6 +58,9 @@ def _no_background_dispatch(settings) -> None:  # type: ignore[no-untyped-def]
     # tests of the real path start real workers and opt back in.
     settings.MEMORY_DISPATCH = "off"
     settings.REDIS_URL = ""
+    # Long conversations from one user are what many tests are about; tests/test_limits.py
+    # turns the per-user turn limit back on.
+    settings.TURN_RATE_LIMIT = ""
     settings.CHAT_BACKEND = "offline"
     settings.MEMORY_SUMMARIZER_BACKEND = "offline"
 

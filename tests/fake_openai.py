@@ -22,6 +22,10 @@ kind, either probabilistically (``set_faults``) or in a fixed order (``queue_fau
 Standalone (benchmarks, manual runs)::
 
     python -m tests.fake_openai --port 8999 --latency 1.0 --fault-rate 0.3 --faults 429,500
+
+Streamed replies (``stream: true``) are chunked server-sent events, two words per chunk, with
+``chunk_delay`` seconds before each content chunk (``--chunk-delay``), so clients can be tested
+against a reply that arrives slowly.
 """
 
 from __future__ import annotations
@@ -1006,6 +1010,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--reply-words", type=int, default=None)
     parser.add_argument("--summary-cap-words", type=int, default=300)
     parser.add_argument("--timeout-sleep", type=float, default=2.0)
+    parser.add_argument(
+        "--chunk-delay", type=float, default=0.0, help="seconds between streamed chunks"
+    )
     return parser.parse_args(argv)
 
 
@@ -1027,6 +1034,7 @@ def main(argv: list[str] | None = None) -> int:
         reply_words=args.reply_words,
         summary_cap_words=args.summary_cap_words,
         timeout_sleep=args.timeout_sleep,
+        chunk_delay=args.chunk_delay,
         fault_rate=args.fault_rate,
         faults=faults,
         fault_kind=args.fault_kind,

@@ -9,6 +9,9 @@ from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
+from conversations.llm import UPSTREAM_TIMEOUT, ModelError
+from conversations.services.turns import ContextOverBound
+
 
 class TurnConflict(exceptions.APIException):
     status_code = status.HTTP_409_CONFLICT
@@ -32,6 +35,25 @@ class MemoryUnavailable(exceptions.APIException):
     status_code = status.HTTP_503_SERVICE_UNAVAILABLE
     default_detail = "The context cannot be brought within its bound right now."
     default_code = "context_over_bound"
+
+
+class TurnServerError(exceptions.APIException):
+    """Only in a streamed turn's ``error`` event: the JSON turn answers an unexpected failure
+    with Django's plain 500."""
+
+    status_code = status.HTTP_500_INTERNAL_SERVER_ERROR
+    default_detail = "The turn failed unexpectedly; nothing was stored. Retry the turn."
+    default_code = "server_error"
+
+
+def turn_error(error: Exception) -> exceptions.APIException:
+    """The API error for a turn that failed after its slot was claimed (JSON and streamed)."""
+    if isinstance(error, ContextOverBound):
+        return MemoryUnavailable(str(error))
+    if isinstance(error, ModelError):
+        exc_class = ModelTimeout if error.status == UPSTREAM_TIMEOUT else ModelUpstreamError
+        return exc_class(f"{error} Nothing was stored; retry the turn.")
+    return TurnServerError()
 
 
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:

@@ -1,9 +1,12 @@
 from typing import Any
 
 from django.conf import settings
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from conversations.models import Brief, Chat, Consolidation, Message
+from conversations.api.agent_serializers import AgentContextSerializer
+from conversations.models import Brief, Chat, Consolidation, DailyNote, Message
 from memory_worker.policies import effective_policy
 from memory_worker.presets import PRESETS, PolicyError, policy_parameters
 
@@ -43,6 +46,7 @@ class ChatSerializer(serializers.ModelSerializer):
         ]
         read_only_fields = ["id", "last_seq", "created_at", "updated_at"]
 
+    @extend_schema_field(OpenApiTypes.OBJECT)
     def get_effective_policy(self, chat: Chat) -> dict[str, object]:
         return policy_parameters(effective_policy(chat.policy, chat.policy_overrides))
 
@@ -73,6 +77,13 @@ class MessageSerializer(serializers.ModelSerializer):
 class TurnRequestSerializer(serializers.Serializer):
     content = StrictCharField(trim_whitespace=False)
     model_variant = StrictCharField(required=False, allow_blank=True, max_length=100)
+    # Absent: the Accept header decides (text/event-stream streams).
+    stream = serializers.BooleanField(
+        required=False,
+        help_text="Answer with server-sent events (accepted, delta..., done | error).",
+    )
+    # Seed 004's structured agent context of this turn (docs/agent-state.md).
+    agent = AgentContextSerializer(required=False)
 
     def validate_content(self, value: str) -> str:
         if not value.strip():
@@ -132,4 +143,11 @@ class ConsolidationSerializer(serializers.ModelSerializer):
             "duration_ms",
             "error",
         ]
+        read_only_fields = fields
+
+
+class DailyNoteSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = DailyNote
+        fields = ["day", "facts", "ranges", "extractor", "updated_at"]
         read_only_fields = fields

@@ -1,4 +1,5 @@
 from django.urls import include, path
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from rest_framework.routers import DefaultRouter
 
 from conversations.api.views import ChatViewSet, PolicyListView
@@ -8,5 +9,7 @@ router.register("chats", ChatViewSet, basename="chat")
 
 urlpatterns = [
     path("policies/", PolicyListView.as_view(), name="policy-list"),
+    path("schema/", SpectacularAPIView.as_view(), name="schema"),
+    path("docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="swagger-ui"),
     path("", include(router.urls)),
 ]

@@ -1,7 +1,10 @@
 """REST API v1. Views only translate HTTP to service calls; every queryset is scoped to the
 requesting user, so another user's chat is a 404 on every endpoint."""
 
+from typing import Any
+
 from django.db.models import QuerySet
+from django.http import StreamingHttpResponse
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.exceptions import ValidationError
@@ -9,24 +12,29 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from conversations.api import errors
+from conversations.api import errors, streaming
+from conversations.api.agent_serializers import AgentStateSerializer
+from conversations.api.schema import chat_schema, policy_schema
 from conversations.api.serializers import (
     BriefSerializer,
     ChatSerializer,
     ConsolidationSerializer,
+    DailyNoteSerializer,
     MessageSerializer,
     TurnRequestSerializer,
     TurnResponseSerializer,
 )
-from conversations.llm import ModelError
 from conversations.models import Chat
+from conversations.services import agent_state as agent_service
 from conversations.services import chats as chat_service
 from conversations.services import turns as turn_service
 from conversations.services.variants import UnknownVariant
+from conversations.throttling import TurnRateThrottle
 from memory_worker.dispatch import request_consolidation
 from memory_worker.presets import PRESETS, policy_parameters
 
 
+@chat_schema
 class ChatViewSet(
     mixins.CreateModelMixin,
     mixins.ListModelMixin,
@@ -53,30 +61,55 @@ class ChatViewSet(
         except UnknownVariant as error:
             raise ValidationError({"model_variant": [str(error)]}) from error
 
-    @action(detail=True, methods=["post"], serializer_class=TurnRequestSerializer)
-    def turns(self, request: Request, pk: str | None = None) -> Response:
+    @action(
+        detail=True,
+        methods=["post"],
+        serializer_class=TurnRequestSerializer,
+        content_negotiation_class=streaming.TurnContentNegotiation,
+        throttle_classes=[TurnRateThrottle],
+    )
+    def turns(self, request: Request, pk: str | None = None) -> Response | StreamingHttpResponse:
         chat = self.get_object()
         payload = TurnRequestSerializer(data=request.data)
         payload.is_valid(raise_exception=True)
+        data = payload.validated_data
+        if streaming.wants_stream(request, data):
+            return self.streamed_turn(request, chat, data)
         try:
             result = turn_service.run_turn(
                 chat,
-                payload.validated_data["content"],
-                payload.validated_data.get("model_variant") or None,
+                data["content"],
+                data.get("model_variant") or None,
+                agent_service.turn_metadata(data.get("agent")),
             )
         except UnknownVariant as error:
             raise ValidationError({"model_variant": [str(error)]}) from error
         except turn_service.TurnInProgress as error:
             raise errors.TurnConflict(str(error)) from error
-        except turn_service.ContextOverBound as error:
-            raise errors.MemoryUnavailable(str(error)) from error
-        except ModelError as error:
-            exc_class = errors.ModelTimeout if error.status == 504 else errors.ModelUpstreamError
-            raise exc_class(f"{error} Nothing was stored; retry the turn.") from error
+        except (turn_service.ContextOverBound, turn_service.ModelError) as error:
+            raise errors.turn_error(error) from error
         body = TurnResponseSerializer(
             {"user_message": result.user_message, "assistant_message": result.assistant_message}
         ).data
         return Response(body, status=status.HTTP_201_CREATED)
+
+    def streamed_turn(
+        self, request: Request, chat: Chat, data: dict[str, Any]
+    ) -> StreamingHttpResponse:
+        # Everything that can refuse the turn is checked here, before the stream starts, so it
+        # is a plain JSON 4xx; after this point failures are `error` events.
+        try:
+            turn = turn_service.start_streamed_turn(
+                chat,
+                data["content"],
+                data.get("model_variant") or None,
+                agent_service.turn_metadata(data.get("agent")),
+            )
+        except UnknownVariant as error:
+            raise ValidationError({"model_variant": [str(error)]}) from error
+        except turn_service.TurnInProgress as error:
+            raise errors.TurnConflict(str(error)) from error
+        return streaming.streaming_response(request, turn)
 
     @action(detail=True, methods=["get"], serializer_class=MessageSerializer)
     def messages(self, request: Request, pk: str | None = None) -> Response:
@@ -97,12 +130,20 @@ class ChatViewSet(
         brief = chat.brief
         brief.unfolded = view.unfolded  # type: ignore[attr-defined]
         brief.pending = view.pending  # type: ignore[attr-defined]
-        return Response(BriefSerializer(brief).data)
+        data = BriefSerializer(brief).data
+        data["running_summary"] = running_summary(view)
+        return Response(data)
 
     @action(detail=True, methods=["get"])
     def context(self, request: Request, pk: str | None = None) -> Response:
         chat = self.get_object()
         return Response({"messages": chat_service.next_context(chat)})
+
+    @action(detail=True, methods=["get"], serializer_class=AgentStateSerializer)
+    def state(self, request: Request, pk: str | None = None) -> Response:
+        """Seed 004's agent state (docs/agent-state.md)."""
+        chat = self.get_object()
+        return Response(AgentStateSerializer(agent_service.chat_state(chat)).data)
 
     @action(detail=True, methods=["post"])
     def consolidate(self, request: Request, pk: str | None = None) -> Response:
@@ -113,6 +154,13 @@ class ChatViewSet(
             status=status.HTTP_202_ACCEPTED if queued else status.HTTP_503_SERVICE_UNAVAILABLE,
         )
 
+    @action(detail=True, methods=["get"], serializer_class=DailyNoteSerializer)
+    def notes(self, request: Request, pk: str | None = None) -> Response:
+        """Seed 002's daily tier: durable facts from folded messages, one note per day."""
+        chat = self.get_object()
+        page = self.paginate_queryset(chat.daily_notes.order_by("-day"))
+        return self.get_paginated_response(DailyNoteSerializer(page, many=True).data)
+
     @action(detail=True, methods=["get"], serializer_class=ConsolidationSerializer)
     def consolidations(self, request: Request, pk: str | None = None) -> Response:
         chat = self.get_object()
@@ -120,6 +168,18 @@ class ChatViewSet(
         return self.get_paginated_response(ConsolidationSerializer(page, many=True).data)
 
 
+def running_summary(view: chat_service.MemoryView) -> dict[str, object]:
+    """Seed 002's RunningSummary: the summary and which messages it covers (seq 1..W)."""
+    watermark = view.snapshot.last_consolidated
+    return {
+        "summary": view.snapshot.summary,
+        "summarized_message_ids": {"from_seq": 1, "to_seq": watermark} if watermark else None,
+        "last_summarized_message_id": view.last_summarized_message_id,
+        "last_summarized_seq": watermark or None,
+    }
+
+
+@policy_schema
 class PolicyListView(APIView):
     def get(self, request: Request) -> Response:
         return Response(

@@ -6,6 +6,7 @@ from functools import lru_cache
 from django.conf import settings
 
 from conversations.llm import ChatModel, OfflineChatModel, OpenAIChatModel
+from conversations.metrics import TimedChatModel
 from memory_worker.summarizers import make_openai_client
 
 
@@ -18,11 +19,11 @@ def chat_backend_name() -> str:
 @lru_cache(maxsize=4)
 def _chat_model(backend: str, base_url: str | None, api_key: str, timeout: float) -> ChatModel:
     if backend == "offline":
-        return OfflineChatModel()
+        return TimedChatModel(OfflineChatModel())
     if backend != "openai":
         raise ValueError(f'CHAT_BACKEND must be "openai" or "offline", got "{backend}"')
     client = make_openai_client(base_url=base_url, api_key=api_key, timeout=timeout, max_retries=0)
-    return OpenAIChatModel(client=client, timeout=timeout)
+    return TimedChatModel(OpenAIChatModel(client=client, timeout=timeout))
 
 
 def get_chat_model() -> ChatModel:

@@ -8,7 +8,7 @@ from django.contrib.auth.models import User
 from django.db import transaction
 from django.utils import timezone
 
-from conversations.models import Brief, Chat
+from conversations.models import Brief, Chat, Message
 from conversations.services.context import build_model_messages
 from conversations.services.variants import resolve_variant
 from memory_worker.consolidation import decide_for_chat
@@ -54,12 +54,21 @@ class MemoryView:
     snapshot: MemorySnapshot
     pending: bool
     unfolded: int
+    # Seed 002's RunningSummary names the last summarized message by id; with contiguous seqs the
+    # summarized messages are exactly seq 1..W.
+    last_summarized_message_id: int | None
 
 
 def memory_view(chat: Chat) -> MemoryView:
     snapshot = load_snapshot(chat.pk)
     due = decide_for_chat(chat, snapshot, "check", timezone.now()) is not None
-    return MemoryView(snapshot, due or _rerun_marked(chat.pk), len(snapshot.unfolded))
+    watermark = snapshot.last_consolidated
+    last_id = (
+        Message.objects.filter(chat=chat, seq=watermark).values_list("id", flat=True).first()
+        if watermark
+        else None
+    )
+    return MemoryView(snapshot, due or _rerun_marked(chat.pk), len(snapshot.unfolded), last_id)
 
 
 def _rerun_marked(chat_id: int) -> bool:
@@ -74,4 +83,6 @@ def _rerun_marked(chat_id: int) -> bool:
 def next_context(chat: Chat) -> list[dict[str, object]]:
     """Exactly what the model would receive for the next turn, before the new user message."""
     snapshot = load_snapshot(chat.pk)
-    return build_model_messages(chat, snapshot.summary, snapshot.unfolded)
+    return build_model_messages(
+        chat, snapshot.summary, snapshot.unfolded, agent_context=snapshot.agent_context
+    )

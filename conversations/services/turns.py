@@ -1,21 +1,34 @@
 """The chat turn (DESIGN §3): claim the chat's turn slot, make sure the context is within the
 policy's bound (folding synchronously if background folding fell behind), call the model, then
 store the user message and the reply together in one transaction and queue the consolidation
-check after commit. A turn that fails stores nothing."""
+check after commit. A turn that fails stores nothing.
 
+Two ways to run the same turn: ``run_turn`` answers when the reply is stored (the JSON API);
+``start_streamed_turn`` runs it on its own thread and hands out its events (accepted, deltas,
+done or failed) as they happen (server-sent events). Both go through ``complete_turn``; only the
+model call differs."""
+
+import asyncio
+import contextlib
+import contextvars
 import logging
+import queue
+import threading
+import time
 import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from functools import partial
 
 from django.conf import settings
-from django.db import transaction
+from django.db import connections, transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from conversations.llm import ChatCompletion, ModelError
+from conversations.llm import UPSTREAM_TIMEOUT, ChatCompletion, ModelError, ModelMessages
 from conversations.models import Chat, Message, Role
+from conversations.services.agent_state import queue_agent_summary
 from conversations.services.backends import get_chat_model
 from conversations.services.context import build_model_messages
 from conversations.services.variants import ModelVariant, resolve_variant
@@ -66,6 +79,10 @@ def release_turn_slot(chat: Chat, token: uuid.UUID) -> None:
     Chat.objects.filter(pk=chat.pk, turn_token=token).update(turn_token=None, turn_started_at=None)
 
 
+# How a turn calls the model: messages, variant -> the complete reply (or ModelError).
+ModelCall = Callable[[ModelMessages, ModelVariant], ChatCompletion]
+
+
 def run_turn(
     chat: Chat, content: str, variant_name: str | None = None, metadata: dict | None = None
 ) -> TurnResult:
@@ -73,14 +90,36 @@ def run_turn(
     token = claim_turn_slot(chat)
     try:
         user_tokens = count_tokens(content, variant.model)
-        snapshot = bounded_snapshot(chat, variant, user_tokens)
-        messages = build_model_messages(chat, snapshot.summary, snapshot.unfolded, content)
-        completion = get_chat_model().complete(messages, variant.model)
-        return store_turn(
-            chat, token, snapshot, content, user_tokens, completion, variant, metadata
+        return complete_turn(
+            chat, token, variant, content, user_tokens, metadata, call_model_at_once
         )
     finally:
         release_turn_slot(chat, token)
+
+
+def complete_turn(
+    chat: Chat,
+    token: uuid.UUID,
+    variant: ModelVariant,
+    content: str,
+    user_tokens: int,
+    metadata: dict | None,
+    call_model: ModelCall,
+    on_stored: Callable[[TurnResult], None] | None = None,
+) -> TurnResult:
+    """Steps 3-7 of DESIGN §3, with the turn slot already claimed by the caller."""
+    snapshot = bounded_snapshot(chat, variant, user_tokens)
+    messages = build_model_messages(
+        chat, snapshot.summary, snapshot.unfolded, content, snapshot.agent_context
+    )
+    completion = call_model(messages, variant)
+    return store_turn(
+        chat, token, snapshot, content, user_tokens, completion, variant, metadata, on_stored
+    )
+
+
+def call_model_at_once(messages: ModelMessages, variant: ModelVariant) -> ChatCompletion:
+    return get_chat_model().complete(messages, variant.model)
 
 
 def bounded_snapshot(chat: Chat, variant: ModelVariant, user_tokens: int) -> MemorySnapshot:
@@ -127,7 +166,11 @@ def store_turn(
     completion: ChatCompletion,
     variant: ModelVariant,
     metadata: dict | None,
+    on_stored: Callable[[TurnResult], None] | None = None,
 ) -> TurnResult:
+    """``on_stored`` runs right after the commit, before the memory hooks below, so a streamed
+    turn's final event never waits for them (an enqueue can take seconds if the broker is down;
+    seed 003 §9.2)."""
     reply = completion.content
     reply_tokens = count_tokens(reply, variant.model)
     with transaction.atomic():
@@ -163,9 +206,13 @@ def store_turn(
         Chat.objects.filter(pk=chat.pk).update(
             last_seq=first_seq + 1, turn_token=None, turn_started_at=None, updated_at=timezone.now()
         )
+        result = TurnResult(user_message, assistant_message)
+        if on_stored is not None:
+            transaction.on_commit(partial(on_stored, result))  # registered first: runs first
         after = with_appended(snapshot, [user_message, assistant_message])
         transaction.on_commit(partial(queue_consolidation_if_due, chat, after))
-    return TurnResult(user_message, assistant_message)
+        transaction.on_commit(partial(queue_agent_summary, chat, user_message))
+    return result
 
 
 def queue_consolidation_if_due(chat: Chat, snapshot: MemorySnapshot) -> None:
@@ -178,4 +225,212 @@ def queue_consolidation_if_due(chat: Chat, snapshot: MemorySnapshot) -> None:
         log.exception("post-turn consolidation check failed", extra={"chat_id": chat.pk})
 
 
-__all__ = ["ContextOverBound", "ModelError", "TurnInProgress", "TurnResult", "run_turn"]
+# ---------------------------------------------------------------------------------------------
+# Streamed turns
+
+
+@dataclass(frozen=True)
+class TurnDelta:
+    content: str
+
+
+@dataclass(frozen=True)
+class TurnDone:
+    result: TurnResult
+
+
+@dataclass(frozen=True)
+class TurnFailed:
+    """The turn failed and stored nothing; ``error`` is a ModelError, ContextOverBound, or
+    anything unexpected (already logged)."""
+
+    error: Exception
+
+
+TurnEvent = TurnDelta | TurnDone | TurnFailed
+
+
+class TurnEvents:
+    """The events of one streamed turn, from the turn's thread to whoever serves the response.
+
+    Unbounded on purpose: the turn's thread must never block on a slow or vanished reader, so a
+    client that stops reading cannot stall the model stream or keep the turn slot. A reply is a
+    few thousand deltas at most. Readable from a thread (``get``) or an event loop (``aget``)."""
+
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue[TurnEvent] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._wakeups: list[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = []
+
+    def put(self, event: TurnEvent) -> None:
+        self._queue.put(event)
+        with self._lock:
+            wakeups = list(self._wakeups)
+        for loop, ready in wakeups:
+            with contextlib.suppress(RuntimeError):  # that loop is closed: its reader is gone
+                loop.call_soon_threadsafe(ready.set)
+
+    def get(self, timeout: float) -> TurnEvent | None:
+        """The next event, or None when none came within ``timeout`` seconds."""
+        try:
+            return self._queue.get(timeout=timeout)
+        except queue.Empty:
+            return None
+
+    async def aget(self, timeout: float) -> TurnEvent | None:
+        """``get`` for an event loop, without holding a thread while waiting."""
+        ready = asyncio.Event()
+        entry = (asyncio.get_running_loop(), ready)
+        with self._lock:
+            self._wakeups.append(entry)
+        try:
+            # Registered before looking: an event put after this look also sets `ready`.
+            with contextlib.suppress(queue.Empty):
+                return self._queue.get_nowait()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(ready.wait(), timeout)
+            with contextlib.suppress(queue.Empty):
+                return self._queue.get_nowait()
+            return None
+        finally:
+            with self._lock:
+                self._wakeups.remove(entry)
+
+
+@dataclass
+class StreamedTurn:
+    """A turn accepted for streaming: its slot is claimed and its thread is running."""
+
+    chat: Chat
+    content: str
+    user_tokens: int
+    variant: ModelVariant
+    events: TurnEvents
+    thread: threading.Thread
+
+    def iter_events(self, heartbeat: float) -> Iterator[TurnEvent | None]:
+        """Events until the last one (done or failed); None every ``heartbeat`` seconds without
+        one, so the caller can keep the connection alive (and notice a vanished client)."""
+        while True:
+            event = self.events.get(heartbeat)
+            yield event
+            if isinstance(event, TurnDone | TurnFailed):
+                return
+
+    async def aiter_events(self, heartbeat: float) -> AsyncIterator[TurnEvent | None]:
+        while True:
+            event = await self.events.aget(heartbeat)
+            yield event
+            if isinstance(event, TurnDone | TurnFailed):
+                return
+
+
+def start_streamed_turn(
+    chat: Chat, content: str, variant_name: str | None = None, metadata: dict | None = None
+) -> StreamedTurn:
+    """Claim the slot here, so UnknownVariant and TurnInProgress raise before any response has
+    started (plain 4xx), then run the rest of the turn on its own thread.
+
+    The turn runs on its own thread, not in the response generator, because the server closes
+    the generator when the client disconnects (WSGI: close() -> GeneratorExit at the pending
+    yield; ASGI: the task is cancelled). A turn the server accepted must still complete and be
+    stored (DESIGN §3.6), so nothing the turn does may depend on the client still reading."""
+    variant = resolve_variant(variant_name or chat.model_variant or None)
+    token = claim_turn_slot(chat)
+    try:
+        user_tokens = count_tokens(content, variant.model)
+        events = TurnEvents()
+        thread = threading.Thread(
+            # The copied context carries the request id into the turn's log lines.
+            target=contextvars.copy_context().run,
+            args=(_run_streamed_turn, chat, token, variant, content, user_tokens, metadata, events),
+            name=f"chatmem-turn-{chat.pk}",
+            # Not a daemon: a graceful shutdown waits for accepted turns to be stored.
+            daemon=False,
+        )
+        thread.start()
+    except BaseException:
+        release_turn_slot(chat, token)
+        raise
+    return StreamedTurn(chat, content, user_tokens, variant, events, thread)
+
+
+def _run_streamed_turn(
+    chat: Chat,
+    token: uuid.UUID,
+    variant: ModelVariant,
+    content: str,
+    user_tokens: int,
+    metadata: dict | None,
+    events: TurnEvents,
+) -> None:
+    announced: list[TurnResult] = []
+
+    def announce(result: TurnResult) -> None:
+        announced.append(result)
+        events.put(TurnDone(result))
+
+    try:
+        call_model = partial(stream_model, emit=events.put)
+        result = complete_turn(
+            chat, token, variant, content, user_tokens, metadata, call_model, on_stored=announce
+        )
+    except (ModelError, ContextOverBound) as error:
+        events.put(TurnFailed(error))
+    except Exception as error:
+        if announced:  # stored and announced; only an after-commit hook failed
+            log.exception("after-commit hook of a streamed turn failed", extra={"chat_id": chat.pk})
+        else:
+            log.exception("streamed turn failed", extra={"chat_id": chat.pk})
+            events.put(TurnFailed(error))
+    else:
+        if not announced:  # inside an outer transaction (tests): on_commit has not run yet
+            events.put(TurnDone(result))
+    finally:
+        try:
+            release_turn_slot(chat, token)  # store_turn released it already when it succeeded
+        finally:
+            # This thread's own database connection: it would otherwise stay open until the
+            # garbage collector finds the dead thread's connection handler.
+            connections.close_all()
+
+
+def stream_model(
+    messages: ModelMessages, variant: ModelVariant, emit: Callable[[TurnEvent], None]
+) -> ChatCompletion:
+    """Stream the reply, emitting each delta as it arrives; return the complete reply.
+
+    The SDK's timeout bounds each read, not the whole reply: a model that keeps trickling could
+    otherwise hold the slot past TURN_SLOT_STALE_SECONDS, so the whole reply gets the model
+    deadline too."""
+    deadline = time.monotonic() + settings.LLM_TIMEOUT_SECONDS
+    stream = get_chat_model().stream(messages, variant.model)
+    try:
+        for delta in stream:
+            if time.monotonic() > deadline:
+                raise ModelError(
+                    f"The model did not finish its reply within "
+                    f"{settings.LLM_TIMEOUT_SECONDS:g} seconds.",
+                    UPSTREAM_TIMEOUT,
+                )
+            emit(TurnDelta(delta))
+    finally:
+        stream.close()
+    if stream.result is None:  # exhausted streams always have one; guard the invariant
+        raise ModelError("The model's reply stream ended before the reply was complete.")
+    return stream.result
+
+
+__all__ = [
+    "ContextOverBound",
+    "ModelError",
+    "StreamedTurn",
+    "TurnDelta",
+    "TurnDone",
+    "TurnEvent",
+    "TurnFailed",
+    "TurnInProgress",
+    "TurnResult",
+    "run_turn",
+    "start_streamed_turn",
+]

@@ -1,0 +1,73 @@
+"""What the benchmarks share: Django set up in this process against a chosen database, an API
+client with a fresh user's token, the machine line, and writing the report."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import sys
+import uuid
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+
+def ensure_database(database_url: str) -> None:
+    """Create a PostgreSQL database named by the URL if it does not exist (SQLite: nothing)."""
+    parsed = urlparse(database_url)
+    if not parsed.scheme.startswith("postgres"):
+        return
+    import psycopg
+
+    name = parsed.path.lstrip("/")
+    admin = parsed._replace(path="/postgres").geturl().replace("postgres://", "postgresql://", 1)
+    with psycopg.connect(admin, autocommit=True) as connection:
+        found = connection.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,))
+        if found.fetchone() is None:
+            connection.execute(f'CREATE DATABASE "{name}"')
+
+
+def configure_django(database_url: str, environment: Mapping[str, str]) -> str:
+    """Environment first, then django.setup() and migrate. Returns the database vendor."""
+    os.environ.update(
+        {
+            "DJANGO_SETTINGS_MODULE": "chatmem_project.settings",
+            "DATABASE_URL": database_url,
+            "ALLOWED_HOSTS": "testserver,127.0.0.1,localhost",
+            **environment,
+        }
+    )
+    # Failures are counted in the results; the app's own log would drown them.
+    os.environ.setdefault("LOG_LEVEL", "CRITICAL")
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+    from django.db import connection
+
+    call_command("migrate", verbosity=0, interactive=False)
+    return str(connection.vendor)
+
+
+def api_client() -> Any:
+    from django.contrib.auth import get_user_model
+    from rest_framework.authtoken.models import Token
+    from rest_framework.test import APIClient
+
+    user = get_user_model().objects.create_user(username=f"bench-{uuid.uuid4().hex[:10]}")
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.create(user=user).key}")
+    return client
+
+
+def machine_line() -> str:
+    return f"{platform.platform()}, {os.cpu_count()} CPUs, Python {sys.version.split()[0]}"
+
+
+def write_report(report: Mapping[str, Any], out: str) -> None:
+    print(json.dumps(report, indent=2))
+    path = Path(out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=2) + "\n")

@@ -1,0 +1,248 @@
+"""Throughput against a stateless proxy (issue 6): chatmem's turns per second at concurrency 16
+beside a minimal stateless view on the same stack that only forwards the message to the model.
+
+    python -m bench.throughput [--concurrency 16] [--seconds 10] [--rounds 3]
+                               [--database-url postgres://postgres@127.0.0.1:5432/chatmem_bench]
+                               [--out bench/results/throughput.json]
+
+One gunicorn server (``--workers`` processes of ``--threads`` threads, as docs/operations.md
+runs it) serves both ``POST /api/v1/chats/{id}/turns/`` and ``POST /bench/proxy`` (see
+``bench/proxy_urls.py``), with the offline model (instant, in process) behind both, PostgreSQL,
+and Redis as the broker (turns enqueue folds; no worker consumes them during the run). The load
+comes from ``--concurrency`` client threads of this process, each with its own keep-alive
+connection and, for chatmem, its own chat (a chat takes one turn at a time). Phases alternate
+proxy, chatmem, proxy, chatmem... so both see the same machine; figures are medians over rounds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from bench.common import ensure_database, machine_line, write_report
+from bench.turn_overhead import DEFAULT_DATABASE_URL
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass
+class Phase:
+    name: str
+    seconds: float
+    latencies_ms: list[float] = field(default_factory=list)
+    errors: int = 0
+
+    @property
+    def per_second(self) -> float:
+        return len(self.latencies_ms) / self.seconds
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def server_env(database_url: str, redis_url: str) -> dict[str, str]:
+    return {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "bench.settings_proxy",
+        "DATABASE_URL": database_url,
+        "REDIS_URL": redis_url,
+        "CHAT_BACKEND": "offline",
+        "MEMORY_SUMMARIZER_BACKEND": "offline",
+        "LOG_LEVEL": "WARNING",
+        "ALLOWED_HOSTS": "127.0.0.1,localhost",
+        "PYTHONPATH": str(ROOT),
+    }
+
+
+def prepare(env: dict[str, str], clients: int) -> tuple[str, list[int]]:
+    """Migrate, then a user, a token and one chat per client. Returns (token, chat ids)."""
+    python = sys.executable
+    subprocess.run([python, "manage.py", "migrate", "-v", "0"], cwd=ROOT, env=env, check=True)
+    script = (
+        "import django, json, uuid; django.setup();"
+        "from django.contrib.auth import get_user_model;"
+        "from rest_framework.authtoken.models import Token;"
+        "from conversations.services.chats import create_chat;"
+        "user = get_user_model().objects.create_user(username='bench-' + uuid.uuid4().hex[:8]);"
+        f"chats = [create_chat(user, title='bench').pk for _ in range({clients})];"
+        "print(json.dumps({'token': Token.objects.create(user=user).key, 'chats': chats}))"
+    )
+    out = subprocess.run(
+        [python, "-c", script], cwd=ROOT, env=env, check=True, capture_output=True, text=True
+    )
+    made = json.loads(out.stdout.strip().splitlines()[-1])
+    return made["token"], made["chats"]
+
+
+def start_server(env: dict[str, str], port: int, workers: int, threads: int) -> subprocess.Popen:
+    command = [
+        str(Path(sys.executable).parent / "gunicorn"),
+        "chatmem_project.wsgi:application",
+        "--bind",
+        f"127.0.0.1:{port}",
+        "--workers",
+        str(workers),
+        "--threads",
+        str(threads),
+        "--log-level",
+        "warning",
+    ]
+    log = open(ROOT / "artifacts" / "bench-throughput-gunicorn.log", "w")  # noqa: SIM115
+    server = subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=log)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            connection = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+            connection.request("GET", "/healthz")
+            if connection.getresponse().status == 200:
+                return server
+        except OSError:
+            time.sleep(0.2)  # the server is still starting: poll until the deadline
+    server.kill()
+    raise SystemExit("gunicorn did not answer /healthz within 30 s")
+
+
+Request = Callable[[http.client.HTTPConnection, int], int]
+
+
+def post(path: str, token: str) -> Callable[[http.client.HTTPConnection, int], int]:
+    headers = {"Authorization": f"Token {token}", "Content-Type": "application/json"}
+
+    def send(connection: http.client.HTTPConnection, number: int) -> int:
+        body = json.dumps({"content": f"Message {number}: what is the next step?"})
+        connection.request("POST", path, body=body, headers=headers)
+        response = connection.getresponse()
+        response.read()
+        return response.status
+
+    return send
+
+
+def run_phase(name: str, port: int, paths: Sequence[str], token: str, seconds: float) -> Phase:
+    phase = Phase(name, seconds)
+    lock = threading.Lock()
+    stop_at = time.monotonic() + seconds
+
+    def client(path: str) -> None:
+        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        send = post(path, token)
+        number = 0
+        while time.monotonic() < stop_at:
+            number += 1
+            started = time.perf_counter()
+            try:
+                status = send(connection, number)
+            except (OSError, http.client.HTTPException):
+                status = 0
+                connection.close()
+                connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+            elapsed = (time.perf_counter() - started) * 1000
+            with lock:
+                if status == 201:
+                    phase.latencies_ms.append(elapsed)
+                else:
+                    phase.errors += 1
+        connection.close()
+
+    threads = [threading.Thread(target=client, args=(path,)) for path in paths]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return phase
+
+
+def percentile(values: Sequence[float], share: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(int(share * len(ordered)), len(ordered) - 1)] if ordered else 0.0
+
+
+def describe(phases: Sequence[Phase]) -> dict[str, Any]:
+    latencies = [value for phase in phases for value in phase.latencies_ms]
+    return {
+        "turns_per_second_median": round(statistics.median(p.per_second for p in phases), 1),
+        "turns_per_second_rounds": [round(p.per_second, 1) for p in phases],
+        "p50_ms": round(percentile(latencies, 0.50), 2),
+        "p99_ms": round(percentile(latencies, 0.99), 2),
+        "requests": len(latencies),
+        "errors": sum(p.errors for p in phases),
+    }
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m bench.throughput")
+    parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--seconds", type=float, default=10.0, help="per phase")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=8)
+    parser.add_argument("--database-url", default=DEFAULT_DATABASE_URL)
+    parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/9")
+    parser.add_argument("--out", default="bench/results/throughput.json")
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    ensure_database(args.database_url)
+    (ROOT / "artifacts").mkdir(exist_ok=True)
+    env = server_env(args.database_url, args.redis_url)
+    token, chats = prepare(env, args.concurrency)
+    port = free_port()
+    server = start_server(env, port, args.workers, args.threads)
+    proxy_paths = ["/bench/proxy"] * args.concurrency
+    turn_paths = [f"/api/v1/chats/{chat}/turns/" for chat in chats]
+    results: dict[str, list[Phase]] = {"proxy": [], "chatmem": []}
+    try:
+        run_phase("warmup", port, proxy_paths, token, 2)
+        run_phase("warmup", port, turn_paths, token, 2)
+        for _ in range(args.rounds):
+            results["proxy"].append(run_phase("proxy", port, proxy_paths, token, args.seconds))
+            results["chatmem"].append(run_phase("chatmem", port, turn_paths, token, args.seconds))
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+        import redis
+
+        redis.Redis.from_url(args.redis_url).flushdb()  # the folds nobody consumed
+    proxy, chatmem = describe(results["proxy"]), describe(results["chatmem"])
+    ratio = chatmem["turns_per_second_median"] / proxy["turns_per_second_median"]
+    report = {
+        "command": "python -m bench.throughput " + " ".join(sys.argv[1:] if argv is None else argv),
+        "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "machine": machine_line(),
+        "server": f"gunicorn --workers {args.workers} --threads {args.threads}",
+        "concurrency": args.concurrency,
+        "proxy": proxy,
+        "chatmem": chatmem,
+        "ratio_chatmem_to_proxy": round(ratio, 3),
+        "goals": {
+            "ratio >= 0.5": ratio >= 0.5,
+            "chatmem >= 150 turns/s": chatmem["turns_per_second_median"] >= 150,
+            "chatmem p50 <= 15 ms": chatmem["p50_ms"] <= 15,
+        },
+        "run_id": uuid.uuid4().hex[:8],
+    }
+    write_report(report, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,68 @@
+"""Seed 004's agent state on the Chat admin page (docs/agent-state.md): read-only, since it is
+written only by the Summarize step after replies."""
+
+import json
+
+from django.contrib import admin
+from django.http import HttpRequest
+from django.utils.html import format_html
+
+from conversations.models import AgentState
+
+RECENT_SUMMARIES = 10
+
+
+def _pretty(value: object) -> str:
+    return format_html("<pre>{}</pre>", json.dumps(value, indent=2, ensure_ascii=False))
+
+
+class AgentStateInline(admin.StackedInline):
+    model = AgentState
+    can_delete = False
+    verbose_name = verbose_name_plural = "agent state (seed 004)"
+    readonly_fields = (
+        "engagement_summary",
+        "active",
+        "pending",
+        "registry",
+        "response_summaries",
+        "steps",
+        "older_steps",
+        "context_block",
+        "context_tokens",
+        "processed_seq",
+        "turns",
+        "updated_at",
+    )
+    fields = readonly_fields
+
+    def has_add_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False
+
+    @admin.display(description="active entities")
+    def active(self, state: AgentState) -> str:
+        return _pretty(state.active_entities)
+
+    @admin.display(description="pending clarification")
+    def pending(self, state: AgentState) -> str:
+        return _pretty(state.pending_clarification)
+
+    @admin.display(description="entity registry")
+    def registry(self, state: AgentState) -> str:
+        return _pretty(list(state.entity_registry.values()))
+
+    @admin.display(description="recent response summaries")
+    def response_summaries(self, state: AgentState) -> str:
+        recent = state.chat.response_summaries.order_by("-seq")[:RECENT_SUMMARIES]
+        return _pretty([f"#{r.seq} [{r.source}] {r.summary}" for r in reversed(recent)])
+
+    @admin.display(description="recent step results (full)")
+    def steps(self, state: AgentState) -> str:
+        return _pretty(state.recent_steps)
+
+    @admin.display(description="older step results (one line each)")
+    def older_steps(self, state: AgentState) -> str:
+        return _pretty(state.step_summaries)

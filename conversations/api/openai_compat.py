@@ -1,0 +1,345 @@
+"""An OpenAI-compatible API in front of the configured model, with chatmem's memory (issue 8).
+
+    client = OpenAI(base_url="http://chatmem:8000/v1", api_key=CHATMEM_TOKEN,
+                    default_headers={"X-Chatmem-Chat-Id": "support-4711"})
+
+``POST /v1/chat/completions`` (``stream`` true or false) and ``GET /v1/models``, authenticated
+with ``Authorization: Bearer <chatmem token>``. Errors have OpenAI's shape:
+``{"error": {"message", "type", "param", "code"}}``. The rules for naming the conversation and
+for which of the request's messages are new are in docs/openai-compatible.md."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from django.http import StreamingHttpResponse
+from rest_framework import exceptions, status
+from rest_framework.authentication import TokenAuthentication
+from rest_framework.permissions import IsAuthenticated
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from conversations.api import errors
+from conversations.services import exchanges
+from conversations.services import turns as turn_service
+from conversations.services.variants import ModelVariant, model_variants
+from conversations.throttling import TurnRateThrottle
+
+CHAT_ID_HEADER = "X-Chatmem-Chat-Id"
+MAX_CHAT_ID_CHARS = 200
+# Passed to the model as the client sent them: tools, and how to sample the reply.
+PASSTHROUGH_KEYS = (
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+    "temperature",
+    "top_p",
+    "max_tokens",
+    "max_completion_tokens",
+    "stop",
+    "seed",
+    "presence_penalty",
+    "frequency_penalty",
+    "response_format",
+)
+# Parameters chatmem accepts and ignores (sampling is the model's business) vs. ones it cannot
+# honour and refuses rather than silently answering differently.
+UNSUPPORTED = {"n": 1, "functions": None, "function_call": None}
+
+
+class BearerTokenAuthentication(TokenAuthentication):
+    """chatmem API tokens, sent the way the OpenAI SDKs send an API key."""
+
+    keyword = "Bearer"
+
+
+class OpenAIError(exceptions.APIException):
+    def __init__(
+        self,
+        message: str,
+        status_code: int = status.HTTP_400_BAD_REQUEST,
+        param: str | None = None,
+        code: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status_code = status_code
+        self.param = param
+        self.error_code = code
+
+
+def error_type(status_code: int) -> str:
+    if status_code == 401:
+        return "authentication_error"
+    if status_code == 429:
+        return "rate_limit_error"
+    if status_code >= 500:
+        return "server_error"
+    return "invalid_request_error"
+
+
+def error_body(message: str, status_code: int, param: str | None, code: str | None) -> dict:
+    return {
+        "error": {
+            "message": message,
+            "type": error_type(status_code),
+            "param": param,
+            "code": code,
+        }
+    }
+
+
+def openai_exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
+    """The project's error handling, re-shaped as OpenAI errors."""
+    response = errors.exception_handler(exc, context)
+    if response is None:
+        return None
+    param = getattr(exc, "param", None)
+    code = getattr(exc, "error_code", None) or getattr(exc, "default_code", None)
+    if isinstance(exc, exceptions.AuthenticationFailed | exceptions.NotAuthenticated):
+        code = "invalid_api_key"
+    response.data = error_body(message_of(response.data), response.status_code, param, code)
+    return response
+
+
+def message_of(data: Any) -> str:
+    if isinstance(data, Mapping):
+        if "detail" in data:
+            return str(data["detail"])
+        return "; ".join(f"{key}: {message_of(value)}" for key, value in data.items())
+    if isinstance(data, list):
+        return " ".join(message_of(item) for item in data)
+    return str(data)
+
+
+class OpenAICompatView(APIView):
+    authentication_classes = [BearerTokenAuthentication]
+    permission_classes = [IsAuthenticated]
+
+    def get_exception_handler(self) -> Any:
+        return openai_exception_handler
+
+
+class ModelListView(OpenAICompatView):
+    def get(self, request: Request) -> Response:
+        return Response(
+            {
+                "object": "list",
+                "data": [
+                    {"id": name, "object": "model", "created": 0, "owned_by": "chatmem"}
+                    for name in sorted(model_variants())
+                ],
+            }
+        )
+
+
+class ChatCompletionsView(OpenAICompatView):
+    throttle_classes = [TurnRateThrottle]
+
+    def post(self, request: Request) -> Response | StreamingHttpResponse:
+        body = request.data
+        if not isinstance(body, Mapping):
+            raise OpenAIError("The request body must be a JSON object.")
+        variant = variant_for(body.get("model"))
+        messages = request_messages(body)
+        check_unsupported(body)
+        stream = body.get("stream", False)
+        if not isinstance(stream, bool):
+            raise OpenAIError("stream must be a boolean.", param="stream")
+        tools = {key: body[key] for key in PASSTHROUGH_KEYS if key in body}
+        try:
+            incoming = exchanges.new_messages(messages)
+            system_prompt = exchanges.instructions_of(messages)
+        except exchanges.BadExchange as error:
+            raise OpenAIError(str(error), param=error.param) from error
+        chat = exchanges.chat_for(request.user, chat_name(request, body), system_prompt)  # type: ignore[arg-type]
+        if stream:
+            return self.streamed(chat, incoming, variant, tools, include_usage(body))
+        try:
+            result = exchanges.run_exchange(chat, incoming, variant.name, tools or None)
+        except turn_service.TurnInProgress as error:
+            raise errors.TurnConflict() from error
+        except (turn_service.ContextOverBound, turn_service.ModelError) as error:
+            raise errors.turn_error(error) from error
+        return Response(completion_body(result, variant, chat))
+
+    def streamed(
+        self,
+        chat: Any,
+        incoming: list[exchanges.Incoming],
+        variant: ModelVariant,
+        tools: dict[str, Any],
+        usage: bool,
+    ) -> StreamingHttpResponse:
+        try:
+            streamed = exchanges.start_streamed_exchange(
+                chat, incoming, variant.name, tools or None
+            )
+        except turn_service.TurnInProgress as error:
+            raise errors.TurnConflict() from error
+        except (turn_service.ContextOverBound, turn_service.ModelError) as error:
+            raise errors.turn_error(error) from error
+        response = StreamingHttpResponse(
+            sse_events(streamed, variant, chat, usage), content_type="text/event-stream"
+        )
+        response["Cache-Control"] = "no-cache"
+        response["X-Accel-Buffering"] = "no"  # nginx: pass each event through at once
+        return response
+
+
+# --- request ----------------------------------------------------------------------------------
+
+
+def variant_for(model: Any) -> ModelVariant:
+    """A configured variant, by its name or by the model it runs."""
+    if not isinstance(model, str) or not model:
+        raise OpenAIError("you must provide a model parameter", param="model", code="missing")
+    variants = model_variants()
+    if model in variants:
+        return variants[model]
+    for variant in variants.values():
+        if variant.model == model:
+            return variant
+    raise OpenAIError(
+        f"The model `{model}` does not exist; GET /v1/models lists the configured variants.",
+        status.HTTP_404_NOT_FOUND,
+        param="model",
+        code="model_not_found",
+    )
+
+
+def request_messages(body: Mapping[str, Any]) -> list[dict[str, Any]]:
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise OpenAIError("messages must be a non-empty array.", param="messages")
+    for index, message in enumerate(messages):
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+            raise OpenAIError(f"messages[{index}] must be an object with a role.", param="messages")
+    return messages
+
+
+def check_unsupported(body: Mapping[str, Any]) -> None:
+    for key, allowed in UNSUPPORTED.items():
+        if key in body and body[key] != allowed:
+            raise OpenAIError(f"{key} is not supported by chatmem.", param=key)
+
+
+def chat_name(request: Request, body: Mapping[str, Any]) -> str:
+    """The conversation: the X-Chatmem-Chat-Id header, else metadata.chatmem_chat_id, else the
+    request's ``user``."""
+    metadata = body.get("metadata") if isinstance(body.get("metadata"), dict) else {}
+    name = (
+        request.headers.get(CHAT_ID_HEADER)
+        or (metadata or {}).get("chatmem_chat_id")
+        or body.get("user")
+    )
+    if not isinstance(name, str) or not name.strip():
+        raise OpenAIError(
+            f"Name the conversation: send the {CHAT_ID_HEADER} header, or "
+            '"metadata": {"chatmem_chat_id": ...}, or "user".',
+            param="user",
+            code="missing_chat_id",
+        )
+    if len(name) > MAX_CHAT_ID_CHARS:
+        raise OpenAIError(
+            f"The conversation name is longer than {MAX_CHAT_ID_CHARS} characters.", param="user"
+        )
+    return name.strip()
+
+
+def include_usage(body: Mapping[str, Any]) -> bool:
+    options = body.get("stream_options")
+    return isinstance(options, dict) and bool(options.get("include_usage"))
+
+
+# --- response ---------------------------------------------------------------------------------
+
+
+def completion_id(chat: Any, seq: int | str) -> str:
+    return f"chatcmpl-chatmem-{chat.pk}-{seq}"
+
+
+def usage_of(result: exchanges.ExchangeResult) -> dict[str, int]:
+    """What the model really received and produced, as the upstream reported it (or counted)."""
+    completion = result.completion
+    return {
+        "prompt_tokens": completion.prompt_tokens,
+        "completion_tokens": completion.completion_tokens,
+        "total_tokens": completion.prompt_tokens + completion.completion_tokens,
+    }
+
+
+def reply_message(result: exchanges.ExchangeResult) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": result.reply.content or None}
+    if result.completion.tool_calls:
+        message["tool_calls"] = list(result.completion.tool_calls)
+    return message
+
+
+def completion_body(result: exchanges.ExchangeResult, variant: ModelVariant, chat: Any) -> dict:
+    return {
+        "id": completion_id(chat, result.reply.seq),
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": result.completion.model or variant.model,
+        "choices": [
+            {
+                "index": 0,
+                "message": reply_message(result),
+                "logprobs": None,
+                "finish_reason": result.completion.finish_reason,
+            }
+        ],
+        "usage": usage_of(result),
+        "chatmem": {"chat_id": chat.pk, "seqs": [m.seq for m in result.stored]},
+    }
+
+
+def sse(data: dict[str, Any] | str) -> bytes:
+    payload = data if isinstance(data, str) else json.dumps(data)
+    return f"data: {payload}\n\n".encode()
+
+
+def chunk(
+    chat: Any, model: str, delta: dict[str, Any], finish_reason: str | None = None
+) -> dict[str, Any]:
+    return {
+        "id": completion_id(chat, "stream"),
+        "object": "chat.completion.chunk",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}],
+    }
+
+
+def sse_events(
+    streamed: exchanges.StreamedExchange, variant: ModelVariant, chat: Any, usage: bool
+) -> Iterator[bytes]:
+    """The standard chunk stream. If the client goes away, this generator is closed, but the
+    exchange thread goes on and stores the reply."""
+    model = variant.model
+    yield sse(chunk(chat, model, {"role": "assistant", "content": ""}))
+    for delta in streamed.deltas():
+        yield sse(chunk(chat, model, {"content": delta}))
+    if streamed.error is not None or streamed.result is None:
+        yield sse(stream_error(streamed.error))
+        return
+    result = streamed.result
+    if result.completion.tool_calls:
+        calls = [{"index": i, **call} for i, call in enumerate(result.completion.tool_calls)]
+        yield sse(chunk(chat, model, {"tool_calls": calls}))
+    yield sse(chunk(chat, model, {}, result.completion.finish_reason))
+    if usage:
+        yield sse({**chunk(chat, model, {}), "choices": [], "usage": usage_of(result)})
+    yield sse("[DONE]")
+
+
+def stream_error(error: BaseException | None) -> dict[str, Any]:
+    """An error event (the OpenAI SDKs raise it as an APIError); nothing was stored."""
+    failure = error if isinstance(error, Exception) else RuntimeError("the stream ended early")
+    api_error = errors.turn_error(failure)
+    code = api_error.default_code if isinstance(api_error.default_code, str) else None
+    return error_body(str(api_error.detail), api_error.status_code, None, code)

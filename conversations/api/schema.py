@@ -1,0 +1,257 @@
+"""OpenAPI descriptions of the API (drf-spectacular): what each endpoint takes and answers,
+including the error bodies and the server-sent events of a streamed turn. Views carry these via
+``extend_schema_view``; the schema is served at /api/v1/schema/ and browsable at /api/v1/docs/.
+"""
+
+from typing import Any
+
+from drf_spectacular.extensions import OpenApiSerializerFieldExtension
+from drf_spectacular.openapi import AutoSchema
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import (
+    OpenApiExample,
+    OpenApiParameter,
+    OpenApiResponse,
+    extend_schema,
+    extend_schema_view,
+)
+from rest_framework import serializers
+from rest_framework.permissions import IsAuthenticated
+
+from conversations.api.agent_serializers import AgentStateSerializer
+from conversations.api.serializers import (
+    BriefSerializer,
+    ChatSerializer,
+    ConsolidationSerializer,
+    DailyNoteSerializer,
+    MessageSerializer,
+    TurnRequestSerializer,
+    TurnResponseSerializer,
+)
+
+# --- Bodies that have no serializer of their own ----------------------------------------------
+
+
+class ErrorSerializer(serializers.Serializer):
+    detail = serializers.CharField(help_text="What went wrong, for people.")
+    code = serializers.CharField(help_text="Stable machine-readable code.", required=False)
+
+
+VALIDATION_ERROR = OpenApiResponse(
+    response={
+        "type": "object",
+        "additionalProperties": {"type": "array", "items": {"type": "string"}},
+    },
+    description='Invalid input: field name -> list of messages, e.g. {"content": ["..."]}.',
+)
+UNAUTHENTICATED = OpenApiResponse(
+    ErrorSerializer, description="No valid token (the response has WWW-Authenticate: Token)."
+)
+NOT_FOUND = OpenApiResponse(ErrorSerializer, description="No such chat, or not yours.")
+
+
+def only_rest_api(endpoints: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+    """Preprocessing hook: this schema documents chatmem's REST API under /api/v1/. The
+    OpenAI-compatible surface under /v1/ follows OpenAI's own API reference and error shape."""
+    return [endpoint for endpoint in endpoints if str(endpoint[0]).startswith("/api/v1/")]
+
+
+class ChatmemAutoSchema(AutoSchema):
+    """Adds the errors every endpoint shares, so no endpoint (including ones added later without
+    an extend_schema) is published without them: 401 where a token is required, 404 where the
+    path names a chat (another user's chat is a 404 too)."""
+
+    def _get_response_bodies(self, direction: Any = "response") -> dict[str, Any]:
+        responses: dict[str, Any] = super()._get_response_bodies(direction)
+        shared = {}
+        if any(isinstance(p, IsAuthenticated) for p in self.view.get_permissions()):
+            shared["401"] = UNAUTHENTICATED
+        if "{id}" in self.path:
+            shared["404"] = NOT_FOUND
+        for code, response in shared.items():
+            if code not in responses:
+                responses[code] = self._get_response_for_code(response, code, None, direction)
+        return responses
+
+
+class StepResultFieldSchema(OpenApiSerializerFieldExtension):
+    """A turn's agent ``step_results`` item is a string or a JSON object; spectacular cannot read
+    that off the custom field (it would warn and say "string")."""
+
+    target_class = "conversations.api.agent_serializers.StepResultField"
+
+    def map_serializer_field(self, auto_schema: AutoSchema, direction: Any) -> dict[str, Any]:
+        return {
+            "oneOf": [{"type": "string"}, {"type": "object", "additionalProperties": {}}],
+            "description": "A step result: a string or a JSON object.",
+        }
+
+
+class ContextMessageSerializer(serializers.Serializer):
+    role = serializers.ChoiceField(choices=["system", "user", "assistant", "tool"])
+    content = serializers.CharField()
+
+
+class ContextSerializer(serializers.Serializer):
+    messages = ContextMessageSerializer(many=True)
+
+
+class ConsolidateSerializer(serializers.Serializer):
+    queued = serializers.BooleanField()
+    chat_id = serializers.IntegerField()
+
+
+class PolicySerializer(serializers.Serializer):
+    name = serializers.CharField()
+    parameters = serializers.DictField(help_text="The preset's knobs and their values.")
+
+
+class PolicyListSerializer(serializers.Serializer):
+    results = PolicySerializer(many=True)
+
+
+class SeqRangeSerializer(serializers.Serializer):
+    from_seq = serializers.IntegerField()
+    to_seq = serializers.IntegerField()
+
+
+class RunningSummarySerializer(serializers.Serializer):
+    summary = serializers.CharField()
+    summarized_message_ids = SeqRangeSerializer(allow_null=True)
+    last_summarized_message_id = serializers.IntegerField(allow_null=True)
+    last_summarized_seq = serializers.IntegerField(allow_null=True)
+
+
+class BriefResponseSerializer(BriefSerializer):
+    running_summary = RunningSummarySerializer(read_only=True)
+
+    class Meta(BriefSerializer.Meta):
+        fields = [*BriefSerializer.Meta.fields, "running_summary"]
+        read_only_fields = fields
+
+
+# --- Turns ------------------------------------------------------------------------------------
+
+TURN_STREAM_DESCRIPTION = """Server-sent events, when the body has `"stream": true` (or no
+`stream` and `Accept: text/event-stream`):
+
+- `event: accepted`: `{"chat_id", "model_variant", "user_message": {"seq": null, "role",
+  "content", "token_count", "pending": true}}`, once, first;
+- `event: delta`: `{"content": "..."}` for each piece of the reply as the model produces it;
+- then exactly one of `event: done`, with the JSON turn's 201 body (`user_message`,
+  `assistant_message`, both stored), or `event: error`, with `{"code", "detail", "status"}` (the
+  JSON turn's 502/503/504 error; nothing was stored).
+
+Lines starting with `:` are keep-alive comments. A client that disconnects does not cancel the
+turn: it is completed and stored. See docs/streaming.md."""
+
+TURN_STREAM_EXAMPLE = (
+    "event: accepted\n"
+    'data: {"chat_id":1,"model_variant":"default","user_message":{"seq":null,"role":"user",'
+    '"content":"Hello","token_count":1,"pending":true}}\n\n'
+    "event: delta\n"
+    'data: {"content":"Hi "}\n\n'
+    "event: delta\n"
+    'data: {"content":"there!"}\n\n'
+    "event: done\n"
+    'data: {"user_message":{"seq":1,...},"assistant_message":{"seq":2,...}}\n\n'
+)
+
+turn_schema = extend_schema(
+    summary="Send a user message; get the stored reply (JSON) or stream it (SSE)",
+    request=TurnRequestSerializer,
+    responses={
+        (201, "application/json"): OpenApiResponse(
+            TurnResponseSerializer, description="The turn, stored: the user message and reply."
+        ),
+        (200, "text/event-stream"): OpenApiResponse(
+            OpenApiTypes.STR,
+            description=TURN_STREAM_DESCRIPTION,
+            examples=[OpenApiExample("A streamed turn", value=TURN_STREAM_EXAMPLE)],
+        ),
+        400: VALIDATION_ERROR,
+        409: OpenApiResponse(
+            ErrorSerializer,
+            description="`turn_in_progress`: another turn of this chat is running; retry later.",
+        ),
+        502: OpenApiResponse(
+            ErrorSerializer, description="`model_error`: the model failed; nothing was stored."
+        ),
+        503: OpenApiResponse(
+            ErrorSerializer,
+            description="`context_over_bound`: the context cannot be brought within its bound "
+            "right now; nothing was stored.",
+        ),
+        504: OpenApiResponse(
+            ErrorSerializer,
+            description="`model_timeout`: the model did not answer in time; nothing was stored.",
+        ),
+    },
+)
+
+# --- Everything else --------------------------------------------------------------------------
+
+AFTER_SEQ = OpenApiParameter(
+    "after_seq",
+    OpenApiTypes.INT,
+    OpenApiParameter.QUERY,
+    description="Only messages with a larger seq (resume after the last one you have).",
+)
+
+chat_schema = extend_schema_view(
+    create=extend_schema(
+        summary="Create a chat",
+        responses={201: ChatSerializer, 400: VALIDATION_ERROR},
+    ),
+    list=extend_schema(summary="Your chats", responses={200: ChatSerializer}),
+    retrieve=extend_schema(summary="A chat", responses={200: ChatSerializer}),
+    destroy=extend_schema(
+        summary="Delete a chat with its messages and memory",
+        responses={204: OpenApiResponse(description="Deleted.")},
+    ),
+    turns=turn_schema,
+    messages=extend_schema(
+        summary="The chat's messages, ordered by seq",
+        parameters=[AFTER_SEQ],
+        responses={200: MessageSerializer(many=True), 400: VALIDATION_ERROR},
+    ),
+    brief=extend_schema(
+        summary="Memory state: summary, watermark, unfolded count, failures",
+        responses={200: BriefResponseSerializer},
+    ),
+    context=extend_schema(
+        summary="Exactly what the model would receive next, before the new user message",
+        responses={200: ContextSerializer},
+    ),
+    state=extend_schema(
+        summary="Agent state (seed 004): theme, entities, pending clarification, summaries",
+        responses={200: AgentStateSerializer},
+    ),
+    consolidate=extend_schema(
+        summary="Queue a fold of this chat's memory now",
+        request=None,
+        responses={
+            202: ConsolidateSerializer,
+            503: OpenApiResponse(
+                ConsolidateSerializer, description="The broker is unavailable; not queued."
+            ),
+        },
+    ),
+    notes=extend_schema(
+        summary="Daily notes: durable facts from folded messages, one per day",
+        responses={200: DailyNoteSerializer(many=True)},
+    ),
+    consolidations=extend_schema(
+        summary="The ledger of fold attempts, newest first",
+        responses={200: ConsolidationSerializer(many=True)},
+    ),
+)
+
+policy_schema = extend_schema_view(
+    get=extend_schema(
+        summary="Memory policy presets and their parameters",
+        responses={200: PolicyListSerializer},
+    )
+)
+
+__all__ = ["chat_schema", "policy_schema"]

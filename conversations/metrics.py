@@ -1,0 +1,222 @@
+"""Prometheus metrics at ``/metrics``.
+
+Three sources, so the memory code stays free of metric calls:
+
+- request timing (``RequestMetricsMiddleware``): turn latency, per endpoint and status;
+- the model client (``TimedChatModel``, wrapped around the configured model): model latency and
+  time to first token;
+- the structured log events the services already write (``MetricsLogHandler``): folds by trigger
+  and outcome, fold duration, summarizer tokens, synchronous folds, lock contention, reruns,
+  enqueue failures;
+- and, read from the database at scrape time: unfolded messages (backlog), chats behind their
+  policy, degraded chats.
+
+Several processes (gunicorn workers, Celery prefork children): set ``PROMETHEUS_MULTIPROC_DIR``
+to a directory shared by the processes of one host, and every process's samples are summed at
+scrape time (prometheus_client's multiprocess mode). Celery workers expose theirs on
+``WORKER_METRICS_PORT`` (see chatmem_project/celery.py)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from django.conf import settings
+from django.http import HttpRequest, HttpResponse
+
+# Multiprocess mode writes each process's samples under this directory: it must exist before
+# prometheus_client creates the first metric.
+if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+    os.makedirs(os.environ["PROMETHEUS_MULTIPROC_DIR"], exist_ok=True)
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    generate_latest,
+    multiprocess,
+)
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import REGISTRY, Collector
+
+from conversations.llm import (
+    ChatCompletion,
+    ChatModel,
+    CompletionStream,
+    ModelMessages,
+)
+
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+TURN_ENDPOINTS = {"chat-turns": "turns", "openai-chat-completions": "chat_completions"}
+
+TURN_SECONDS = Histogram(
+    "chatmem_turn_seconds",
+    "Turn latency as the client sees it (until the response starts, for streams).",
+    ["endpoint", "status"],
+    buckets=LATENCY_BUCKETS,
+)
+MODEL_SECONDS = Histogram(
+    "chatmem_model_seconds",
+    "Model call latency (the whole reply).",
+    ["mode"],
+    buckets=LATENCY_BUCKETS,
+)
+MODEL_FIRST_TOKEN_SECONDS = Histogram(
+    "chatmem_model_first_token_seconds",
+    "Streamed model calls: time to the first content delta.",
+    buckets=LATENCY_BUCKETS,
+)
+FOLDS = Counter(
+    "chatmem_folds_total", "Fold attempts by trigger and outcome.", ["trigger", "outcome"]
+)
+FOLD_SECONDS = Histogram(
+    "chatmem_fold_seconds", "Fold duration (summarizer call and commit).", buckets=LATENCY_BUCKETS
+)
+SUMMARIZER_TOKENS = Counter(
+    "chatmem_summarizer_tokens_total", "Tokens sent to and received from the summarizer.", ["kind"]
+)
+SYNC_FOLDS = Counter(
+    "chatmem_sync_folds_total", "Folds run on the request path before a model call."
+)
+LOCK_CONTENDED = Counter(
+    "chatmem_lock_contended_total", "Consolidation triggers that found the chat's lock held."
+)
+RERUNS = Counter("chatmem_reruns_total", "Consolidation reruns after a trigger during a run.")
+ENQUEUE_FAILED = Counter(
+    "chatmem_enqueue_failures_total", "Consolidation requests the broker did not take."
+)
+
+
+# --- sources ---------------------------------------------------------------------------------
+
+
+class RequestMetricsMiddleware:
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        started = time.perf_counter()
+        response = self.get_response(request)
+        match = request.resolver_match
+        endpoint = TURN_ENDPOINTS.get(match.url_name or "") if match else None
+        if endpoint:
+            TURN_SECONDS.labels(endpoint, str(response.status_code)).observe(
+                time.perf_counter() - started
+            )
+        return response
+
+
+class TimedChatModel:
+    """The configured model, timed."""
+
+    def __init__(self, model: ChatModel) -> None:
+        self.model = model
+
+    def complete(self, messages: ModelMessages, model: str, tools: Any = None) -> ChatCompletion:
+        with MODEL_SECONDS.labels("complete").time():
+            return self.model.complete(messages, model, tools)
+
+    def stream(self, messages: ModelMessages, model: str, tools: Any = None) -> CompletionStream:
+        started = time.perf_counter()
+        inner = self.model.stream(messages, model, tools)
+        return CompletionStream(timed_deltas(inner, started), release=inner.close)
+
+
+def timed_deltas(inner: CompletionStream, started: float) -> Any:
+    first = True
+    for delta in inner:
+        if first:
+            MODEL_FIRST_TOKEN_SECONDS.observe(time.perf_counter() - started)
+            first = False
+        yield delta
+    MODEL_SECONDS.labels("stream").observe(time.perf_counter() - started)
+    assert inner.result is not None
+    return inner.result
+
+
+class MetricsLogHandler(logging.Handler):
+    """Counts the structured events the services log (their ``extra={"event": ...}``)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        event = getattr(record, "event", None)
+        try:
+            if event == "fold":
+                self.fold(record)
+            elif event == "sync_fold":
+                SYNC_FOLDS.inc()
+            elif event == "lock_contended":
+                LOCK_CONTENDED.inc()
+            elif event == "enqueue_failed":
+                ENQUEUE_FAILED.inc()
+        except Exception:  # metrics must never break the code that logs
+            self.handleError(record)
+
+    @staticmethod
+    def fold(record: logging.LogRecord) -> None:
+        trigger = str(getattr(record, "trigger", "unknown"))
+        FOLDS.labels(trigger, str(getattr(record, "outcome", "unknown"))).inc()
+        if trigger == "rerun":
+            RERUNS.inc()
+        duration_ms = getattr(record, "duration_ms", None)
+        if isinstance(duration_ms, int | float):
+            FOLD_SECONDS.observe(duration_ms / 1000)
+        for kind in ("input_tokens", "output_tokens"):
+            tokens = getattr(record, kind, None)
+            if isinstance(tokens, int) and tokens > 0:
+                SUMMARIZER_TOKENS.labels(kind.removesuffix("_tokens")).inc(tokens)
+
+
+class MemoryStateCollector(Collector):
+    """Read at scrape time from the database: one aggregate query, not a per-chat series."""
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        from django.db.models import F, Q, Sum
+
+        from conversations.models import Chat
+
+        totals = Chat.objects.aggregate(
+            unfolded=Sum(F("last_seq") - F("brief__last_consolidated")),
+            degraded=Sum(1, filter=Q(brief__degraded=True)),
+            behind=Sum(1, filter=Q(brief__next_attempt_at__isnull=False)),
+        )
+        yield GaugeMetricFamily(
+            "chatmem_unfolded_messages",
+            "Messages not yet folded into a summary, all chats together (the backlog).",
+            value=float(totals["unfolded"] or 0),
+        )
+        yield GaugeMetricFamily(
+            "chatmem_degraded_chats",
+            "Chats whose folds keep failing (marked degraded).",
+            value=float(totals["degraded"] or 0),
+        )
+        yield GaugeMetricFamily(
+            "chatmem_chats_waiting_retry",
+            "Chats with a failed fold waiting for its retry time.",
+            value=float(totals["behind"] or 0),
+        )
+
+
+# --- exposition ------------------------------------------------------------------------------
+
+
+def registry() -> CollectorRegistry:
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        aggregated = CollectorRegistry()
+        multiprocess.MultiProcessCollector(aggregated)
+        return aggregated
+    return REGISTRY
+
+
+def metrics_view(request: HttpRequest) -> HttpResponse:
+    token = settings.METRICS_TOKEN
+    if token and request.headers.get("Authorization") != f"Bearer {token}":
+        return HttpResponse("metrics need Authorization: Bearer <METRICS_TOKEN>\n", status=401)
+    chosen = registry()
+    state = CollectorRegistry()
+    state.register(MemoryStateCollector())
+    body = generate_latest(chosen) + generate_latest(state)
+    return HttpResponse(body, content_type=CONTENT_TYPE_LATEST)

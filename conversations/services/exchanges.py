@@ -1,0 +1,305 @@
+"""The turn of an OpenAI-compatible client (issue 8): the client sends only its new messages (a
+user message, or the results of the tools the model called); chatmem supplies the system prompt,
+the summary and the unfolded history, calls the model with the client's tools, and stores the new
+messages and the reply together, exactly like a REST turn (DESIGN §3): same turn slot, same bound
+and synchronous fold, one transaction, consolidation queued after commit.
+
+Which of the request's messages are new: every message after the request's last assistant
+message (system and developer messages aside). A client that resends its whole history therefore
+gets the same answer as one that sends only the new messages: what precedes its last assistant
+message is what chatmem already holds, and is neither stored again nor sent twice."""
+
+from __future__ import annotations
+
+import contextvars
+import json
+import queue
+import threading
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+
+from django.contrib.auth.models import User
+from django.db import IntegrityError, connections, transaction
+from django.utils import timezone
+
+from conversations.llm import ChatCompletion, CompletionStream, ToolOptions
+from conversations.models import Chat, Message, Role
+from conversations.services import chats as chat_service
+from conversations.services.backends import get_chat_model
+from conversations.services.context import build_model_messages
+from conversations.services.turns import (
+    bounded_snapshot,
+    claim_turn_slot,
+    queue_consolidation_if_due,
+    release_turn_slot,
+)
+from conversations.services.variants import ModelVariant, resolve_variant
+from memory_worker.state import MemorySnapshot, with_appended
+from memory_worker.tokens import count_tokens
+
+CLIENT_ROLES = ("user", "tool")
+INSTRUCTION_ROLES = ("system", "developer")
+
+
+class BadExchange(ValueError):
+    """The request's messages cannot be a turn; ``param`` names the offending field."""
+
+    def __init__(self, message: str, param: str = "messages") -> None:
+        super().__init__(message)
+        self.param = param
+
+
+@dataclass(frozen=True)
+class Incoming:
+    role: str  # "user" or "tool"
+    content: str
+    metadata: dict[str, Any] = field(default_factory=dict)  # tool_call_id, name
+
+
+@dataclass(frozen=True)
+class ExchangeResult:
+    stored: list[Message]  # the new messages, then the reply
+    completion: ChatCompletion
+
+    @property
+    def reply(self) -> Message:
+        return self.stored[-1]
+
+
+# --- which chat, which messages --------------------------------------------------------------
+
+
+def chat_for(owner: User, external_id: str, system_prompt: str | None) -> Chat:
+    """The owner's chat of that name, created on first use (with the request's system prompt,
+    when it has one). Two first requests at once: one creates, the other finds it."""
+    found = Chat.objects.filter(owner=owner, external_id=external_id).first()
+    if found is not None:
+        return found
+    try:
+        with transaction.atomic():
+            chat = chat_service.create_chat(owner, title=external_id, system_prompt=system_prompt)
+            Chat.objects.filter(pk=chat.pk).update(external_id=external_id)
+    except IntegrityError:
+        return Chat.objects.get(owner=owner, external_id=external_id)
+    chat.external_id = external_id
+    return chat
+
+
+def instructions_of(messages: Sequence[Mapping[str, Any]]) -> str | None:
+    """The leading system/developer messages, joined: a new chat's system prompt."""
+    parts = []
+    for message in messages:
+        if message.get("role") not in INSTRUCTION_ROLES:
+            break
+        parts.append(text_of(message.get("content")))
+    return "\n\n".join(parts) if parts else None
+
+
+def new_messages(messages: Sequence[Mapping[str, Any]]) -> list[Incoming]:
+    last_assistant = max(
+        (i for i, m in enumerate(messages) if m.get("role") == "assistant"), default=-1
+    )
+    fresh = [m for m in messages[last_assistant + 1 :] if m.get("role") not in INSTRUCTION_ROLES]
+    if not fresh:
+        raise BadExchange(
+            "No new message: send a user message, or tool results, after the last assistant "
+            "message."
+        )
+    return [incoming_of(message) for message in fresh]
+
+
+def incoming_of(message: Mapping[str, Any]) -> Incoming:
+    role = message.get("role")
+    if role not in CLIENT_ROLES:
+        raise BadExchange(f'A new message must be a user or tool message, not "{role}".')
+    content = text_of(message.get("content"))
+    if role == "tool":
+        call_id = message.get("tool_call_id")
+        if not isinstance(call_id, str) or not call_id:
+            raise BadExchange("A tool message needs its tool_call_id.", "messages.tool_call_id")
+        return Incoming(role, content, {"tool_call_id": call_id})
+    if not content.strip():
+        raise BadExchange("The user message is empty.", "messages.content")
+    return Incoming(role, content)
+
+
+def text_of(content: Any) -> str:
+    """Content as a string: plain text, or the text parts of a content list."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list) and all(
+        isinstance(part, dict) and part.get("type") == "text" for part in content
+    ):
+        return "".join(str(part.get("text", "")) for part in content)
+    raise BadExchange("Content must be a string or a list of text parts.", "messages.content")
+
+
+# --- the exchange -----------------------------------------------------------------------------
+
+
+@dataclass
+class Prepared:
+    """A claimed turn slot and the context to send; ``finish`` stores the reply."""
+
+    chat: Chat
+    token: uuid.UUID
+    variant: ModelVariant
+    snapshot: MemorySnapshot
+    incoming: list[Incoming]
+    incoming_tokens: list[int]
+    context: list[dict[str, object]]
+
+
+def prepare(chat: Chat, incoming: list[Incoming], variant_name: str | None) -> Prepared:
+    """Claims the chat's turn slot (TurnInProgress if taken) and bounds the context; the caller
+    must ``release`` it. Raises UnknownVariant, ContextOverBound."""
+    variant = resolve_variant(variant_name or chat.model_variant or None)
+    token = claim_turn_slot(chat)
+    try:
+        tokens = [count_tokens(m.content, variant.model) for m in incoming]
+        snapshot = bounded_snapshot(chat, variant, sum(tokens))
+        context = build_model_messages(
+            chat, snapshot.summary, snapshot.unfolded, None, snapshot.agent_context
+        )
+        context.extend(model_entry(m) for m in incoming)
+    except BaseException:
+        release_turn_slot(chat, token)
+        raise
+    return Prepared(chat, token, variant, snapshot, incoming, tokens, context)
+
+
+def release(prepared: Prepared) -> None:
+    release_turn_slot(prepared.chat, prepared.token)
+
+
+def run_exchange(
+    chat: Chat, incoming: list[Incoming], variant_name: str | None, tools: ToolOptions | None
+) -> ExchangeResult:
+    prepared = prepare(chat, incoming, variant_name)
+    try:
+        model = prepared.variant.model
+        completion = get_chat_model().complete(prepared.context, model, tools)
+        return store_exchange(prepared, completion)
+    finally:
+        release(prepared)
+
+
+def model_entry(message: Incoming) -> dict[str, object]:
+    return {"role": message.role, "content": message.content, **message.metadata}
+
+
+def store_exchange(prepared: Prepared, completion: ChatCompletion) -> ExchangeResult:
+    chat, variant = prepared.chat, prepared.variant
+    reply_metadata: dict[str, Any] = {
+        "model": completion.model,
+        "finish_reason": completion.finish_reason,
+        "prompt_tokens": completion.prompt_tokens,
+        "completion_tokens": completion.completion_tokens,
+    }
+    reply_tokens = count_tokens(completion.content, variant.model)
+    if completion.tool_calls:
+        reply_metadata["tool_calls"] = list(completion.tool_calls)
+        # The calls travel in every later context: they count toward the bound.
+        reply_tokens += count_tokens(json.dumps(reply_metadata["tool_calls"]), variant.model)
+    with transaction.atomic():
+        # The row lock serialises seq allocation: seq order is commit order, no gaps.
+        locked = Chat.objects.select_for_update().only("last_seq").get(pk=chat.pk)
+        seq = locked.last_seq
+        rows = [
+            Message(
+                chat_id=chat.pk,
+                seq=seq + index,
+                role=message.role,
+                content=message.content,
+                token_count=tokens,
+                metadata=message.metadata,
+            )
+            for index, (message, tokens) in enumerate(
+                zip(prepared.incoming, prepared.incoming_tokens, strict=True), start=1
+            )
+        ]
+        rows.append(
+            Message(
+                chat_id=chat.pk,
+                seq=seq + len(rows) + 1,
+                role=Role.ASSISTANT,
+                content=completion.content,
+                token_count=reply_tokens,
+                model_variant=variant.name,
+                metadata=reply_metadata,
+            )
+        )
+        stored = Message.objects.bulk_create(rows)
+        Chat.objects.filter(pk=chat.pk).update(
+            last_seq=seq + len(stored),
+            turn_token=None,
+            turn_started_at=None,
+            updated_at=timezone.now(),
+        )
+        after = with_appended(prepared.snapshot, stored)
+        transaction.on_commit(partial(queue_consolidation_if_due, chat, after))
+    return ExchangeResult(stored, completion)
+
+
+# --- streaming --------------------------------------------------------------------------------
+
+
+_DONE = object()
+
+
+class StreamedExchange:
+    """The model's deltas as they come, then the stored result. The model stream is consumed and
+    the reply stored on a thread of its own, so a client that disconnects mid-stream still gets
+    its turn completed and stored (and the turn slot released)."""
+
+    def __init__(self, prepared: Prepared, stream: CompletionStream) -> None:
+        self.prepared = prepared
+        self.stream = stream
+        self.events: queue.Queue[object] = queue.Queue()
+        self.result: ExchangeResult | None = None
+        self.error: BaseException | None = None
+        # The copied context carries the request id into the thread's log lines.
+        self.thread = threading.Thread(
+            target=contextvars.copy_context().run,
+            args=(self._run,),
+            name="chatmem-exchange",
+            # Not a daemon: a graceful shutdown waits for accepted turns to be stored.
+            daemon=False,
+        )
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            for delta in self.stream:
+                self.events.put(delta)
+            assert self.stream.result is not None
+            self.result = store_exchange(self.prepared, self.stream.result)
+        except BaseException as error:  # reported to the client by deltas()
+            self.error = error
+        finally:
+            release(self.prepared)
+            connections.close_all()
+            self.events.put(_DONE)
+
+    def deltas(self) -> Iterator[str]:
+        while (item := self.events.get()) is not _DONE:
+            yield str(item)
+
+
+def start_streamed_exchange(
+    chat: Chat, incoming: list[Incoming], variant_name: str | None, tools: ToolOptions | None
+) -> StreamedExchange:
+    """Errors before the first delta (slot taken, bound, upstream refusing the request) raise
+    here, so the API can still answer with a plain error status."""
+    prepared = prepare(chat, incoming, variant_name)
+    try:
+        stream = get_chat_model().stream(prepared.context, prepared.variant.model, tools)
+    except BaseException:
+        release(prepared)
+        raise
+    return StreamedExchange(prepared, stream)

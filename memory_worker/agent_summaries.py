@@ -1,0 +1,48 @@
+"""Seed 004's Summarize node off the request path: the Celery task and its dispatch, through the
+same mechanism as consolidation (MEMORY_DISPATCH: celery / inline / off). The work itself is the
+service ``conversations.services.agent_state.summarize_turns``."""
+
+import logging
+
+from celery import shared_task
+from django.conf import settings
+
+from memory_worker.dispatch import submit_inline
+
+log = logging.getLogger("chatmem.agent_summaries")
+
+
+@shared_task(name="chatmem.summarize_agent_turns", queue="memory", acks_late=True)
+def summarize_agent_turns(chat_id: int, from_seq: int | None = None) -> int:
+    # Late ack is safe: the service applies each turn once (a conditional commit on its
+    # watermark), so a redelivered task finds nothing left to do.
+    from conversations.services.agent_state import summarize_turns
+
+    return summarize_turns(chat_id, from_seq)
+
+
+def _run_inline(chat_id: int, from_seq: int | None) -> None:
+    from conversations.services.agent_state import summarize_turns
+
+    summarize_turns(chat_id, from_seq)
+
+
+def request_agent_summary(chat_id: int, from_seq: int | None = None) -> bool:
+    """Returns whether the work was handed on. Never raises: the turn is already stored, and
+    the next turn's task applies whatever this one missed (everything after the watermark)."""
+    mode = settings.MEMORY_DISPATCH
+    try:
+        if mode == "celery":
+            # retry=False: a dead broker must fail fast instead of holding the request.
+            summarize_agent_turns.apply_async(args=(chat_id, from_seq), retry=False)
+        elif mode == "inline":
+            submit_inline(_run_inline, chat_id, from_seq)
+        else:
+            return False
+    except Exception:
+        log.exception(
+            "could not queue the agent-state update",
+            extra={"event": "enqueue_failed", "chat_id": chat_id},
+        )
+        return False
+    return True

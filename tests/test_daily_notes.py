@@ -1,0 +1,115 @@
+"""Seed 002's daily tier (a flush hook filling one note per chat and day) and its RunningSummary
+view on the brief."""
+
+from __future__ import annotations
+
+from datetime import date
+from typing import Any
+
+import pytest
+
+from conversations.models import Brief, DailyNote, Message
+from memory_worker import daily_notes
+from tests.fake_openai import FakeOpenAI
+
+FACT = "The staging database password rotates every 30 days."
+
+
+def new_chat(api: Any, **body: Any) -> int:
+    response = api.post("/api/v1/chats/", body, format="json")
+    assert response.status_code == 201, response.content
+    return int(response.json()["id"])
+
+
+def say(api: Any, chat_id: int, *contents: str) -> None:
+    for content in contents:
+        response = api.post(f"/api/v1/chats/{chat_id}/turns/", {"content": content}, format="json")
+        assert response.status_code == 201, response.content
+
+
+def message(seq: int, content: str, role: str = "user") -> Message:
+    return Message(seq=seq, role=role, content=content, token_count=1)
+
+
+def test_offline_extraction_keeps_durable_sentences_only() -> None:
+    messages = [
+        message(1, f"Hi there! {FACT} Can you remind me next week?"),
+        message(2, "Sounds good. We decided to ship on Friday.", role="assistant"),
+        message(3, "Thanks a lot."),
+    ]
+    texts = [fact.text for fact in daily_notes.extract_offline(messages)]
+    assert texts == [FACT, "We decided to ship on Friday."]
+
+
+@pytest.mark.django_db
+def test_a_fold_range_is_merged_once_and_facts_deduplicated(api: Any) -> None:
+    chat_id = new_chat(api)
+    day = date(2026, 11, 23)
+    first = [daily_notes.Fact(1, "user", FACT)]
+    assert daily_notes.merge_into_note(chat_id, day, [1, 4], first, "offline") == 1
+    # The same fold's hook delivered twice (late ack, redelivery): nothing added.
+    assert daily_notes.merge_into_note(chat_id, day, [1, 4], first, "offline") == 0
+    # A later fold repeating the fact in other words of the same content: deduplicated.
+    again = [daily_notes.Fact(6, "user", FACT.upper()), daily_notes.Fact(7, "user", "Port 8443.")]
+    assert daily_notes.merge_into_note(chat_id, day, [5, 8], again, "offline") == 1
+    note = DailyNote.objects.get(chat_id=chat_id, day=day)
+    assert [fact["text"] for fact in note.facts] == [FACT, "Port 8443."]
+    assert note.ranges == [[1, 4], [5, 8]]
+
+
+def test_a_fold_fills_the_days_note_after_commit(api, settings, transactional_db) -> None:  # type: ignore[no-untyped-def]
+    from memory_worker.dispatch import drain_inline
+
+    assert daily_notes.HOOK_PATH in settings.MEMORY_FLUSH_HOOKS  # on by default
+    settings.MEMORY_DISPATCH = "inline"
+    chat_id = new_chat(api, policy="contract")
+    say(api, chat_id, FACT, *(f"Small talk number {n}, nothing more." for n in range(12)))
+    drain_inline()
+    folded_to = Brief.objects.get(chat_id=chat_id).last_consolidated
+    assert folded_to >= 12  # synchronous and background folds both ran
+    notes = api.get(f"/api/v1/chats/{chat_id}/notes/").json()["results"]
+    assert len(notes) == 1
+    covered = sorted(seq for start, end in notes[0]["ranges"] for seq in range(start, end + 1))
+    assert covered == list(range(1, folded_to + 1))  # every fold's hook ran, each once
+    assert FACT in [fact["text"] for fact in notes[0]["facts"]]
+    assert notes[0]["day"] == str(Message.objects.get(chat_id=chat_id, seq=1).created_at.date())
+    # The brief's RunningSummary view names what the summary covers.
+    running = api.get(f"/api/v1/chats/{chat_id}/brief/").json()["running_summary"]
+    last = Message.objects.get(chat_id=chat_id, seq=folded_to)
+    assert running["summarized_message_ids"] == {"from_seq": 1, "to_seq": folded_to}
+    assert running["last_summarized_message_id"] == last.pk
+    assert running["summary"] and FACT.split()[1] in running["summary"]
+
+
+@pytest.mark.django_db
+def test_notes_of_another_users_chat_are_a_404(api: Any, other_api: Any) -> None:
+    chat_id = new_chat(api)
+    assert other_api.get(f"/api/v1/chats/{chat_id}/notes/").status_code == 404
+    brief = api.get(f"/api/v1/chats/{chat_id}/brief/").json()
+    assert brief["running_summary"]["summarized_message_ids"] is None
+
+
+@pytest.mark.django_db
+def test_model_extractor_stores_the_models_lines(api: Any, settings: Any) -> None:
+    reply = "- The billing export runs on port 8443.\n- None"
+    with FakeOpenAI(reply_fn=lambda body: reply) as server:
+        settings.OPENAI_BASE_URL = server.base_url
+        settings.OPENAI_API_KEY = "test-key"
+        settings.MEMORY_DAILY_NOTES_BACKEND = "chat"
+        chat_id = new_chat(api)
+        say(api, chat_id, "Where does the export run?")
+        messages = list(Message.objects.filter(chat_id=chat_id).order_by("seq"))
+        daily_notes.extract_daily_notes(chat_id, messages, version=1)
+        sent = [record for record in server.requests if "durable facts" in record.text]
+    assert len(sent) == 1 and "Where does the export run?" in sent[0].text
+    note = DailyNote.objects.get(chat_id=chat_id)
+    assert [fact["text"] for fact in note.facts] == ["The billing export runs on port 8443."]
+    assert note.extractor == "chat"
+
+
+def test_an_unknown_extractor_is_a_startup_error(settings: Any) -> None:
+    from memory_worker.checks import check_daily_notes_backend
+
+    assert check_daily_notes_backend() == []
+    settings.MEMORY_DAILY_NOTES_BACKEND = "gpt"
+    assert [error.id for error in check_daily_notes_backend()] == ["chatmem.E004"]

@@ -1,0 +1,102 @@
+"""Prometheus metrics at /metrics: turn and model latency, folds by trigger and outcome, fold
+duration, summarizer tokens, synchronous folds, the backlog read from the database."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from conversations.models import Chat
+from memory_worker.consolidation import consolidate_once
+
+pytestmark = pytest.mark.django_db
+
+
+def scrape(client: Any, **headers: Any) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    response = client.get("/metrics", **headers)
+    assert response.status_code == 200
+    samples = {}
+    for family in text_string_to_metric_families(response.content.decode()):
+        for sample in family.samples:
+            samples[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return samples
+
+
+def value(samples: dict, name: str, **labels: str) -> float:
+    return samples.get((name, tuple(sorted(labels.items()))), 0.0)
+
+
+def test_turns_and_folds_show_up_in_the_metrics(client: Any, api: Any) -> None:
+    before = scrape(client)
+    chat_id = api.post("/api/v1/chats/", {"policy": "contract"}, format="json").json()["id"]
+    for number in range(7):  # contract folds synchronously once past K + B = 10 messages
+        response = api.post(
+            f"/api/v1/chats/{chat_id}/turns/", {"content": f"turn {number}"}, format="json"
+        )
+        assert response.status_code == 201
+    api.post(f"/api/v1/chats/{chat_id}/turns/", {"content": ""}, format="json")  # a 400
+    consolidate_once(chat_id, "manual")
+    after = scrape(client)
+
+    def grew(name: str, **labels: str) -> float:
+        return value(after, name, **labels) - value(before, name, **labels)
+
+    assert grew("chatmem_turn_seconds_count", endpoint="turns", status="201") == 7
+    assert grew("chatmem_turn_seconds_count", endpoint="turns", status="400") == 1
+    assert grew("chatmem_model_seconds_count", mode="complete") == 7
+    assert grew("chatmem_sync_folds_total") >= 1
+    assert grew("chatmem_folds_total", trigger="hard_bound", outcome="succeeded") >= 1
+    assert grew("chatmem_fold_seconds_count") >= 1
+    assert grew("chatmem_summarizer_tokens_total", kind="input") > 0
+    chat = Chat.objects.get(pk=chat_id)
+    unfolded = value(after, "chatmem_unfolded_messages")
+    assert unfolded >= chat.last_seq - chat.brief.last_consolidated
+
+
+def test_a_metrics_token_is_required_when_set(client: Any, settings: Any) -> None:
+    settings.METRICS_TOKEN = "s3cret"
+    assert client.get("/metrics").status_code == 401
+    assert client.get("/metrics", HTTP_AUTHORIZATION="Bearer s3cret").status_code == 200
+
+
+def test_multiprocess_mode_sums_what_each_process_counted(tmp_path: Any) -> None:
+    """Two processes (as gunicorn workers or Celery pool processes) each count a fold; a third
+    scrapes the shared directory and sees both."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    env = {
+        **os.environ,
+        "PROMETHEUS_MULTIPROC_DIR": str(tmp_path / "metrics"),
+        "DJANGO_SETTINGS_MODULE": "chatmem_project.settings",
+        "DATABASE_URL": f"sqlite:///{tmp_path}/m.sqlite3",
+    }
+    fold = (
+        "import django, logging; django.setup();"
+        "logging.getLogger('chatmem.fold').info('fold', extra={'event': 'fold',"
+        " 'trigger': 'window', 'outcome': 'succeeded', 'duration_ms': 5})"
+    )
+    for _ in range(2):
+        subprocess.run([sys.executable, "-c", fold], cwd=root, env=env, check=True, timeout=60)
+    scrape_script = (
+        "import django; django.setup();"
+        "from prometheus_client import generate_latest;"
+        "from conversations.metrics import registry;"
+        "print(generate_latest(registry()).decode())"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", scrape_script],
+        cwd=root,
+        env=env,
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    ).stdout
+    line = 'chatmem_folds_total{outcome="succeeded",trigger="window"} 2.0'
+    assert line in out, out[-2000:]

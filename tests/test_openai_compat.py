@@ -1,0 +1,232 @@
+"""The OpenAI-compatible endpoint, driven by the official ``openai`` package against a live
+server, with the fake model server behind chatmem."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import openai
+import pytest
+from rest_framework.authtoken.models import Token
+from rest_framework.test import APIClient
+
+from conversations.models import Brief, Chat, Message
+from conversations.services.context import SUMMARY_HEADER
+from tests.fake_openai import FakeOpenAI
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "lookup",
+            "description": "Look a value up.",
+            "parameters": {"type": "object", "properties": {}},
+        },
+    }
+]
+
+
+@pytest.fixture
+def token(user: Any) -> str:
+    return Token.objects.create(user=user).key
+
+
+@pytest.fixture
+def memory(settings: Any, use_fake_openai: FakeOpenAI) -> FakeOpenAI:
+    # contract keeps 6 messages verbatim and folds the rest synchronously before the model call,
+    # so a 30-turn conversation reaches the model as summary + unfolded history.
+    settings.MEMORY_POLICY = "contract"
+    return use_fake_openai
+
+
+@pytest.fixture
+def client(live_server: Any, token: str) -> Iterator[openai.OpenAI]:
+    with openai.OpenAI(base_url=f"{live_server.url}/v1", api_key=token, max_retries=0) as sdk:
+        yield sdk
+
+
+def rest(token: str) -> APIClient:
+    api = APIClient()
+    api.credentials(HTTP_AUTHORIZATION=f"Token {token}")
+    return api
+
+
+def chat_requests(fake: FakeOpenAI) -> list[Any]:
+    return [record for record in fake.requests if record.kind == "chat"]
+
+
+def context_of(token: str, chat_id: int) -> list[dict[str, Any]]:
+    response = rest(token).get(f"/api/v1/chats/{chat_id}/context/")
+    assert response.status_code == 200
+    return list(response.json()["messages"])
+
+
+def as_sent(messages: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    return [(m["role"], m.get("content") or "") for m in messages]
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+def test_thirty_turns_sending_only_the_new_message(
+    client: openai.OpenAI, memory: FakeOpenAI, token: str, stream: bool
+) -> None:
+    chat_id: int | None = None
+    summaries_seen = 0
+    for number in range(1, 31):
+        content = f"Turn {number}: remember that item {number} is blue."
+        before = context_of(token, chat_id) if chat_id else []
+        kwargs: dict[str, Any] = {
+            "model": "default",
+            "messages": [{"role": "user", "content": content}],
+            "extra_headers": {"X-Chatmem-Chat-Id": f"story-{stream}"},
+        }
+        if stream:
+            chunks = list(client.chat.completions.create(stream=True, **kwargs))
+            reply = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+            assert chunks[-1].choices[0].finish_reason == "stop"
+        else:
+            completion = client.chat.completions.create(**kwargs)
+            reply = completion.choices[0].message.content or ""
+            assert completion.usage is not None and completion.usage.prompt_tokens > 0
+        chat = Chat.objects.get(external_id=f"story-{stream}")
+        chat_id = chat.pk
+        stored = list(Message.objects.filter(chat=chat).order_by("-seq")[:2])
+        assert [(m.role, m.content) for m in reversed(stored)] == [
+            ("user", content),
+            ("assistant", reply),
+        ]
+        sent = as_sent(chat_requests(memory)[-1].body["messages"])
+        if number > 1:
+            # What the model got is chatmem's memory (after any fold this turn forced) + the new
+            # message; the fold only ever shortens the verbatim part from the front.
+            now = context_of(token, chat_id)[:-2]  # the context now ends with this turn's pair
+            assert sent == [*as_sent(now), ("user", content)]
+            assert set(as_sent(before)) >= {m for m in as_sent(now) if m[0] != "system"}
+        summaries_seen += any(text.startswith(SUMMARY_HEADER) for _, text in sent)
+    assert chat_id is not None
+    brief = Brief.objects.get(chat_id=chat_id)
+    assert brief.last_consolidated > 0 and summaries_seen >= 20
+    assert Message.objects.filter(chat_id=chat_id).count() == 60
+
+
+def test_a_tool_call_round_trip(client: openai.OpenAI, memory: FakeOpenAI) -> None:
+    headers = {"X-Chatmem-Chat-Id": "tools"}
+    first = client.chat.completions.create(
+        model="default",
+        messages=[{"role": "user", "content": "CALL_TOOL:lookup what is the answer?"}],
+        tools=TOOLS,  # type: ignore[arg-type]
+        extra_headers=headers,
+    )
+    choice = first.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    assert choice.message.tool_calls
+    call = choice.message.tool_calls[0]
+    assert call.function.name == "lookup"  # type: ignore[union-attr]
+    second = client.chat.completions.create(
+        model="default",
+        messages=[{"role": "tool", "tool_call_id": call.id, "content": "42"}],
+        tools=TOOLS,  # type: ignore[arg-type]
+        temperature=0.2,
+        extra_headers=headers,
+    )
+    assert second.choices[0].finish_reason == "stop" and second.choices[0].message.content
+    chat = Chat.objects.get(external_id="tools")
+    stored = list(Message.objects.filter(chat=chat).order_by("seq"))
+    assert [m.role for m in stored] == ["user", "assistant", "tool", "assistant"]
+    assert stored[1].metadata["tool_calls"][0]["id"] == call.id
+    assert stored[2].metadata == {"tool_call_id": call.id}
+    # The model saw its own call and the result, in order, with the tools offered again.
+    body = chat_requests(memory)[-1].body
+    roles = [m["role"] for m in body["messages"] if m["role"] != "system"]
+    assert roles[-3:] == ["user", "assistant", "tool"]
+    assert body["messages"][-2]["tool_calls"][0]["id"] == call.id
+    assert body["messages"][-1] == {"role": "tool", "content": "42", "tool_call_id": call.id}
+    assert body["tools"][0]["function"]["name"] == "lookup"
+    assert body["temperature"] == 0.2  # sampling parameters are forwarded as sent
+
+
+def test_a_streamed_tool_call(client: openai.OpenAI, memory: FakeOpenAI) -> None:
+    chunks = list(
+        client.chat.completions.create(  # type: ignore[call-overload]
+            model="default",
+            messages=[{"role": "user", "content": "CALL_TOOL:lookup now"}],
+            tools=TOOLS,
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_headers={"X-Chatmem-Chat-Id": "stream-tools"},
+        )
+    )
+    calls = [
+        c for chunk in chunks if chunk.choices for c in chunk.choices[0].delta.tool_calls or []
+    ]
+    assert calls and calls[0].function and calls[0].function.name == "lookup"
+    finishes = [chunk.choices[0].finish_reason for chunk in chunks if chunk.choices]
+    assert finishes[-1] == "tool_calls"
+    assert chunks[-1].usage is not None and chunks[-1].usage.prompt_tokens > 0
+    stored = Message.objects.filter(chat__external_id="stream-tools").order_by("seq")
+    assert stored.last().metadata["tool_calls"][0]["id"] == calls[0].id  # type: ignore[union-attr]
+
+
+def test_resending_the_whole_history_stores_nothing_twice(
+    client: openai.OpenAI, memory: FakeOpenAI, token: str
+) -> None:
+    history: list[dict[str, Any]] = [{"role": "system", "content": "You are terse."}]
+    for number in range(1, 9):
+        history.append({"role": "user", "content": f"full-history message {number}"})
+        completion = client.chat.completions.create(
+            model="default",
+            messages=history,  # type: ignore[arg-type]
+            user="resender",
+        )
+        history.append({"role": "assistant", "content": completion.choices[0].message.content})
+        chat = Chat.objects.get(external_id="resender")
+        # The model got chatmem's memory plus the one new message: the same as a client that
+        # sends only the new message would produce.
+        sent = as_sent(chat_requests(memory)[-1].body["messages"])
+        new_message = ("user", f"full-history message {number}")
+        assert sent == [*as_sent(context_of(token, chat.pk)[:-2]), new_message]
+    stored = list(Message.objects.filter(chat=chat).order_by("seq"))
+    assert [m.content for m in stored if m.role == "user"] == [
+        f"full-history message {n}" for n in range(1, 9)
+    ]
+    assert len(stored) == 16
+    assert chat.system_prompt == "You are terse."  # the first request's system message
+
+
+def test_models_and_openai_shaped_errors(
+    client: openai.OpenAI, memory: FakeOpenAI, live_server: Any
+) -> None:
+    assert [model.id for model in client.models.list()] == ["default"]
+    with pytest.raises(openai.NotFoundError) as not_found:
+        client.chat.completions.create(
+            model="no-such-model", messages=[{"role": "user", "content": "hi"}], user="x"
+        )
+    assert not_found.value.code == "model_not_found"
+    with pytest.raises(openai.BadRequestError) as unnamed:
+        client.chat.completions.create(
+            model="default", messages=[{"role": "user", "content": "hi"}]
+        )
+    assert unnamed.value.code == "missing_chat_id"
+    with pytest.raises(openai.BadRequestError) as no_new:
+        client.chat.completions.create(
+            model="default", messages=[{"role": "assistant", "content": "hello"}], user="x"
+        )
+    assert no_new.value.param == "messages"
+    body = no_new.value.body
+    assert isinstance(body, dict) and set(body) == {"message", "type", "param", "code"}
+    bad = openai.OpenAI(base_url=f"{live_server.url}/v1", api_key="wrong", max_retries=0)
+    with bad, pytest.raises(openai.AuthenticationError):
+        bad.models.list()
+    assert not Chat.objects.exists()  # nothing stored by a refused request
+
+
+def test_a_model_failure_is_an_openai_error_and_stores_nothing(
+    client: openai.OpenAI, memory: FakeOpenAI
+) -> None:
+    memory.queue_faults("chat", ["500"])
+    with pytest.raises(openai.APIStatusError) as failed:
+        client.chat.completions.create(
+            model="default", messages=[{"role": "user", "content": "hello"}], user="failing"
+        )
+    assert failed.value.status_code == 502
+    assert not Message.objects.filter(chat__external_id="failing").exists()

@@ -1,0 +1,158 @@
+"""Redis crashes and comes back in the middle of a run (DESIGN §6, docs/operations.md
+"Redis lost"): 50 chats x 40 turns through the API with two real celery workers. Turns never
+need Redis to answer, so every turn succeeds while it is down; the workers reconnect once it is
+back; the queue, the locks and the pending set died with it (no persistence), so the sweep must
+re-drive every chat with a fold due; at the end every chat has converged and its ledger holds.
+
+A private redis-server on a free port is crashed and restarted: the shared one is never
+touched. The full 50 x 40 of the issue, not scaled down: about 40 s on an idle 2-core machine
+(most of it the 2000 turns, sent one after another from this process)."""
+
+import logging
+import time
+from collections import Counter
+
+import pytest
+from django.utils import timezone
+
+from conversations.models import Chat, Consolidation, Message
+from memory_worker import consolidation, tasks
+from memory_worker.invariants import chat_violations
+from memory_worker.state import load_snapshot
+from tests.conftest import client_for, require
+from tests.private_redis import PrivateRedis, redis_server_available
+from tests.workers import Worker, point_celery_at, wait_until
+
+pytestmark = [pytest.mark.postgres, pytest.mark.redis, pytest.mark.worker]
+
+CHATS, TURNS = 50, 40
+# Redis is crashed at the first round of each outage and restarted at the second: once in the
+# middle (turns go on after it is back, so the web process must reconnect too), once until after
+# the last turn (nothing but the sweep can re-drive the chats left with a fold due).
+OUTAGES = ((14, 22), (34, TURNS))
+# contract folds every few turns, and a turn folds synchronously once it would pass the bound, so
+# those chats keep the workers busy; sliding-window chats (window 12 beyond a 40-message tail)
+# are left with a fold due by the last outage, as no turn folds them on the request path.
+POLICIES = ("contract", "sliding-window")
+FAST_DEADLINES = {
+    "MEMORY_LLM_TIMEOUT_SECONDS": "4",
+    "MEMORY_TASK_SOFT_TIME_LIMIT": "5",
+    "MEMORY_TASK_TIME_LIMIT": "6",
+    "MEMORY_LOCK_TTL_SECONDS": "8",
+    "BROKER_VISIBILITY_TIMEOUT": "10",
+}
+
+
+@pytest.fixture
+def private_redis():  # type: ignore[no-untyped-def]
+    if not redis_server_available():
+        require("redis-server", "the binary is not on PATH (apt-get install redis-server)")
+    server = PrivateRedis()
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def broker(settings, private_redis):  # type: ignore[no-untyped-def]
+    from memory_worker.runtime import _lock
+
+    previous = point_celery_at(private_redis.url)
+    settings.REDIS_URL = private_redis.url
+    settings.MEMORY_DISPATCH = "celery"
+    settings.MEMORY_LOCK_TTL_SECONDS = 8
+    # The sweep this test drives looks at every chat with a backlog, however recent its fold.
+    settings.MEMORY_SWEEP_MIN_COOLDOWN_SECONDS = 0
+    _lock.cache_clear()
+    yield private_redis
+    point_celery_at(previous)
+    _lock.cache_clear()
+
+
+def fold_due(chat: Chat) -> bool:
+    snapshot = load_snapshot(chat.pk)
+    return consolidation.decide_for_chat(chat, snapshot, "sweep", timezone.now()) is not None
+
+
+def converged(chat_ids: list[int]) -> bool:
+    """One beat tick (what beat runs every minute), then: no chat has a fold due."""
+    tasks.sweep()
+    chats = Chat.objects.filter(pk__in=chat_ids)
+    return not any(fold_due(chat) for chat in chats)
+
+
+def redis_down(round_number: int) -> bool:
+    return any(first <= round_number < last for first, last in OUTAGES)
+
+
+def test_redis_crash_and_restart_during_50_chats_x_40_turns(
+    require_postgres, broker, settings, user, caplog
+) -> None:  # type: ignore[no-untyped-def]
+    caplog.set_level(logging.INFO, logger="chatmem.dispatch")
+    workers = [Worker(broker.url, f"redis{n}", env=FAST_DEADLINES) for n in range(2)]
+    api = client_for(user)
+    acknowledged: Counter[int] = Counter()
+    down_latencies: list[float] = []
+    try:
+        for worker in workers:
+            worker.wait_ready()
+        chat_ids = [
+            api.post("/api/v1/chats/", {"policy": POLICIES[n % 2]}, format="json").json()["id"]
+            for n in range(CHATS)
+        ]
+        started = time.monotonic()
+        for round_number in range(TURNS + 1):
+            if round_number in {first for first, _ in OUTAGES}:
+                broker.crash()
+            if round_number in {last for _, last in OUTAGES}:
+                broker.start()
+                restarted_at = timezone.now()
+            if round_number == TURNS:
+                break
+            for chat_id in chat_ids:
+                sent = time.monotonic()
+                response = api.post(
+                    f"/api/v1/chats/{chat_id}/turns/",
+                    {"content": f"chat {chat_id} round {round_number}: decided option A."},
+                    format="json",
+                )
+                assert response.status_code == 201, (round_number, response.content)
+                acknowledged[chat_id] += 1
+                if redis_down(round_number):
+                    down_latencies.append(time.monotonic() - sent)
+        turns_seconds = time.monotonic() - started
+        # Queued tasks, locks and pending marks died with Redis: only the sweep finds these.
+        stranded = [chat.pk for chat in Chat.objects.filter(pk__in=chat_ids) if fold_due(chat)]
+        assert stranded, "no chat was left with a fold due: the sweep was not put to the test"
+        assert wait_until(lambda: converged(chat_ids), timeout=60, interval=1.0), [
+            worker.log()[-3000:] for worker in workers
+        ]
+        converge_seconds = time.monotonic() - started - turns_seconds
+    finally:
+        for worker in workers:
+            worker.stop()
+    # While Redis was down, turns that made a fold due failed to queue it, fast, and said so.
+    assert failed_enqueues(caplog) > 0
+    assert max(down_latencies) < 2.5, max(down_latencies)
+    # The workers, not the turns' synchronous folds, folded the stranded chats after the restart.
+    assert set(
+        Consolidation.objects.filter(
+            chat_id__in=stranded, status="succeeded", synchronous=False, started_at__gt=restarted_at
+        )
+        .exclude(worker=consolidation.WORKER_NAME)
+        .values_list("chat_id", flat=True)
+    ) == set(stranded)
+    for chat_id in chat_ids:
+        # Nothing lost: every acknowledged turn is stored (user + assistant), numbered 1..n.
+        assert Message.objects.filter(chat_id=chat_id).count() == 2 * acknowledged[chat_id]
+        assert chat_violations(chat_id) == []
+    assert sum(acknowledged.values()) == CHATS * TURNS
+    print(
+        f"\n{CHATS}x{TURNS} turns in {turns_seconds:.1f} s, {len(stranded)} chats stranded "
+        f"(max turn latency while Redis was down {max(down_latencies) * 1000:.0f} ms), "
+        f"converged {converge_seconds:.1f} s after the last turn"
+    )
+
+
+def failed_enqueues(caplog) -> int:  # type: ignore[no-untyped-def]
+    return sum(1 for record in caplog.records if getattr(record, "event", "") == "enqueue_failed")

@@ -1,0 +1,108 @@
+"""A request id on every log line of a request and of the tasks it enqueued."""
+
+from __future__ import annotations
+
+import json
+import logging
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from chatmem_project.logs import JsonFormatter
+from chatmem_project.request_id import (
+    TASK_HEADER,
+    carry_request_id,
+    clear_request_id,
+    current_request_id,
+    restore_request_id,
+)
+from conversations.models import Brief
+from tests.conftest import client_for
+from tests.test_worker import celery_broker  # noqa: F401  (fixture)
+from tests.workers import Worker, wait_until
+
+
+class Lines(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.setFormatter(JsonFormatter())
+        self.lines: list[dict[str, Any]] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(json.loads(self.format(record)))
+
+
+@pytest.mark.django_db
+def test_the_id_is_echoed_and_on_the_requests_log_lines(api: Any) -> None:
+    handler = Lines()
+    logging.getLogger("chatmem").addHandler(handler)
+    try:
+        chat_id = api.post("/api/v1/chats/", {"policy": "contract"}, format="json").json()["id"]
+        for number in range(8):  # contract folds synchronously on the request path: a log line
+            response = api.post(
+                f"/api/v1/chats/{chat_id}/turns/",
+                {"content": f"message {number}"},
+                format="json",
+                HTTP_X_REQUEST_ID=f"req-{number}",
+            )
+            assert response["X-Request-ID"] == f"req-{number}"
+    finally:
+        logging.getLogger("chatmem").removeHandler(handler)
+    sync_folds = [line for line in handler.lines if line.get("event") == "sync_fold"]
+    assert sync_folds and all(line["request_id"].startswith("req-") for line in sync_folds)
+    assert current_request_id.get() is None  # reset after the request
+
+
+@pytest.mark.django_db
+def test_a_bad_offered_id_is_replaced(api: Any) -> None:
+    response = api.get("/api/v1/chats/", HTTP_X_REQUEST_ID="not ok\n" + "x" * 100)
+    assert len(response["X-Request-ID"]) == 32 and "\n" not in response["X-Request-ID"]
+
+
+def test_celery_carries_the_id_in_a_header() -> None:
+    token = current_request_id.set("req-celery")
+    headers: dict[str, Any] = {}
+    try:
+        carry_request_id(headers=headers)
+    finally:
+        current_request_id.reset(token)
+    assert headers == {TASK_HEADER: "req-celery"}
+    restore_request_id(task=SimpleNamespace(request=SimpleNamespace(**headers)))
+    assert current_request_id.get() == "req-celery"
+    clear_request_id()
+    assert current_request_id.get() is None
+
+
+def test_a_worker_logs_the_id_of_the_turn_that_queued_its_fold(
+    require_postgres: None,
+    celery_broker: str,  # noqa: F811
+    user: Any,
+) -> None:
+    worker = Worker(celery_broker, "request-id")
+    try:
+        worker.wait_ready()
+        api = client_for(user)
+        body = {"policy": "sliding-window", "policy_overrides": {"tail_messages": 2}}
+        chat_id = api.post("/api/v1/chats/", body, format="json").json()["id"]
+        for number in range(6):  # backlog 10 < window 12: no fold is queued by the turns
+            api.post(
+                f"/api/v1/chats/{chat_id}/turns/", {"content": f"fact {number}"}, format="json"
+            )
+        queued = api.post(
+            f"/api/v1/chats/{chat_id}/consolidate/", HTTP_X_REQUEST_ID="manual-fold-1"
+        )
+        assert queued.status_code == 202
+
+        def fold_lines() -> list[dict[str, Any]]:
+            return [
+                json.loads(line)
+                for line in worker.log().splitlines()
+                if line.startswith("{") and '"event": "fold"' in line
+            ]
+
+        assert wait_until(lambda: bool(fold_lines()), timeout=30), worker.log()
+        assert [fold["request_id"] for fold in fold_lines()] == ["manual-fold-1"]
+        assert Brief.objects.get(chat_id=chat_id).last_consolidated == 10
+    finally:
+        worker.stop()

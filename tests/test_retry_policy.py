@@ -1,0 +1,219 @@
+"""The retry policy of failed folds (DESIGN §6): transient model errors are retried with
+exponential backoff and jitter, by the worker itself until the chat is degraded; an exhausted
+quota, other rejected requests and unusable output are never retried fast. The summarizer's
+client never retries on its own: our code owns retries and deadlines."""
+
+import typing
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from conversations.models import Brief, Consolidation
+from memory_worker import consolidation, tasks
+from memory_worker.backends import _summarizer, get_summarizer
+from memory_worker.summarizers import TRANSIENT_KINDS, ErrorKind
+
+# Faults of the fake model server (tests/fake_openai.py), by the class they must land in.
+TRANSIENT_FAULTS = ["429", "500", "timeout"]
+REJECTED_FAULTS = ["insufficient_quota", "400"]
+INVALID_FAULTS = ["empty", "truncated", "refusal"]
+
+
+@pytest.fixture
+def ladder(settings):  # type: ignore[no-untyped-def]
+    settings.MEMORY_FAILURE_BACKOFF_SECONDS = 30
+    settings.MEMORY_FAILURE_BACKOFF_MAX_SECONDS = 3600
+    settings.MEMORY_DEGRADED_AFTER_FAILURES = 3
+    return settings
+
+
+def seconds(plan: consolidation.RetryPlan) -> float:
+    return plan.delay.total_seconds()
+
+
+# --------------------------------------------------------------------------------------------
+# The pure policy
+
+
+def test_every_error_kind_is_classified_as_the_summarizer_says(ladder) -> None:  # type: ignore[no-untyped-def]
+    for kind in typing.get_args(ErrorKind):
+        transient = consolidation.failure_class(kind) == consolidation.TRANSIENT
+        assert transient is (kind in TRANSIENT_KINDS), kind
+    assert consolidation.failure_class(consolidation.CRASH_KIND) == consolidation.TRANSIENT
+
+
+@pytest.mark.parametrize("kind", sorted(TRANSIENT_KINDS))
+def test_transient_errors_back_off_exponentially_and_retry_fast_until_degraded(
+    ladder, kind: str
+) -> None:  # type: ignore[no-untyped-def]
+    plans = [consolidation.retry_plan(kind, failures) for failures in (1, 2, 3, 4)]
+    assert [plan.fast_retry for plan in plans] == [True, True, False, False]
+    assert [plan.degraded for plan in plans] == [False, False, True, True]
+    for plan, base in zip(plans, (30, 60, 120, 240), strict=True):
+        assert 0.8 * base <= seconds(plan) <= 1.2 * base, (kind, plan)
+    # The ladder is capped (jitter aside).
+    assert seconds(consolidation.retry_plan(kind, 30)) <= 1.2 * 3600
+
+
+def test_jitter_spreads_retries(ladder) -> None:  # type: ignore[no-untyped-def]
+    delays = {seconds(consolidation.retry_plan("rate_limit", 1)) for _ in range(20)}
+    assert len(delays) > 1
+
+
+@pytest.mark.parametrize("kind", ["quota", "client_error"])
+def test_rejected_requests_are_degraded_at_once_and_wait_the_longest(ladder, kind: str) -> None:  # type: ignore[no-untyped-def]
+    plan = consolidation.retry_plan(kind, 1)
+    assert (plan.failure_class, plan.degraded, plan.fast_retry) == ("rejected", True, False)
+    assert 0.8 * 3600 <= seconds(plan) <= 1.2 * 3600
+
+
+@pytest.mark.parametrize("kind", ["empty", "truncated", "refused", "over_cap"])
+def test_invalid_output_is_degraded_at_once_without_fast_retry(ladder, kind: str) -> None:  # type: ignore[no-untyped-def]
+    first = consolidation.retry_plan(kind, 1)
+    assert (first.failure_class, first.degraded, first.fast_retry) == (
+        "invalid_output",
+        True,
+        False,
+    )
+    # It starts where a transient failure stands once degraded: 4x the first transient delay.
+    assert 0.8 * 120 <= seconds(first) <= 1.2 * 120
+    assert seconds(first) > 1.2 * 30
+    second = consolidation.retry_plan(kind, 2)
+    assert 0.8 * 240 <= seconds(second) <= 1.2 * 240
+
+
+def test_fast_retry_follows_the_newest_attempt() -> None:
+    failed = consolidation.FoldOutcome("failed", retry_in=30.0)
+    hopeless = consolidation.FoldOutcome("failed", retry_in=None)
+    deferred = consolidation.FoldOutcome("deferred")
+    succeeded = consolidation.FoldOutcome("succeeded")
+    assert consolidation.fast_retry_delay([failed, deferred]) == 30.0
+    assert consolidation.fast_retry_delay([failed, succeeded]) is None
+    assert consolidation.fast_retry_delay([succeeded, hopeless]) is None
+    assert consolidation.fast_retry_delay([]) is None
+
+
+# --------------------------------------------------------------------------------------------
+# Through the fold service and the task, against the fake model server
+
+
+def chat_with_fold_due(api) -> int:  # type: ignore[no-untyped-def]
+    chat_id = api.post("/api/v1/chats/", {"policy": "contract"}, format="json").json()["id"]
+    for number in range(6):  # 12 unfolded messages, K + B = 10: an overflow fold is due
+        response = api.post(
+            f"/api/v1/chats/{chat_id}/turns/", {"content": f"fact {number}"}, format="json"
+        )
+        assert response.status_code == 201, response.content
+    return chat_id
+
+
+def queued_retries(monkeypatch) -> list[dict[str, typing.Any]]:  # type: ignore[no-untyped-def]
+    """Capture what the task would publish (the real publish is covered by the worker tests)."""
+    published: list[dict[str, typing.Any]] = []
+    monkeypatch.setattr(
+        tasks.consolidate_chat, "apply_async", lambda **options: published.append(options)
+    )
+    return published
+
+
+def due_now(chat_id: int) -> None:
+    Brief.objects.filter(chat_id=chat_id).update(next_attempt_at=None)
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("fault", TRANSIENT_FAULTS)
+def test_transient_failure_queues_a_delayed_retry(
+    api, use_fake_openai, ladder, monkeypatch, fault: str
+) -> None:  # type: ignore[no-untyped-def]
+    ladder.MEMORY_LLM_TIMEOUT_SECONDS = 0.5
+    use_fake_openai.timeout_sleep = 1.0
+    published = queued_retries(monkeypatch)
+    chat_id = chat_with_fold_due(api)
+    use_fake_openai.queue_faults("summarize", [fault])
+    before = timezone.now()
+    assert tasks.consolidate_chat(chat_id, "turn") == ["failed"]
+    brief = Brief.objects.get(chat_id=chat_id)
+    assert (brief.consecutive_failures, brief.degraded) == (1, False)
+    assert brief.next_attempt_at is not None
+    wait = (brief.next_attempt_at - before).total_seconds()
+    assert 0.8 * 30 <= wait <= 1.2 * 30 + 5
+    assert len(published) == 1
+    assert published[0]["args"] == (chat_id, "retry")
+    # The retry cannot arrive before the backoff it was queued for has passed.
+    assert brief.next_attempt_at - before <= timedelta(seconds=published[0]["countdown"] + 5)
+    assert published[0]["countdown"] >= 0.8 * 30
+    # The retry, once due, folds.
+    due_now(chat_id)
+    assert tasks.consolidate_chat(chat_id, "retry")[0] == "succeeded"
+    assert len(published) == 1
+    assert Brief.objects.get(chat_id=chat_id).last_consolidated > 0
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("fault", REJECTED_FAULTS + INVALID_FAULTS)
+def test_non_transient_failure_is_not_retried_fast(
+    api, use_fake_openai, ladder, monkeypatch, fault: str
+) -> None:  # type: ignore[no-untyped-def]
+    published = queued_retries(monkeypatch)
+    chat_id = chat_with_fold_due(api)
+    use_fake_openai.queue_faults("summarize", [fault])
+    before = timezone.now()
+    assert tasks.consolidate_chat(chat_id, "turn") == ["failed"]
+    assert published == []
+    brief = Brief.objects.get(chat_id=chat_id)
+    assert (brief.consecutive_failures, brief.degraded) == (1, True)
+    assert brief.next_attempt_at is not None
+    minimum = 3600 if fault in REJECTED_FAULTS else 120
+    assert (brief.next_attempt_at - before).total_seconds() >= 0.8 * minimum
+    # Turn triggers (and their reruns) wait; only a manual consolidation tries at once.
+    assert consolidation.consolidate_once(chat_id, "turn").status == "deferred"
+    assert len(use_fake_openai.summarize_requests()) == 1
+    assert consolidation.consolidate_once(chat_id, "manual").status == "succeeded"
+    brief.refresh_from_db()
+    assert (brief.degraded, brief.consecutive_failures, brief.next_attempt_at) == (False, 0, None)
+
+
+@pytest.mark.django_db
+def test_fast_retries_stop_at_the_degraded_limit(api, use_fake_openai, ladder, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    published = queued_retries(monkeypatch)
+    chat_id = chat_with_fold_due(api)
+    use_fake_openai.queue_faults("summarize", ["500", "429", "500", "500"])
+    for _attempt in range(4):
+        due_now(chat_id)  # as if each retry arrived when due
+        assert tasks.consolidate_chat(chat_id, "retry") == ["failed"]
+    countdowns = [options["countdown"] for options in published]
+    assert len(countdowns) == 2, countdowns  # failures 1 and 2; from the 3rd only the sweep
+    assert 0.8 * 30 <= countdowns[0] <= 1.2 * 30
+    assert 0.8 * 60 <= countdowns[1] <= 1.2 * 60
+    brief = Brief.objects.get(chat_id=chat_id)
+    assert (brief.consecutive_failures, brief.degraded) == (4, True)
+    assert Consolidation.objects.filter(chat_id=chat_id, status="failed").count() == 4
+
+
+# --------------------------------------------------------------------------------------------
+# The client: no retries of its own
+
+
+@pytest.mark.parametrize("backend", ["chat", "responses"])
+def test_summarizer_client_never_retries_on_its_own(settings, backend: str) -> None:  # type: ignore[no-untyped-def]
+    settings.MEMORY_SUMMARIZER_BACKEND = backend
+    settings.OPENAI_API_KEY = "test-key"
+    settings.PROMPT_ID_SUMMARY_GLOBAL = "pmpt_test"
+    _summarizer.cache_clear()
+    try:
+        summarizer = get_summarizer()
+        assert summarizer.client.max_retries == 0  # type: ignore[attr-defined]
+    finally:
+        _summarizer.cache_clear()
+
+
+@pytest.mark.django_db
+def test_one_fold_attempt_is_one_model_call(api, use_fake_openai) -> None:  # type: ignore[no-untyped-def]
+    """A 500 that the SDK retried by itself (its default is 2 retries) would show up here as a
+    second request and a succeeded fold."""
+    _summarizer.cache_clear()
+    chat_id = chat_with_fold_due(api)
+    use_fake_openai.queue_faults("summarize", ["500"])
+    assert consolidation.consolidate_once(chat_id, "turn").status == "failed"
+    assert len(use_fake_openai.summarize_requests()) == 1
