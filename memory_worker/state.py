@@ -7,6 +7,8 @@ older summary plus extra verbatim messages): never a gap.
 
 from dataclasses import dataclass
 
+from django.db.models import Exists, OuterRef, Subquery
+
 from conversations.models import AgentState, Brief, Chat, Message
 from memory_worker import policy as engine
 
@@ -25,6 +27,7 @@ class MemorySnapshot:
     # its stored token count: part of the prompt, so part of the bound.
     agent_context: str = ""
     agent_context_tokens: int = 0
+    has_agent_state: bool = False
 
     @property
     def last_seq(self) -> int:
@@ -35,16 +38,17 @@ UNFOLDED_FIELDS = ("id", "chat_id", "seq", "role", "content", "token_count", "me
 
 
 def load_snapshot(chat_id: int) -> MemorySnapshot:
-    brief = Brief.objects.get(chat_id=chat_id)
+    # The agent state rides along with the brief (one query on the turn's hot path, not two).
+    agent_state = AgentState.objects.filter(chat_id=OuterRef("chat_id"))
+    brief = Brief.objects.annotate(
+        agent_block=Subquery(agent_state.values("context_block")[:1]),
+        agent_tokens=Subquery(agent_state.values("context_tokens")[:1]),
+        agent_exists=Exists(agent_state),
+    ).get(chat_id=chat_id)
     unfolded = tuple(
         Message.objects.filter(chat_id=chat_id, seq__gt=brief.last_consolidated)
         .order_by("seq")
         .only(*UNFOLDED_FIELDS)
-    )
-    agent = (
-        AgentState.objects.filter(chat_id=chat_id)
-        .values_list("context_block", "context_tokens")
-        .first()
     )
     return MemorySnapshot(
         chat_id=chat_id,
@@ -55,8 +59,9 @@ def load_snapshot(chat_id: int) -> MemorySnapshot:
         turns_mark=brief.turns_mark,
         last_consolidated_at=brief.last_consolidated_at,
         unfolded=unfolded,
-        agent_context=agent[0] if agent else "",
-        agent_context_tokens=agent[1] if agent else 0,
+        agent_context=brief.agent_block or "",
+        agent_context_tokens=brief.agent_tokens or 0,
+        has_agent_state=brief.agent_exists,
     )
 
 

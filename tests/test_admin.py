@@ -123,3 +123,17 @@ def test_admin_walkthrough_in_headless_chromium(
         assert driver.save_screenshot(str(artifacts / "admin-chat.png"))
     finally:
         driver.quit()
+
+
+@pytest.mark.django_db
+def test_chat_page_shows_daily_notes(client: Any, admin_user: Any, api: Any) -> None:
+    from datetime import date
+
+    from memory_worker.daily_notes import Fact, merge_into_note
+
+    chat_id = api.post("/api/v1/chats/", {"title": "noted"}, format="json").json()["id"]
+    fact = "The staging password rotates every 30 days."
+    merge_into_note(chat_id, date(2026, 11, 23), [1, 2], [Fact(1, "user", fact)], "offline")
+    client.force_login(admin_user)
+    page = client.get(f"/admin/conversations/chat/{chat_id}/change/").content.decode()
+    assert fact in page and "Nov. 23, 2026" in page

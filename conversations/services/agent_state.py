@@ -50,15 +50,16 @@ def turn_metadata(agent: Mapping[str, Any] | None) -> dict[str, Any] | None:
 # After commit (request thread): hand the work on
 
 
-def queue_agent_summary(chat: Chat, user_message: Message) -> None:
+def queue_agent_summary(
+    chat: Chat, user_message: Message, has_agent_state: bool | None = None
+) -> None:
     """Runs after the turn commits. Chats that never used agent context and are not turn-digest
-    chats have nothing to maintain: no task, no LLM cost. Never raises (promise 5)."""
+    chats have nothing to maintain: no task, no LLM cost. Never raises (promise 5).
+    ``has_agent_state``: what the turn's snapshot already read (None: look it up)."""
     try:
-        if not (
-            "agent" in user_message.metadata
-            or chat.policy == TURN_DIGEST
-            or AgentState.objects.filter(chat_id=chat.pk).exists()
-        ):
+        if has_agent_state is None:
+            has_agent_state = AgentState.objects.filter(chat_id=chat.pk).exists()
+        if not ("agent" in user_message.metadata or chat.policy == TURN_DIGEST or has_agent_state):
             return
         from memory_worker.agent_summaries import request_agent_summary
 

@@ -185,8 +185,10 @@ def run_exchange(
         model = prepared.variant.model
         completion = get_chat_model().complete(prepared.context, model, tools)
         return store_exchange(prepared, completion)
-    finally:
+    except BaseException:
+        # A stored exchange freed the slot in its own transaction; only a failed one holds it.
         release(prepared)
+        raise
 
 
 def model_entry(message: Incoming) -> dict[str, object]:

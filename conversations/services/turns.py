@@ -93,8 +93,10 @@ def run_turn(
         return complete_turn(
             chat, token, variant, content, user_tokens, metadata, call_model_at_once
         )
-    finally:
+    except BaseException:
+        # A stored turn freed the slot in its own transaction; only a failed one holds it.
         release_turn_slot(chat, token)
+        raise
 
 
 def complete_turn(
@@ -211,7 +213,9 @@ def store_turn(
             transaction.on_commit(partial(on_stored, result))  # registered first: runs first
         after = with_appended(snapshot, [user_message, assistant_message])
         transaction.on_commit(partial(queue_consolidation_if_due, chat, after))
-        transaction.on_commit(partial(queue_agent_summary, chat, user_message))
+        transaction.on_commit(
+            partial(queue_agent_summary, chat, user_message, snapshot.has_agent_state)
+        )
     return result
 
 
