@@ -820,6 +820,7 @@ def configure_for_fake_server(database_url: str, base_url: str) -> str:
             "OPENAI_BASE_URL": base_url,
             "CHAT_MODEL": "fake-chat",
             "MEMORY_SUMMARIZER_MODEL": "fake-summarizer",
+            "TURN_RATE_LIMIT": "",  # one user sends 600 turns a minute here
         },
     )
 

@@ -37,6 +37,8 @@ SERVICE_ENV = {
     "CHAT_BACKEND": "offline",
     "MEMORY_SUMMARIZER_BACKEND": "offline",
     "MEMORY_DAILY_NOTES": "false",
+    # The throttle stays on (its cost is part of a turn) with a limit no run reaches.
+    "TURN_RATE_LIMIT": "100000000/min",
 }
 
 
