@@ -136,6 +136,10 @@ SPECTACULAR_SETTINGS = {
     "REDOC_DIST": "SIDECAR",
     "COMPONENT_SPLIT_REQUEST": True,
     "PREPROCESSING_HOOKS": ["conversations.api.schema.only_rest_api"],
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "conversations.api.schema.request_constraints",
+    ],
     # tests/test_openapi.py fails on any schema warning; `check --deploy` stays about deployment.
     "ENABLE_DJANGO_DEPLOY_CHECK": False,
 }

@@ -12,3 +12,8 @@ urlpatterns = [
     path("readyz", readyz, name="readyz"),
     path("metrics", metrics_view, name="metrics"),
 ]
+
+
+# A path no route matches (an id that is not a number, a typo) answers like the API it is under:
+# JSON for /api/ and the OpenAI shape for /v1/, Django's page elsewhere.
+handler404 = "conversations.api.errors.page_not_found"

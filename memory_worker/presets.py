@@ -149,3 +149,20 @@ def resolve_policy(name: str, overrides: Mapping[str, object] | None = None) -> 
 
 def policy_parameters(policy: Policy) -> dict[str, object]:
     return dataclasses.asdict(policy)
+
+
+def knob_json_schema() -> dict[str, dict[str, object]]:
+    """Each knob's type and lower bound as JSON Schema (for the API's OpenAPI description). The
+    rules between knobs (for example max_summary_tokens < max_tokens) are checked by
+    resolve_policy and cannot be written in JSON Schema."""
+    schemas: dict[str, dict[str, object]] = {}
+    for name in knob_names():
+        kind = "number" if name in _FLOAT_KNOBS else "integer"
+        minimum = 1 if name in _AT_LEAST_ONE else 0
+        schema: dict[str, object] = {"type": kind, "minimum": minimum}
+        if name == "token_budget_fraction":
+            schema = {"type": "number", "minimum": 0, "exclusiveMinimum": True, "maximum": 1}
+        if _optional(name):
+            schema["nullable"] = True
+        schemas[name] = schema
+    return schemas

@@ -4,7 +4,8 @@ scripts can rely on them."""
 from typing import Any
 
 from django.core.exceptions import PermissionDenied
-from django.http import Http404
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
+from django.views import defaults
 from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
@@ -72,3 +73,12 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
             if isinstance(codes, str):
                 data["code"] = codes
     return response
+
+
+def page_not_found(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
+    if request.path.startswith("/api/"):
+        return JsonResponse({"detail": "Not found.", "code": "not_found"}, status=404)
+    if request.path.startswith("/v1/"):
+        error = {"message": "Not found.", "type": "invalid_request_error", "param": None}
+        return JsonResponse({"error": {**error, "code": "not_found"}}, status=404)
+    return defaults.page_not_found(request, exception or Http404())

@@ -7,7 +7,6 @@ from typing import Any
 
 from drf_spectacular.extensions import OpenApiSerializerFieldExtension
 from drf_spectacular.openapi import AutoSchema
-from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import (
     OpenApiExample,
     OpenApiParameter,
@@ -38,16 +37,17 @@ class ErrorSerializer(serializers.Serializer):
 
 
 VALIDATION_ERROR = OpenApiResponse(
-    response={
-        "type": "object",
-        "additionalProperties": {"type": "array", "items": {"type": "string"}},
-    },
-    description='Invalid input: field name -> list of messages, e.g. {"content": ["..."]}.',
+    # Nested serializers (a turn's agent object) nest their messages the same way, and a body
+    # that is not JSON answers {"detail", "code"}: any JSON value per key.
+    response={"type": "object", "additionalProperties": {}},
+    description='Invalid input: field name -> list of messages, e.g. {"content": ["..."]} '
+    '(nested for nested objects), or {"detail", "code"} for a body that is not valid JSON.',
 )
 UNAUTHENTICATED = OpenApiResponse(
     ErrorSerializer, description="No valid token (the response has WWW-Authenticate: Token)."
 )
 NOT_FOUND = OpenApiResponse(ErrorSerializer, description="No such chat, or not yours.")
+PAGE_NOT_FOUND = OpenApiResponse(ErrorSerializer, description="No such page.")
 
 
 def only_rest_api(endpoints: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
@@ -68,6 +68,10 @@ class ChatmemAutoSchema(AutoSchema):
             shared["401"] = UNAUTHENTICATED
         if "{id}" in self.path:
             shared["404"] = NOT_FOUND
+        elif self.method == "GET" and self._get_paginator() is not None:
+            shared["404"] = PAGE_NOT_FOUND
+        if self._get_paginator() is not None and self.method == "GET":
+            shared["400"] = VALIDATION_ERROR  # a page or page_size that is not a positive int
         for code, response in shared.items():
             if code not in responses:
                 responses[code] = self._get_response_for_code(response, code, None, direction)
@@ -157,6 +161,16 @@ TURN_STREAM_EXAMPLE = (
     'data: {"user_message":{"seq":1,...},"assistant_message":{"seq":2,...}}\n\n'
 )
 
+# One server-sent event as a client parses it (the schema of a text/event-stream response).
+SSE_EVENT = {
+    "type": "object",
+    "properties": {
+        "event": {"type": "string", "enum": ["accepted", "delta", "done", "error"]},
+        "data": {"type": "string", "description": "A JSON document."},
+    },
+    "required": ["event", "data"],
+}
+
 turn_schema = extend_schema(
     summary="Send a user message; get the stored reply (JSON) or stream it (SSE)",
     request=TurnRequestSerializer,
@@ -165,7 +179,7 @@ turn_schema = extend_schema(
             TurnResponseSerializer, description="The turn, stored: the user message and reply."
         ),
         (200, "text/event-stream"): OpenApiResponse(
-            OpenApiTypes.STR,
+            SSE_EVENT,
             description=TURN_STREAM_DESCRIPTION,
             examples=[OpenApiExample("A streamed turn", value=TURN_STREAM_EXAMPLE)],
         ),
@@ -193,7 +207,7 @@ turn_schema = extend_schema(
 
 AFTER_SEQ = OpenApiParameter(
     "after_seq",
-    OpenApiTypes.INT,
+    {"type": "integer", "minimum": 0},
     OpenApiParameter.QUERY,
     description="Only messages with a larger seq (resume after the last one you have).",
 )
@@ -255,3 +269,53 @@ policy_schema = extend_schema_view(
 )
 
 __all__ = ["chat_schema", "policy_schema"]
+
+
+# --- Request constraints the serializers enforce -----------------------------------------------
+
+NO_NUL = "^[^\\u0000]*$"  # DRF's CharField refuses NUL characters
+NON_BLANK = "^[^\\u0000]*[^\\s\\u0000][^\\u0000]*$"  # a message must say something
+STRICT_COMPONENTS = ("AgentContextRequest", "EntityRequest")  # unknown keys are refused
+
+
+def _no_nul_strings(schema: Any) -> None:
+    if isinstance(schema, dict):
+        if schema.get("type") == "string" and not {"enum", "pattern", "format"} & set(schema):
+            schema["pattern"] = NO_NUL
+        for value in schema.values():
+            _no_nul_strings(value)
+    elif isinstance(schema, list):
+        for value in schema:
+            _no_nul_strings(value)
+
+
+def request_constraints(result: dict[str, Any], **_: Any) -> dict[str, Any]:
+    """Postprocessing hook: write into the schema the input rules the serializers check, so a
+    request the schema allows is one the API accepts (schemathesis checks both ways). The
+    configured model variants and the message size limit are read when the schema is built."""
+    from django.conf import settings
+
+    from conversations.services.variants import model_variants
+    from memory_worker.presets import knob_json_schema
+
+    schemas = result["components"]["schemas"]
+    for name, component in schemas.items():
+        if name.endswith("Request"):
+            _no_nul_strings(component)
+    for name in STRICT_COMPONENTS:
+        if name in schemas:
+            schemas[name]["additionalProperties"] = False
+    variant = {"type": "string", "enum": ["", *sorted(model_variants())]}
+    turn = schemas["TurnRequestRequest"]["properties"]
+    turn["content"].update(pattern=NON_BLANK, maxLength=settings.CHATMEM_MAX_MESSAGE_CHARS)
+    turn["model_variant"] = variant
+    chat = schemas["ChatRequest"]["properties"]
+    chat["model_variant"] = variant
+    chat["policy_overrides"] = {
+        "type": "object",
+        "description": "Any of the preset's knobs (GET /api/v1/policies/). Rules between "
+        "knobs, such as max_summary_tokens < max_tokens, are checked too (400).",
+        "properties": knob_json_schema(),
+        "additionalProperties": False,
+    }
+    return result
