@@ -83,6 +83,17 @@ DATABASES = {"default": env.db("DATABASE_URL", default=f"sqlite:///{BASE_DIR / '
 # Persistent connections: a turn should not pay for a new PostgreSQL connection.
 DATABASES["default"]["CONN_MAX_AGE"] = env.int("DB_CONN_MAX_AGE", default=60)
 DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+# A bounded connection pool per process (PostgreSQL; psycopg_pool), for servers that hold many
+# requests open at once (ASGI, many slow streams): a burst waits for a free connection instead
+# of failing with "too many clients". Pooled connections replace persistent ones.
+DB_POOL_MAX_SIZE = env.int("DB_POOL_MAX_SIZE", default=0)
+if DB_POOL_MAX_SIZE and DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
+    DATABASES["default"]["CONN_MAX_AGE"] = 0
+    DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
+        "min_size": 1,
+        "max_size": DB_POOL_MAX_SIZE,
+        "timeout": 30,
+    }
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # The embedded default has two writers (requests and the in-process fold runner). BEGIN
     # IMMEDIATE takes the write lock up front, so a writer waits (timeout) instead of failing

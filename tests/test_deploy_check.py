@@ -47,3 +47,26 @@ def test_embedded_defaults_are_flagged(tmp_path: Path) -> None:
     result = deploy_check(tmp_path, {"SECRET_KEY": "django-insecure-x"})
     assert result.returncode != 0
     assert "security.W008" in result.stderr and "security.W009" in result.stderr
+
+
+def test_a_bounded_connection_pool_can_replace_persistent_connections() -> None:
+    env = {
+        **os.environ,
+        "DATABASE_URL": "postgres://postgres@127.0.0.1:5432/chatmem",
+        "DB_POOL_MAX_SIZE": "40",
+    }
+    script = (
+        "import django, json; django.setup(); from django.conf import settings;"
+        "db = settings.DATABASES['default'];"
+        "print(json.dumps([db['CONN_MAX_AGE'], db['OPTIONS']['pool']['max_size']]))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=ROOT,
+        env={**env, "DJANGO_SETTINGS_MODULE": "chatmem_project.settings"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    assert out.stdout.strip().splitlines()[-1] == "[0, 40]"

@@ -109,6 +109,9 @@ class ChatViewSet(
             raise ValidationError({"model_variant": [str(error)]}) from error
         except turn_service.TurnInProgress as error:
             raise errors.TurnConflict(str(error)) from error
+        # The request's own connection is not needed while the stream is open (under ASGI it
+        # would otherwise be held until the last event).
+        turn_service.release_db_connection()
         return streaming.streaming_response(request, turn)
 
     @action(detail=True, methods=["get"], serializer_class=MessageSerializer)

@@ -399,6 +399,15 @@ def _run_streamed_turn(
             connections.close_all()
 
 
+def release_db_connection() -> None:
+    """Close this thread's database connection unless a transaction needs it. A streamed reply
+    lasts as long as the model talks: without this, every open stream would hold a PostgreSQL
+    connection (100 by default) for its whole length, not just for its few queries."""
+    connection = connections["default"]
+    if not connection.in_atomic_block:
+        connection.close()
+
+
 def stream_model(
     messages: ModelMessages, variant: ModelVariant, emit: Callable[[TurnEvent], None]
 ) -> ChatCompletion:
@@ -408,6 +417,7 @@ def stream_model(
     otherwise hold the slot past TURN_SLOT_STALE_SECONDS, so the whole reply gets the model
     deadline too."""
     deadline = time.monotonic() + settings.LLM_TIMEOUT_SECONDS
+    release_db_connection()  # held by nobody while the model talks; store_turn reconnects
     stream = get_chat_model().stream(messages, variant.model)
     try:
         for delta in stream:
