@@ -3,6 +3,7 @@ server, with the fake model server behind chatmem."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -230,3 +231,28 @@ def test_a_model_failure_is_an_openai_error_and_stores_nothing(
         )
     assert failed.value.status_code == 502
     assert not Message.objects.filter(chat__external_id="failing").exists()
+
+
+def test_streaming_under_asgi_is_an_async_stream(
+    memory: FakeOpenAI, token: str, transactional_db: None
+) -> None:
+    """Under ASGI a synchronous iterator would be read whole before the first byte went out."""
+    from asgiref.sync import async_to_sync
+    from django.test import AsyncClient
+
+    async def stream() -> tuple[Any, list[bytes]]:
+        response = await AsyncClient().post(
+            "/v1/chat/completions",
+            {"model": "default", "stream": True, "messages": [{"role": "user", "content": "hi"}]},
+            content_type="application/json",
+            headers={"Authorization": f"Bearer {token}", "X-Chatmem-Chat-Id": "asgi"},
+        )
+        return response, [chunk async for chunk in response.streaming_content]  # type: ignore[attr-defined]
+
+    response, chunks = async_to_sync(stream)()
+    assert response.is_async
+    events = b"".join(chunks).decode().split("\n\n")
+    assert events[-2] == "data: [DONE]"
+    deltas = [json.loads(e[6:])["choices"][0]["delta"].get("content") for e in events[1:-3]]
+    reply = Message.objects.filter(chat__external_id="asgi", role="assistant").get()
+    assert "".join(d or "" for d in deltas) == reply.content

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping
 from typing import Any
 
+from django.core.handlers.asgi import ASGIRequest
 from django.http import StreamingHttpResponse
 from rest_framework import exceptions, status
 from rest_framework.authentication import TokenAuthentication
@@ -182,8 +183,13 @@ class ChatCompletionsView(OpenAICompatView):
             raise errors.TurnConflict() from error
         except (turn_service.ContextOverBound, turn_service.ModelError) as error:
             raise errors.turn_error(error) from error
+        # The request's own connection is not needed while the stream is open.
+        turn_service.release_db_connection()
+        # Under ASGI a synchronous iterator would be consumed whole before the first byte.
+        is_asgi = isinstance(self.request._request, ASGIRequest)
+        events = async_sse_events if is_asgi else sse_events
         response = StreamingHttpResponse(
-            sse_events(streamed, variant, chat, usage), content_type="text/event-stream"
+            events(streamed, variant, chat, usage), content_type="text/event-stream"
         )
         response["Cache-Control"] = "no-cache"
         response["X-Accel-Buffering"] = "no"  # nginx: pass each event through at once
@@ -324,6 +330,26 @@ def sse_events(
     yield sse(chunk(chat, model, {"role": "assistant", "content": ""}))
     for delta in streamed.deltas():
         yield sse(chunk(chat, model, {"content": delta}))
+    yield from closing_events(streamed, model, chat, usage)
+
+
+async def async_sse_events(
+    streamed: exchanges.StreamedExchange, variant: ModelVariant, chat: Any, usage: bool
+) -> AsyncIterator[bytes]:
+    """``sse_events`` for ASGI servers: waits on the event loop, holding no thread."""
+    model = variant.model
+    yield sse(chunk(chat, model, {"role": "assistant", "content": ""}))
+    async for delta in streamed.adeltas():
+        yield sse(chunk(chat, model, {"content": delta}))
+    for event in closing_events(streamed, model, chat, usage):
+        yield event
+
+
+def closing_events(
+    streamed: exchanges.StreamedExchange, model: str, chat: Any, usage: bool
+) -> Iterator[bytes]:
+    """After the deltas: the tool calls, the finish reason, usage if asked, then [DONE]; or an
+    error event when the exchange failed (nothing stored)."""
     if streamed.error is not None or streamed.result is None:
         yield sse(stream_error(streamed.error))
         return

@@ -13,10 +13,9 @@ from __future__ import annotations
 
 import contextvars
 import json
-import queue
 import threading
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -31,6 +30,12 @@ from conversations.services import chats as chat_service
 from conversations.services.backends import get_chat_model
 from conversations.services.context import build_model_messages
 from conversations.services.turns import (
+    TurnDelta,
+    TurnDone,
+    TurnEvent,
+    TurnEvents,
+    TurnFailed,
+    TurnResult,
     bounded_snapshot,
     claim_turn_slot,
     queue_consolidation_if_due,
@@ -251,18 +256,19 @@ def store_exchange(prepared: Prepared, completion: ChatCompletion) -> ExchangeRe
 # --- streaming --------------------------------------------------------------------------------
 
 
-_DONE = object()
+HEARTBEAT_SECONDS = 15.0  # how often a waiting reader wakes up (nothing is sent meanwhile)
 
 
 class StreamedExchange:
     """The model's deltas as they come, then the stored result. The model stream is consumed and
     the reply stored on a thread of its own, so a client that disconnects mid-stream still gets
-    its turn completed and stored (and the turn slot released)."""
+    its turn completed and stored (and the turn slot released). Readable from a thread
+    (``deltas``) or an event loop (``adeltas``, holding no thread while it waits)."""
 
     def __init__(self, prepared: Prepared, stream: CompletionStream) -> None:
         self.prepared = prepared
         self.stream = stream
-        self.events: queue.Queue[object] = queue.Queue()
+        self.events = TurnEvents()
         self.result: ExchangeResult | None = None
         self.error: BaseException | None = None
         # The copied context carries the request id into the thread's log lines.
@@ -276,21 +282,36 @@ class StreamedExchange:
         self.thread.start()
 
     def _run(self) -> None:
+        last: TurnEvent
         try:
             for delta in self.stream:
-                self.events.put(delta)
+                self.events.put(TurnDelta(delta))
             assert self.stream.result is not None
             self.result = store_exchange(self.prepared, self.stream.result)
-        except BaseException as error:  # reported to the client by deltas()
+            last = TurnDone(TurnResult(self.result.stored[0], self.result.reply))
+        except BaseException as error:  # reported to the client after the deltas
             self.error = error
+            last = TurnFailed(error if isinstance(error, Exception) else RuntimeError(error))
         finally:
             release(self.prepared)
             connections.close_all()
-            self.events.put(_DONE)
+        self.events.put(last)
 
     def deltas(self) -> Iterator[str]:
-        while (item := self.events.get()) is not _DONE:
-            yield str(item)
+        while True:
+            event = self.events.get(HEARTBEAT_SECONDS)
+            if isinstance(event, TurnDelta):
+                yield event.content
+            elif event is not None:
+                return
+
+    async def adeltas(self) -> AsyncIterator[str]:
+        while True:
+            event = await self.events.aget(HEARTBEAT_SECONDS)
+            if isinstance(event, TurnDelta):
+                yield event.content
+            elif event is not None:
+                return
 
 
 def start_streamed_exchange(
