@@ -330,9 +330,10 @@ class OfflineChatModel:
 
     def reply_to(self, messages: ModelMessages) -> str:
         said = last_user_text(messages)[:ECHO_CHARS] or "(nothing)"
+        ending = "" if said.endswith((".", "!", "?")) else "."  # no "May 3rd.."
         summary = "yes" if self.has_summary(messages) else "no"
         return (
-            f"[offline model] You said: {said}. "
+            f"[offline model] You said: {said}{ending} "
             f"(Context: {len(messages)} messages, summary present: {summary}.)"
         )
 

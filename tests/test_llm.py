@@ -263,7 +263,7 @@ def test_offline_reply_is_deterministic_and_marked() -> None:
     model = OfflineChatModel()
     completion = model.complete(MESSAGES, "gpt-test")
     assert completion.content == (
-        "[offline model] You said: How long should I practise?. "
+        "[offline model] You said: How long should I practise? "
         "(Context: 2 messages, summary present: no.)"
     )
     assert completion == model.complete(MESSAGES, "gpt-test")
