@@ -24,6 +24,7 @@ from typing import Any, Protocol, Self, cast
 
 import openai
 
+from memory_worker.summarizers import OFFLINE_MODEL_MARKER
 from memory_worker.tokens import count_tokens
 
 log = logging.getLogger(__name__)
@@ -333,7 +334,7 @@ class OfflineChatModel:
         ending = "" if said.endswith((".", "!", "?")) else "."  # no "May 3rd.."
         summary = "yes" if self.has_summary(messages) else "no"
         return (
-            f"[offline model] You said: {said}{ending} "
+            f"{OFFLINE_MODEL_MARKER} You said: {said}{ending} "
             f"(Context: {len(messages)} messages, summary present: {summary}.)"
         )
 

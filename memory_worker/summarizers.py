@@ -651,12 +651,26 @@ class OfflineSummarizer:
     def summarize(self, current_summary: str, messages: Sequence[FoldMessage]) -> SummaryResult:
         candidates = [
             *bullets_from_summary(current_summary),
-            *(bullet for message in messages for bullet in bullets_from_text(message.content)),
+            *(
+                bullet
+                for message in messages
+                if not is_offline_echo(message)
+                for bullet in bullets_from_text(message.content)
+            ),
         ]
         bullets = drop_superseded_decisions(deduplicate(candidates))
         text = fit_to_cap(bullets, self.cap_tokens)
         fold_input = format_fold_input(current_summary, messages)
         return SummaryResult(text, count_tokens(fold_input), count_tokens(text), self.name)
+
+
+# The offline chat model (conversations.llm) marks its replies with this: they only echo the
+# user's message, which is folded already, so they carry nothing worth remembering.
+OFFLINE_MODEL_MARKER = "[offline model]"
+
+
+def is_offline_echo(message: FoldMessage) -> bool:
+    return message.role == "assistant" and message.content.startswith(OFFLINE_MODEL_MARKER)
 
 
 def bullets_from_summary(summary: str) -> Iterator[Bullet]:

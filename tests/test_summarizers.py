@@ -670,3 +670,17 @@ def test_a_failed_response_is_classified_by_its_error_code(server: ScriptedServe
     with pytest.raises(SummarizerError) as caught:
         responses_summarizer(server).summarize("", TWO_TURNS)
     assert (caught.value.kind, caught.value.transient) == ("server_error", True)
+
+
+def test_offline_summary_leaves_out_the_offline_models_echoes() -> None:
+    from memory_worker.summarizers import FoldMessage, OfflineSummarizer
+
+    messages = [
+        FoldMessage(1, "user", "We fly to Lisbon on May 3rd."),
+        FoldMessage(2, "assistant", "[offline model] You said: We fly to Lisbon on May 3rd."),
+        FoldMessage(3, "assistant", "Noted: your flight to Lisbon is on May 3rd."),
+    ]
+    summary = OfflineSummarizer().summarize("", messages).text
+    assert "We fly to Lisbon on May 3rd." in summary
+    assert "Noted: your flight" in summary  # a real assistant message is kept
+    assert "[offline model]" not in summary
