@@ -1,0 +1,262 @@
+"""Consolidation workers scale (issue 6): folds per second with 1 and with 2 worker processes,
+and a worker's resident memory over many folds.
+
+    python -m bench.workers [--chats 200] [--folds-per-chat 25] [--seconds 30]
+                            [--database-url postgres://postgres@127.0.0.1:5432/chatmem_bench]
+                            [--redis-url redis://127.0.0.1:6379/8]
+                            [--out bench/results/workers.json]
+
+Each phase gets fresh chats on the default preset (``sliding-window``: tail 40, window 12) whose
+history is inserted in bulk with ``--folds-per-chat`` folds due, then one consolidation task per
+chat is queued and real ``celery worker`` processes (prefork, one child each) drain it with the
+offline summarizer (no network: an instant summarizer). A task folds, re-judges and chains
+reruns as in production. Folds per second are counted from the ledger (succeeded rows) over the
+steady part of the phase; the worker children's resident memory (VmRSS) is sampled as folds
+accumulate. Phases: 1 worker, then 2 workers, then 1 worker until ``--rss-folds`` folds for the
+memory figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from bench.common import configure_django, ensure_database, machine_line, write_report
+from bench.turn_overhead import DEFAULT_DATABASE_URL
+
+ROOT = Path(__file__).resolve().parent.parent
+TAIL, WINDOW = 40, 12
+BATCH = 5000
+
+
+def make_chats(owner: Any, chats: int, folds_per_chat: int) -> list[int]:
+    from conversations.models import Brief, Chat, Message
+    from conversations.services.chats import create_chat
+
+    length = TAIL + WINDOW * folds_per_chat
+    # sliding-window folds its whole backlog at once; capping a fold at 6 turns (12 messages)
+    # gives each chat folds_per_chat folds in a row, chained by reruns as in production.
+    overrides: dict[str, object] = {"max_fold_turns": WINDOW // 2}
+    ids = [
+        create_chat(owner, title="bench-workers", policy_overrides=overrides).pk
+        for _ in range(chats)
+    ]
+    rows = (
+        Message(
+            chat_id=chat_id,
+            seq=seq,
+            role="user" if seq % 2 else "assistant",
+            content=f"Message {seq}: the release of version {seq % 7} is planned for Friday.",
+            token_count=16,
+        )
+        for chat_id in ids
+        for seq in range(1, length + 1)
+    )
+    batch: list[Any] = []
+    for row in rows:
+        batch.append(row)
+        if len(batch) == BATCH:
+            Message.objects.bulk_create(batch)
+            batch = []
+    Message.objects.bulk_create(batch)
+    Chat.objects.filter(pk__in=ids).update(last_seq=length)
+    Brief.objects.filter(chat_id__in=ids).update(last_consolidated=0)
+    return ids
+
+
+def folds_done(chat_ids: Sequence[int]) -> int:
+    from conversations.models import Consolidation
+
+    return Consolidation.objects.filter(chat_id__in=chat_ids, status="succeeded").count()
+
+
+def start_workers(count: int, env: dict[str, str], tag: str) -> list[subprocess.Popen]:
+    workers = []
+    for index in range(count):
+        log = open(ROOT / "artifacts" / f"bench-workers-{tag}-{index}.log", "w")  # noqa: SIM115
+        command = [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "chatmem_project",
+            "worker",
+            "-Q",
+            "memory",
+            "--concurrency",
+            "1",
+            "--pool",
+            "prefork",
+            "-n",
+            f"bench-{tag}-{index}@%h",
+            "--loglevel",
+            "INFO",
+        ]
+        workers.append(
+            subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+        )
+    return workers
+
+
+def wait_ready(tag: str, count: int, seconds: float = 60) -> None:
+    logs = [ROOT / "artifacts" / f"bench-workers-{tag}-{index}.log" for index in range(count)]
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if all("ready." in log.read_text() for log in logs):
+            return
+        time.sleep(0.2)  # poll the workers' logs until the deadline
+    raise SystemExit(f"workers {tag} not ready within {seconds} s")
+
+
+def stop(workers: Sequence[subprocess.Popen]) -> None:
+    for worker in workers:
+        worker.terminate()
+    for worker in workers:
+        worker.wait(timeout=60)
+
+
+def children_rss_kib(workers: Sequence[subprocess.Popen]) -> list[int]:
+    """VmRSS of each worker's pool child (the process that folds)."""
+    sizes = []
+    for worker in workers:
+        children = Path(f"/proc/{worker.pid}/task/{worker.pid}/children")
+        for pid in children.read_text().split() if children.exists() else []:
+            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    sizes.append(int(line.split()[1]))
+    return sizes
+
+
+def queue_all(chat_ids: Sequence[int]) -> None:
+    from memory_worker.tasks import consolidate_chat
+
+    for chat_id in chat_ids:
+        consolidate_chat.apply_async(args=(chat_id, "sweep"))
+
+
+def measure_phase(
+    owner: Any, workers: int, env: dict[str, str], args: argparse.Namespace
+) -> dict[str, Any]:
+    chat_ids = make_chats(owner, args.chats, args.folds_per_chat)
+    total = len(chat_ids) * args.folds_per_chat
+    processes = start_workers(workers, env, f"w{workers}")
+    try:
+        wait_ready(f"w{workers}", workers)
+        queue_all(chat_ids)
+        # The measured window starts after the first 3 s (first connections, first tasks) and
+        # lasts --seconds: a rate over a fixed window, read from the ledger at both ends.
+        time.sleep(3)
+        start_folds, started = folds_done(chat_ids), time.monotonic()
+        time.sleep(args.seconds)
+        end_folds, ended = folds_done(chat_ids), time.monotonic()
+    finally:
+        stop(processes)
+    rate = (end_folds - start_folds) / (ended - started)
+    return {
+        "workers": workers,
+        "folds_per_second": round(rate, 1),
+        "folds_in_window": end_folds - start_folds,
+        "window_seconds": round(ended - started, 1),
+        "folds_due": total,
+        "drained": end_folds >= total,
+    }
+
+
+def measure_rss(owner: Any, env: dict[str, str], args: argparse.Namespace) -> dict[str, Any]:
+    per_chat = 25
+    chat_ids = make_chats(owner, max(args.rss_folds // per_chat, 1), per_chat)
+    processes = start_workers(1, env, "rss")
+    samples: list[tuple[int, int]] = []
+    try:
+        wait_ready("rss", 1)
+        queue_all(chat_ids)
+        deadline = time.monotonic() + args.rss_timeout
+        while time.monotonic() < deadline:
+            done = folds_done(chat_ids)
+            sizes = children_rss_kib(processes)
+            if sizes:
+                samples.append((done, sizes[0]))
+            if done >= args.rss_folds:
+                break
+            time.sleep(2)  # sampling period of the memory figure, not synchronisation
+    finally:
+        stop(processes)
+    after_warmup = [rss for done, rss in samples if done >= 500]
+    first, last = (after_warmup[0], after_warmup[-1]) if after_warmup else (0, 0)
+    return {
+        "folds": samples[-1][0] if samples else 0,
+        "rss_kib_after_500_folds": first,
+        "rss_kib_at_end": last,
+        "rss_change": round(last / first - 1, 3) if first else None,
+        "samples": samples[:: max(len(samples) // 20, 1)],
+    }
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m bench.workers")
+    parser.add_argument("--chats", type=int, default=200)
+    parser.add_argument("--folds-per-chat", type=int, default=25)
+    parser.add_argument("--seconds", type=float, default=30.0)
+    parser.add_argument("--rss-folds", type=int, default=10_000)
+    parser.add_argument("--rss-timeout", type=float, default=300.0)
+    parser.add_argument("--database-url", default=DEFAULT_DATABASE_URL)
+    parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/8")
+    parser.add_argument("--out", default="bench/results/workers.json")
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    ensure_database(args.database_url)
+    (ROOT / "artifacts").mkdir(exist_ok=True)
+    service = {
+        "REDIS_URL": args.redis_url,
+        "MEMORY_DISPATCH": "celery",
+        "CHAT_BACKEND": "offline",
+        "MEMORY_SUMMARIZER_BACKEND": "offline",
+        "MEMORY_DAILY_NOTES": "false",
+        "MEMORY_POLICY": "sliding-window",
+        "LOG_LEVEL": "WARNING",
+    }
+    configure_django(args.database_url, service)
+    import redis
+    from django.contrib.auth import get_user_model
+
+    redis.Redis.from_url(args.redis_url).flushdb()
+    env = {**os.environ, **service, "DATABASE_URL": args.database_url, "PYTHONPATH": str(ROOT)}
+    env["LOG_LEVEL"] = "INFO"  # workers log "ready." (and each fold, as in production)
+    owner = get_user_model().objects.create_user(username=f"bench-{uuid.uuid4().hex[:8]}")
+    one = measure_phase(owner, 1, env, args)
+    two = measure_phase(owner, 2, env, args)
+    memory = measure_rss(owner, env, args)
+    redis.Redis.from_url(args.redis_url).flushdb()
+    scaling = two["folds_per_second"] / one["folds_per_second"] if one["folds_per_second"] else 0
+    report = {
+        "command": "python -m bench.workers " + " ".join(sys.argv[1:] if argv is None else argv),
+        "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "machine": machine_line(),
+        "one_worker": one,
+        "two_workers": two,
+        "scaling": round(scaling, 2),
+        "memory": memory,
+        "goals": {
+            "2 workers >= 1.7 x 1 worker": scaling >= 1.7,
+            "worker RSS flat (+-10%) over 10,000 folds": memory["rss_change"] is not None
+            and abs(memory["rss_change"]) <= 0.10
+            and memory["folds"] >= 10_000,
+        },
+    }
+    write_report(report, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
