@@ -1,6 +1,8 @@
 """API errors keep DRF's shape ({"detail": ..., "code": ...} or field -> messages) so clients and
 scripts can rely on them."""
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 from django.core.exceptions import PermissionDenied
@@ -11,7 +13,8 @@ from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
 from conversations.llm import UPSTREAM_TIMEOUT, ModelError
-from conversations.services.turns import ContextOverBound
+from conversations.services.turns import ContextOverBound, TurnInProgress
+from conversations.services.variants import UnknownVariant
 
 
 class TurnConflict(exceptions.APIException):
@@ -55,6 +58,20 @@ def turn_error(error: Exception) -> exceptions.APIException:
         exc_class = ModelTimeout if error.status == UPSTREAM_TIMEOUT else ModelUpstreamError
         return exc_class(f"{error} Nothing was stored; retry the turn.")
     return TurnServerError()
+
+
+@contextlib.contextmanager
+def turn_refusals() -> Iterator[None]:
+    """A turn service's exceptions as the API's errors (the JSON and streamed REST turns and the
+    OpenAI-compatible endpoint): 400 unknown variant, 409 busy chat, 502/503/504."""
+    try:
+        yield
+    except UnknownVariant as error:
+        raise exceptions.ValidationError({"model_variant": [str(error)]}) from error
+    except TurnInProgress as error:
+        raise TurnConflict(str(error)) from error
+    except (ContextOverBound, ModelError) as error:
+        raise turn_error(error) from error
 
 
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:

@@ -159,12 +159,8 @@ class ChatCompletionsView(OpenAICompatView):
         chat = exchanges.chat_for(request.user, chat_name(request, body), system_prompt)  # type: ignore[arg-type]
         if stream:
             return self.streamed(chat, incoming, variant, tools, include_usage(body))
-        try:
+        with errors.turn_refusals():
             result = exchanges.run_exchange(chat, incoming, variant.name, tools or None)
-        except turn_service.TurnInProgress as error:
-            raise errors.TurnConflict() from error
-        except (turn_service.ContextOverBound, turn_service.ModelError) as error:
-            raise errors.turn_error(error) from error
         return Response(completion_body(result, variant, chat))
 
     def streamed(
@@ -175,14 +171,10 @@ class ChatCompletionsView(OpenAICompatView):
         tools: dict[str, Any],
         usage: bool,
     ) -> StreamingHttpResponse:
-        try:
+        with errors.turn_refusals():
             streamed = exchanges.start_streamed_exchange(
                 chat, incoming, variant.name, tools or None
             )
-        except turn_service.TurnInProgress as error:
-            raise errors.TurnConflict() from error
-        except (turn_service.ContextOverBound, turn_service.ModelError) as error:
-            raise errors.turn_error(error) from error
         # The request's own connection is not needed while the stream is open.
         turn_service.release_db_connection()
         # Under ASGI a synchronous iterator would be consumed whole before the first byte.

@@ -75,19 +75,13 @@ class ChatViewSet(
         data = payload.validated_data
         if streaming.wants_stream(request, data):
             return self.streamed_turn(request, chat, data)
-        try:
+        with errors.turn_refusals():
             result = turn_service.run_turn(
                 chat,
                 data["content"],
                 data.get("model_variant") or None,
                 agent_service.turn_metadata(data.get("agent")),
             )
-        except UnknownVariant as error:
-            raise ValidationError({"model_variant": [str(error)]}) from error
-        except turn_service.TurnInProgress as error:
-            raise errors.TurnConflict(str(error)) from error
-        except (turn_service.ContextOverBound, turn_service.ModelError) as error:
-            raise errors.turn_error(error) from error
         body = TurnResponseSerializer(
             {"user_message": result.user_message, "assistant_message": result.assistant_message}
         ).data
@@ -98,17 +92,13 @@ class ChatViewSet(
     ) -> StreamingHttpResponse:
         # Everything that can refuse the turn is checked here, before the stream starts, so it
         # is a plain JSON 4xx; after this point failures are `error` events.
-        try:
+        with errors.turn_refusals():
             turn = turn_service.start_streamed_turn(
                 chat,
                 data["content"],
                 data.get("model_variant") or None,
                 agent_service.turn_metadata(data.get("agent")),
             )
-        except UnknownVariant as error:
-            raise ValidationError({"model_variant": [str(error)]}) from error
-        except turn_service.TurnInProgress as error:
-            raise errors.TurnConflict(str(error)) from error
         # The request's own connection is not needed while the stream is open (under ASGI it
         # would otherwise be held until the last event).
         turn_service.release_db_connection()

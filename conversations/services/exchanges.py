@@ -12,7 +12,6 @@ message is what chatmem already holds, and is neither stored again nor sent twic
 from __future__ import annotations
 
 import contextvars
-import json
 import threading
 import uuid
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
@@ -22,10 +21,9 @@ from typing import Any
 
 from django.contrib.auth.models import User
 from django.db import IntegrityError, connections, transaction
-from django.utils import timezone
 
 from conversations.llm import ChatCompletion, CompletionStream, ToolOptions
-from conversations.models import Chat, Message, Role
+from conversations.models import Chat, Message
 from conversations.services import chats as chat_service
 from conversations.services.backends import get_chat_model
 from conversations.services.context import build_model_messages
@@ -36,10 +34,12 @@ from conversations.services.turns import (
     TurnEvents,
     TurnFailed,
     TurnResult,
+    append_messages,
     bounded_snapshot,
     claim_turn_slot,
     queue_consolidation_if_due,
     release_turn_slot,
+    reply_row,
 )
 from conversations.services.variants import ModelVariant, resolve_variant
 from memory_worker.state import MemorySnapshot, with_appended
@@ -201,53 +201,19 @@ def model_entry(message: Incoming) -> dict[str, object]:
 
 
 def store_exchange(prepared: Prepared, completion: ChatCompletion) -> ExchangeResult:
-    chat, variant = prepared.chat, prepared.variant
-    reply_metadata: dict[str, Any] = {
-        "model": completion.model,
-        "finish_reason": completion.finish_reason,
-        "prompt_tokens": completion.prompt_tokens,
-        "completion_tokens": completion.completion_tokens,
-    }
-    reply_tokens = count_tokens(completion.content, variant.model)
-    if completion.tool_calls:
-        reply_metadata["tool_calls"] = list(completion.tool_calls)
-        # The calls travel in every later context: they count toward the bound.
-        reply_tokens += count_tokens(json.dumps(reply_metadata["tool_calls"]), variant.model)
+    chat = prepared.chat
+    rows = [
+        Message(
+            chat_id=chat.pk,
+            role=message.role,
+            content=message.content,
+            token_count=tokens,
+            metadata=message.metadata,
+        )
+        for message, tokens in zip(prepared.incoming, prepared.incoming_tokens, strict=True)
+    ]
     with transaction.atomic():
-        # The row lock serialises seq allocation: seq order is commit order, no gaps.
-        locked = Chat.objects.select_for_update().only("last_seq").get(pk=chat.pk)
-        seq = locked.last_seq
-        rows = [
-            Message(
-                chat_id=chat.pk,
-                seq=seq + index,
-                role=message.role,
-                content=message.content,
-                token_count=tokens,
-                metadata=message.metadata,
-            )
-            for index, (message, tokens) in enumerate(
-                zip(prepared.incoming, prepared.incoming_tokens, strict=True), start=1
-            )
-        ]
-        rows.append(
-            Message(
-                chat_id=chat.pk,
-                seq=seq + len(rows) + 1,
-                role=Role.ASSISTANT,
-                content=completion.content,
-                token_count=reply_tokens,
-                model_variant=variant.name,
-                metadata=reply_metadata,
-            )
-        )
-        stored = Message.objects.bulk_create(rows)
-        Chat.objects.filter(pk=chat.pk).update(
-            last_seq=seq + len(stored),
-            turn_token=None,
-            turn_started_at=None,
-            updated_at=timezone.now(),
-        )
+        stored = append_messages(chat, [*rows, reply_row(chat, completion, prepared.variant)])
         after = with_appended(prepared.snapshot, stored)
         transaction.on_commit(partial(queue_consolidation_if_due, chat, after))
     return ExchangeResult(stored, completion)

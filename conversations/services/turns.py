@@ -11,6 +11,7 @@ model call differs."""
 import asyncio
 import contextlib
 import contextvars
+import json
 import logging
 import queue
 import threading
@@ -173,40 +174,16 @@ def store_turn(
     """``on_stored`` runs right after the commit, before the memory hooks below, so a streamed
     turn's final event never waits for them (an enqueue can take seconds if the broker is down;
     seed 003 §9.2)."""
-    reply = completion.content
-    reply_tokens = count_tokens(reply, variant.model)
+    user_row = Message(
+        chat_id=chat.pk,
+        role=Role.USER,
+        content=content,
+        token_count=user_tokens,
+        metadata=metadata or {},
+    )
     with transaction.atomic():
-        # The row lock serialises seq allocation: seq order is commit order, no gaps.
-        locked = Chat.objects.select_for_update().only("last_seq", "turn_token").get(pk=chat.pk)
-        first_seq = locked.last_seq + 1
-        user_message, assistant_message = Message.objects.bulk_create(
-            [
-                Message(
-                    chat_id=chat.pk,
-                    seq=first_seq,
-                    role=Role.USER,
-                    content=content,
-                    token_count=user_tokens,
-                    metadata=metadata or {},
-                ),
-                Message(
-                    chat_id=chat.pk,
-                    seq=first_seq + 1,
-                    role=Role.ASSISTANT,
-                    content=reply,
-                    token_count=reply_tokens,
-                    model_variant=variant.name,
-                    metadata={
-                        "model": completion.model,
-                        "finish_reason": completion.finish_reason,
-                        "prompt_tokens": completion.prompt_tokens,
-                        "completion_tokens": completion.completion_tokens,
-                    },
-                ),
-            ]
-        )
-        Chat.objects.filter(pk=chat.pk).update(
-            last_seq=first_seq + 1, turn_token=None, turn_started_at=None, updated_at=timezone.now()
+        user_message, assistant_message = append_messages(
+            chat, [user_row, reply_row(chat, completion, variant)]
         )
         result = TurnResult(user_message, assistant_message)
         if on_stored is not None:
@@ -217,6 +194,46 @@ def store_turn(
             partial(queue_agent_summary, chat, user_message, snapshot.has_agent_state)
         )
     return result
+
+
+def reply_row(chat: Chat, completion: ChatCompletion, variant: ModelVariant) -> Message:
+    """The assistant message of a completion, not yet numbered or saved."""
+    metadata: dict[str, object] = {
+        "model": completion.model,
+        "finish_reason": completion.finish_reason,
+        "prompt_tokens": completion.prompt_tokens,
+        "completion_tokens": completion.completion_tokens,
+    }
+    tokens = count_tokens(completion.content, variant.model)
+    if completion.tool_calls:
+        metadata["tool_calls"] = list(completion.tool_calls)
+        # The calls travel in every later context: they count toward the bound.
+        tokens += count_tokens(json.dumps(metadata["tool_calls"]), variant.model)
+    return Message(
+        chat_id=chat.pk,
+        role=Role.ASSISTANT,
+        content=completion.content,
+        token_count=tokens,
+        model_variant=variant.name,
+        metadata=metadata,
+    )
+
+
+def append_messages(chat: Chat, rows: list[Message]) -> list[Message]:
+    """Inside the caller's transaction: number ``rows`` after the chat's last message, store
+    them and free the chat's turn slot. The row lock serialises seq allocation: seq order is
+    commit order, no gaps."""
+    locked = Chat.objects.select_for_update().only("last_seq").get(pk=chat.pk)
+    for offset, row in enumerate(rows, start=1):
+        row.seq = locked.last_seq + offset
+    stored = Message.objects.bulk_create(rows)
+    Chat.objects.filter(pk=chat.pk).update(
+        last_seq=locked.last_seq + len(rows),
+        turn_token=None,
+        turn_started_at=None,
+        updated_at=timezone.now(),
+    )
+    return stored
 
 
 def queue_consolidation_if_due(chat: Chat, snapshot: MemorySnapshot) -> None:
