@@ -19,8 +19,6 @@ memory figure.
 from __future__ import annotations
 
 import argparse
-import os
-import subprocess
 import sys
 import time
 import uuid
@@ -31,9 +29,13 @@ from typing import Any
 
 from bench.common import configure_django, ensure_database, machine_line, write_report
 from bench.turn_overhead import DEFAULT_DATABASE_URL
+from tests.workers import Worker
 
 ROOT = Path(__file__).resolve().parent.parent
 TAIL, WINDOW = 40, 12
+# Workers get this process's environment (configure_django set it) plus this; they log at INFO
+# so that "ready." shows (and each fold, as in production).
+WORKER_ENV = {"LOG_LEVEL": "INFO"}
 BATCH = 5000
 
 
@@ -78,58 +80,27 @@ def folds_done(chat_ids: Sequence[int]) -> int:
     return Consolidation.objects.filter(chat_id__in=chat_ids, status="succeeded").count()
 
 
-def start_workers(count: int, env: dict[str, str], tag: str) -> list[subprocess.Popen]:
-    workers = []
-    for index in range(count):
-        log = open(ROOT / "artifacts" / f"bench-workers-{tag}-{index}.log", "w")  # noqa: SIM115
-        command = [
-            sys.executable,
-            "-m",
-            "celery",
-            "-A",
-            "chatmem_project",
-            "worker",
-            "-Q",
-            "memory",
-            "--concurrency",
-            "1",
-            "--pool",
-            "prefork",
-            "-n",
-            f"bench-{tag}-{index}@%h",
-            "--loglevel",
-            "INFO",
-        ]
-        workers.append(
-            subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
-        )
+def start_workers(count: int, tag: str, redis_url: str) -> list[Worker]:
+    """Real workers (prefork, one child each), ready to take tasks."""
+    workers = [Worker(redis_url, f"bench-{tag}-{i}", env=WORKER_ENV) for i in range(count)]
+    for worker in workers:
+        worker.wait_ready()
     return workers
 
 
-def wait_ready(tag: str, count: int, seconds: float = 60) -> None:
-    logs = [ROOT / "artifacts" / f"bench-workers-{tag}-{index}.log" for index in range(count)]
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if all("ready." in log.read_text() for log in logs):
-            return
-        time.sleep(0.2)  # poll the workers' logs until the deadline
-    raise SystemExit(f"workers {tag} not ready within {seconds} s")
-
-
-def stop(workers: Sequence[subprocess.Popen]) -> None:
+def stop(workers: Sequence[Worker]) -> None:
     for worker in workers:
-        worker.terminate()
-    for worker in workers:
-        worker.wait(timeout=60)
+        worker.stop()
 
 
-def children_rss_kib(workers: Sequence[subprocess.Popen]) -> list[int]:
+def children_rss_kib(workers: Sequence[Worker]) -> list[int]:
     """VmRSS of each worker's pool child (the process that folds)."""
     sizes = []
     for worker in workers:
-        children = Path(f"/proc/{worker.pid}/task/{worker.pid}/children")
-        for pid in children.read_text().split() if children.exists() else []:
-            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        parent = worker.process.pid
+        children = Path(f"/proc/{parent}/task/{parent}/children")
+        for child in children.read_text().split() if children.exists() else []:
+            for line in Path(f"/proc/{child}/status").read_text().splitlines():
                 if line.startswith("VmRSS:"):
                     sizes.append(int(line.split()[1]))
     return sizes
@@ -142,14 +113,11 @@ def queue_all(chat_ids: Sequence[int]) -> None:
         consolidate_chat.apply_async(args=(chat_id, "sweep"))
 
 
-def measure_phase(
-    owner: Any, workers: int, env: dict[str, str], args: argparse.Namespace
-) -> dict[str, Any]:
+def measure_phase(owner: Any, workers: int, args: argparse.Namespace) -> dict[str, Any]:
     chat_ids = make_chats(owner, args.chats, args.folds_per_chat)
     total = len(chat_ids) * args.folds_per_chat
-    processes = start_workers(workers, env, f"w{workers}")
+    processes = start_workers(workers, f"w{workers}", args.redis_url)
     try:
-        wait_ready(f"w{workers}", workers)
         queue_all(chat_ids)
         # The measured window starts after the first 3 s (first connections, first tasks) and
         # lasts --seconds: a rate over a fixed window, read from the ledger at both ends.
@@ -170,13 +138,12 @@ def measure_phase(
     }
 
 
-def measure_rss(owner: Any, env: dict[str, str], args: argparse.Namespace) -> dict[str, Any]:
+def measure_rss(owner: Any, args: argparse.Namespace) -> dict[str, Any]:
     per_chat = 25
     chat_ids = make_chats(owner, max(args.rss_folds // per_chat, 1), per_chat)
-    processes = start_workers(1, env, "rss")
+    processes = start_workers(1, "rss", args.redis_url)
     samples: list[tuple[int, int]] = []
     try:
-        wait_ready("rss", 1)
         queue_all(chat_ids)
         deadline = time.monotonic() + args.rss_timeout
         while time.monotonic() < deadline:
@@ -231,12 +198,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     from django.contrib.auth import get_user_model
 
     redis.Redis.from_url(args.redis_url).flushdb()
-    env = {**os.environ, **service, "DATABASE_URL": args.database_url, "PYTHONPATH": str(ROOT)}
-    env["LOG_LEVEL"] = "INFO"  # workers log "ready." (and each fold, as in production)
     owner = get_user_model().objects.create_user(username=f"bench-{uuid.uuid4().hex[:8]}")
-    one = measure_phase(owner, 1, env, args)
-    two = measure_phase(owner, 2, env, args)
-    memory = measure_rss(owner, env, args)
+    one = measure_phase(owner, 1, args)
+    two = measure_phase(owner, 2, args)
+    memory = measure_rss(owner, args)
     redis.Redis.from_url(args.redis_url).flushdb()
     scaling = two["folds_per_second"] / one["folds_per_second"] if one["folds_per_second"] else 0
     report = {

@@ -21,7 +21,7 @@ from memory_worker.invariants import chat_violations
 from memory_worker.state import load_snapshot
 from tests.conftest import client_for, require
 from tests.private_redis import PrivateRedis, redis_server_available
-from tests.workers import Worker, point_celery_at, wait_until
+from tests.workers import FAST_DEADLINES, Worker, point_celery_at, wait_until
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis, pytest.mark.worker]
 
@@ -34,13 +34,6 @@ OUTAGES = ((14, 22), (34, TURNS))
 # those chats keep the workers busy; sliding-window chats (window 12 beyond a 40-message tail)
 # are left with a fold due by the last outage, as no turn folds them on the request path.
 POLICIES = ("contract", "sliding-window")
-FAST_DEADLINES = {
-    "MEMORY_LLM_TIMEOUT_SECONDS": "4",
-    "MEMORY_TASK_SOFT_TIME_LIMIT": "5",
-    "MEMORY_TASK_TIME_LIMIT": "6",
-    "MEMORY_LOCK_TTL_SECONDS": "8",
-    "BROKER_VISIBILITY_TIMEOUT": "10",
-}
 
 
 @pytest.fixture

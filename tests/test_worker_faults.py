@@ -11,18 +11,9 @@ from memory_worker import tasks
 from memory_worker.dispatch import request_consolidation
 from memory_worker.invariants import chat_violations
 from tests.conftest import client_for
-from tests.workers import Worker, point_celery_at, wait_until
+from tests.workers import FAST_DEADLINES, Worker, point_celery_at, wait_until
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis, pytest.mark.worker]
-
-# Short, correctly ordered deadlines so recovery happens within a test's patience.
-FAST_DEADLINES = {
-    "MEMORY_LLM_TIMEOUT_SECONDS": "4",
-    "MEMORY_TASK_SOFT_TIME_LIMIT": "5",
-    "MEMORY_TASK_TIME_LIMIT": "6",
-    "MEMORY_LOCK_TTL_SECONDS": "8",
-    "BROKER_VISIBILITY_TIMEOUT": "10",
-}
 
 
 @pytest.fixture

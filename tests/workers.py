@@ -22,6 +22,17 @@ def test_database_url() -> str:
     return f"postgres://{user}@{host}:{port}/{params['NAME']}"
 
 
+# Short, correctly ordered deadlines (checked at worker start-up) so that lock expiry and
+# redelivery happen within a test's patience.
+FAST_DEADLINES = {
+    "MEMORY_LLM_TIMEOUT_SECONDS": "4",
+    "MEMORY_TASK_SOFT_TIME_LIMIT": "5",
+    "MEMORY_TASK_TIME_LIMIT": "6",
+    "MEMORY_LOCK_TTL_SECONDS": "8",
+    "BROKER_VISIBILITY_TIMEOUT": "10",
+}
+
+
 def worker_env(redis_url: str, **extra: str) -> dict[str, str]:
     env = {
         **os.environ,
