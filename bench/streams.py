@@ -2,7 +2,7 @@
 2 s before its first token; how much later than the model's own 2 s does each client see its
 first byte and its first token?
 
-    python -m bench.streams [--streams 200] [--model-latency 2.0] [--workers 2]
+    python -m bench.streams [--streams 200] [--model-latency 2.0] [--workers 2] [--spread 0]
                             [--database-url postgres://postgres@127.0.0.1:5432/chatmem_bench]
                             [--out bench/results/streams.json]
 
@@ -41,6 +41,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @dataclass
 class StreamResult:
+    started: float = 0.0  # perf_counter() when the request went out
     first_byte: float | None = None
     first_delta: float | None = None
     done: float | None = None
@@ -65,7 +66,9 @@ def start(command: list[str], env: dict[str, str], log_name: str) -> subprocess.
     return subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=log)
 
 
-def one_stream(port: int, token: str, chat_id: int, go: threading.Barrier) -> StreamResult:
+def one_stream(
+    port: int, token: str, chat_id: int, go: threading.Barrier, delay: float = 0.0
+) -> StreamResult:
     result = StreamResult()
     body = json.dumps({"content": "Tell me about the release plan.", "stream": True})
     headers = {
@@ -75,7 +78,9 @@ def one_stream(port: int, token: str, chat_id: int, go: threading.Barrier) -> St
     }
     connection = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
     go.wait()
-    started = time.perf_counter()
+    if delay:
+        time.sleep(delay)  # this client's arrival time in a spread-out schedule
+    started = result.started = time.perf_counter()
     try:
         connection.request("POST", f"/api/v1/chats/{chat_id}/turns/", body=body, headers=headers)
         response = connection.getresponse()
@@ -101,12 +106,17 @@ def one_stream(port: int, token: str, chat_id: int, go: threading.Barrier) -> St
     return result
 
 
-def run_streams(port: int, token: str, chats: Sequence[int]) -> list[StreamResult]:
+def run_streams(
+    port: int, token: str, chats: Sequence[int], spread: float = 0.0
+) -> list[StreamResult]:
+    """All clients released together (``spread`` 0: a burst), or arriving evenly over
+    ``spread`` seconds."""
     go = threading.Barrier(len(chats))
     results: list[StreamResult] = [StreamResult() for _ in chats]
 
     def client(index: int) -> None:
-        results[index] = one_stream(port, token, chats[index], go)
+        delay = spread * index / len(chats)
+        results[index] = one_stream(port, token, chats[index], go, delay)
 
     threads = [threading.Thread(target=client, args=(i,)) for i in range(len(chats))]
     for thread in threads:
@@ -114,6 +124,18 @@ def run_streams(port: int, token: str, chats: Sequence[int]) -> list[StreamResul
     for thread in threads:
         thread.join()
     return results
+
+
+def most_open(results: Sequence[StreamResult]) -> int:
+    """The largest number of streams open at the same moment (request sent, done not read)."""
+    edges = [(r.started, 1) for r in results if r.done is not None] + [
+        (r.started + r.done, -1) for r in results if r.done is not None
+    ]
+    open_now = most = 0
+    for _, change in sorted(edges):
+        open_now += change
+        most = max(most, open_now)
+    return most
 
 
 def summary(values: Sequence[float]) -> dict[str, float]:
@@ -131,6 +153,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--streams", type=int, default=200)
     parser.add_argument("--model-latency", type=float, default=2.0)
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument(
+        "--spread",
+        type=float,
+        default=0.0,
+        help="seconds over which the streams arrive evenly (0: all at once)",
+    )
     parser.add_argument("--database-url", default=DEFAULT_DATABASE_URL)
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/9")
     parser.add_argument("--out", default="bench/results/streams.json")
@@ -202,7 +230,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # database connection: not what is measured here.
         run_streams(server_port, token, chats[:warmup])
         started = time.perf_counter()
-        results = run_streams(server_port, token, chats[warmup:])
+        results = run_streams(server_port, token, chats[warmup:], args.spread)
         wall = time.perf_counter() - started
     finally:
         for process in (server, model):
@@ -218,6 +246,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "machine": machine_line(),
         "server": f"uvicorn chatmem_project.asgi:application --workers {args.workers}",
         "streams": args.streams,
+        "arrivals": f"evenly over {args.spread:g} s" if args.spread else "all at once",
+        "most_open_at_once": most_open(results),
         "model_latency_s": args.model_latency,
         "completed": len(completed),
         "errors": len(errors),

@@ -44,6 +44,8 @@ class Phase:
     name: str
     seconds: float
     latencies_ms: list[float] = field(default_factory=list)
+    # Seconds from the phase's start at which each counted request finished (same order).
+    finished_at: list[float] = field(default_factory=list)
     errors: int = 0
 
     @property
@@ -140,7 +142,8 @@ def post(path: str, token: str) -> Callable[[http.client.HTTPConnection, int], i
 def run_phase(name: str, port: int, paths: Sequence[str], token: str, seconds: float) -> Phase:
     phase = Phase(name, seconds)
     lock = threading.Lock()
-    stop_at = time.monotonic() + seconds
+    phase_start = time.monotonic()
+    stop_at = phase_start + seconds
 
     def client(path: str) -> None:
         connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
@@ -159,6 +162,7 @@ def run_phase(name: str, port: int, paths: Sequence[str], token: str, seconds: f
             with lock:
                 if status == 201:
                     phase.latencies_ms.append(elapsed)
+                    phase.finished_at.append(time.monotonic() - phase_start)
                 else:
                     phase.errors += 1
         connection.close()

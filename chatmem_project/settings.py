@@ -82,7 +82,10 @@ TEMPLATES = [
 DATABASES = {"default": env.db("DATABASE_URL", default=f"sqlite:///{BASE_DIR / 'db.sqlite3'}")}
 # Persistent connections: a turn should not pay for a new PostgreSQL connection.
 DATABASES["default"]["CONN_MAX_AGE"] = env.int("DB_CONN_MAX_AGE", default=60)
-DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+# Off by default (Django's default): a health check is a `SELECT 1` round trip at the start of
+# every request, about a tenth of a turn's time under load. Without it a connection PostgreSQL
+# dropped fails the one request that finds it, and Django replaces it for the next.
+DATABASES["default"]["CONN_HEALTH_CHECKS"] = env.bool("DB_CONN_HEALTH_CHECKS", default=False)
 # A bounded connection pool per process (PostgreSQL; psycopg_pool), for servers that hold many
 # requests open at once (ASGI, many slow streams): a burst waits for a free connection instead
 # of failing with "too many clients". Pooled connections replace persistent ones.

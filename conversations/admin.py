@@ -12,6 +12,7 @@ from django.utils.safestring import mark_safe
 from conversations.agent_admin import AgentStateInline
 from conversations.models import Brief, Chat, Consolidation, DailyNote, Message
 from conversations.services.chats import next_context
+from memory_worker.consolidation import lag_ms
 from memory_worker.dispatch import request_consolidation
 
 
@@ -247,8 +248,23 @@ class MessageAdmin(ReadOnlyAdmin):
 
 @admin.register(Consolidation)
 class ConsolidationAdmin(ReadOnlyAdmin):
-    list_display = ["id", "chat", "trigger", "status", "from_seq", "to_seq", "duration_ms"]
+    list_display = [
+        "id",
+        "chat",
+        "trigger",
+        "status",
+        "from_seq",
+        "to_seq",
+        "duration_ms",
+        "lag_ms",
+    ]
     list_filter = ["status", "trigger", "synchronous"]
+
+    @admin.display(description="lag (ms)")
+    def lag_ms(self, ledger: Consolidation) -> int | None:
+        if ledger.finished_at is None or ledger.due_at is None:
+            return None
+        return lag_ms(ledger.due_at, ledger.finished_at)
 
 
 @admin.register(Brief)

@@ -76,6 +76,11 @@ FOLDS = Counter(
 FOLD_SECONDS = Histogram(
     "chatmem_fold_seconds", "Fold duration (summarizer call and commit).", buckets=LATENCY_BUCKETS
 )
+CONSOLIDATION_LAG_SECONDS = Histogram(
+    "chatmem_consolidation_lag_seconds",
+    "From the turn that found a fold due to the fold's commit (folds a turn asked for).",
+    buckets=LATENCY_BUCKETS,
+)
 SUMMARIZER_TOKENS = Counter(
     "chatmem_summarizer_tokens_total", "Tokens sent to and received from the summarizer.", ["kind"]
 )
@@ -164,6 +169,9 @@ class MetricsLogHandler(logging.Handler):
         duration_ms = getattr(record, "duration_ms", None)
         if isinstance(duration_ms, int | float):
             FOLD_SECONDS.observe(duration_ms / 1000)
+        lag = getattr(record, "lag_ms", None)
+        if isinstance(lag, int | float) and getattr(record, "outcome", "") == "succeeded":
+            CONSOLIDATION_LAG_SECONDS.observe(lag / 1000)
         for kind in ("input_tokens", "output_tokens"):
             tokens = getattr(record, kind, None)
             if isinstance(tokens, int) and tokens > 0:

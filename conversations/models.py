@@ -125,6 +125,9 @@ class Consolidation(models.Model):
     summary_tokens_before = models.PositiveIntegerField(default=0)
     summary_tokens_after = models.PositiveIntegerField(default=0)
     summarizer_calls = models.PositiveIntegerField(default=0)
+    # When the turn that asked for this fold found it due; empty for sweeps, manual and
+    # synchronous folds. finished_at - due_at is the consolidation lag.
+    due_at = models.DateTimeField(null=True, blank=True)
     started_at = models.DateTimeField(auto_now_add=True)
     finished_at = models.DateTimeField(null=True, blank=True)
     duration_ms = models.PositiveIntegerField(null=True, blank=True)

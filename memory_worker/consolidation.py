@@ -68,8 +68,11 @@ def decide_for_chat(
     return engine.decide(state, policy, now)
 
 
-def consolidate_once(chat_id: int, trigger: str, now: datetime | None = None) -> FoldOutcome:
-    """One policy evaluation and at most one fold (seed 000 §7: one summarization per cycle)."""
+def consolidate_once(
+    chat_id: int, trigger: str, now: datetime | None = None, due_at: datetime | None = None
+) -> FoldOutcome:
+    """One policy evaluation and at most one fold (seed 000 §7: one summarization per cycle).
+    ``due_at``: when the turn that asked for this run found a fold due (for the lag figure)."""
     now = now or timezone.now()
     chat = Chat.objects.filter(pk=chat_id).first()
     if chat is None:  # deleted while queued
@@ -80,7 +83,7 @@ def consolidate_once(chat_id: int, trigger: str, now: datetime | None = None) ->
     decision = decide_for_chat(chat, snapshot, trigger, now)
     if decision is None:
         return FoldOutcome("nothing")
-    return execute_fold(chat, snapshot, decision, now=now)
+    return execute_fold(chat, snapshot, decision, now=now, due_at=due_at)
 
 
 def _in_backoff(chat_id: int, now: datetime) -> bool:
@@ -94,10 +97,12 @@ def execute_fold(
     *,
     now: datetime,
     synchronous: bool = False,
+    due_at: datetime | None = None,
 ) -> FoldOutcome:
     started = time.monotonic()
     ledger = Consolidation.objects.create(
         chat=chat,
+        due_at=due_at,
         trigger=decision.trigger,
         from_seq=decision.from_seq,
         to_seq=decision.to_seq,
@@ -157,6 +162,7 @@ def commit_fold(
     started: float,
 ) -> FoldOutcome:
     duration_ms = int((time.monotonic() - started) * 1000)
+    finished_at = timezone.now()
     with transaction.atomic():
         # The fencing step: only the fold that read this exact version may advance W.
         committed = Brief.objects.filter(
@@ -179,7 +185,7 @@ def commit_fold(
         status = ConsolidationStatus.SUCCEEDED if committed else ConsolidationStatus.SUPERSEDED
         Consolidation.objects.filter(pk=ledger.pk).update(
             status=status,
-            finished_at=timezone.now(),
+            finished_at=finished_at,
             duration_ms=duration_ms,
             input_tokens=draft.input_tokens,
             output_tokens=draft.output_tokens,
@@ -215,10 +221,18 @@ def commit_fold(
             "output_tokens": draft.output_tokens,
             "summarizer_calls": draft.calls,
             "duration_ms": duration_ms,
+            "lag_ms": lag_ms(ledger.due_at, finished_at),
             "outcome": str(status),
         },
     )
     return FoldOutcome(str(status), decision, ledger.pk)
+
+
+def lag_ms(due_at: datetime | None, finished_at: datetime) -> int | None:
+    """Consolidation lag: from the turn that found a fold due to the fold's commit."""
+    if due_at is None:
+        return None
+    return max(int((finished_at - due_at).total_seconds() * 1000), 0)
 
 
 def failure_backoff(consecutive_failures: int) -> timedelta:
@@ -349,11 +363,20 @@ def record_failure(
 
 
 def consolidate_with_lock(
-    chat_id: int, trigger: str, lock: ChatLock, *, max_runs: int | None = None
+    chat_id: int,
+    trigger: str,
+    lock: ChatLock,
+    *,
+    max_runs: int | None = None,
+    due_at: datetime | None = None,
 ) -> list[FoldOutcome]:
     """Seed 001's is_consolidating / pending_consolidation, made atomic: acquire or mark pending;
     after each run release, or (pending was set) clear it and re-judge once more. Bounded by
-    ``max_runs``; past it the lock is released and a fresh task takes over."""
+    ``max_runs``; past it the lock is released and a fresh task takes over.
+
+    ``due_at`` stays with every fold of this task, reruns included: a rerun's fold was due at
+    the latest since then, so its lag is an upper bound. A request that only marked pending
+    (the lock was busy) is served by the holder's reruns, timed from the holder's ``due_at``."""
     max_runs = max_runs or settings.MEMORY_MAX_RERUNS_PER_TASK
     token = uuid.uuid4().hex
     if not lock.acquire_or_mark_pending(chat_id, token):
@@ -362,7 +385,7 @@ def consolidate_with_lock(
     outcomes: list[FoldOutcome] = []
     try:
         while True:
-            outcome = consolidate_once(chat_id, trigger)
+            outcome = consolidate_once(chat_id, trigger, due_at=due_at)
             outcomes.append(outcome)
             if outcome.status == ConsolidationStatus.SUCCEEDED:
                 # One fold per cycle; a backlog may still leave another due: re-judge.
@@ -382,7 +405,7 @@ def consolidate_with_lock(
     if lock.is_pending(chat_id):
         from memory_worker.dispatch import request_consolidation
 
-        request_consolidation(chat_id, "rerun")
+        request_consolidation(chat_id, "rerun", due_at)
     return outcomes
 
 

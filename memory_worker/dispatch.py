@@ -7,6 +7,7 @@ import logging
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
 
 from django.conf import settings
 from django.db import close_old_connections, connection
@@ -17,14 +18,15 @@ _inline_executor: ThreadPoolExecutor | None = None
 _inline_guard = threading.Lock()
 
 
-def request_consolidation(chat_id: int, trigger: str) -> bool:
-    """Returns whether the request was handed on (queued or started)."""
+def request_consolidation(chat_id: int, trigger: str, due_at: datetime | None = None) -> bool:
+    """Returns whether the request was handed on (queued or started). ``due_at``: when a turn
+    found a fold due, carried to the fold's ledger row (consolidation lag)."""
     mode = settings.MEMORY_DISPATCH
     try:
         if mode == "celery":
-            _publish(chat_id, trigger)
+            _publish(chat_id, trigger, due_at)
         elif mode == "inline":
-            _executor().submit(_run_inline, chat_id, trigger)
+            _executor().submit(_run_inline, chat_id, trigger, due_at)
         else:
             return False
     except Exception:
@@ -36,11 +38,13 @@ def request_consolidation(chat_id: int, trigger: str) -> bool:
     return True
 
 
-def _publish(chat_id: int, trigger: str) -> None:
+def _publish(chat_id: int, trigger: str, due_at: datetime | None) -> None:
     from memory_worker.tasks import consolidate_chat
 
+    # An optional keyword, so messages queued before it existed still run.
+    kwargs = {"due_at": due_at.timestamp()} if due_at is not None else {}
     # retry=False: a dead broker must fail fast instead of holding the request.
-    consolidate_chat.apply_async(args=(chat_id, trigger), retry=False)
+    consolidate_chat.apply_async(args=(chat_id, trigger), kwargs=kwargs, retry=False)
 
 
 def _executor() -> ThreadPoolExecutor:
@@ -68,13 +72,13 @@ def _closing_connection(function: Callable[..., None], *args: object) -> None:
         connection.close()
 
 
-def _run_inline(chat_id: int, trigger: str) -> None:
+def _run_inline(chat_id: int, trigger: str, due_at: datetime | None = None) -> None:
     from memory_worker.consolidation import consolidate_with_lock
     from memory_worker.runtime import chat_lock
 
     close_old_connections()
     try:
-        consolidate_with_lock(chat_id, trigger, chat_lock())
+        consolidate_with_lock(chat_id, trigger, chat_lock(), due_at=due_at)
     except Exception:
         log.exception("inline consolidation failed", extra={"chat_id": chat_id})
     finally:

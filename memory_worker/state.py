@@ -7,7 +7,7 @@ older summary plus extra verbatim messages): never a gap.
 
 from dataclasses import dataclass
 
-from django.db.models import Exists, OuterRef, Subquery
+from django.db import connection
 
 from conversations.models import AgentState, Brief, Chat, Message
 from memory_worker import policy as engine
@@ -38,13 +38,7 @@ UNFOLDED_FIELDS = ("id", "chat_id", "seq", "role", "content", "token_count", "me
 
 
 def load_snapshot(chat_id: int) -> MemorySnapshot:
-    # The agent state rides along with the brief (one query on the turn's hot path, not two).
-    agent_state = AgentState.objects.filter(chat_id=OuterRef("chat_id"))
-    brief = Brief.objects.annotate(
-        agent_block=Subquery(agent_state.values("context_block")[:1]),
-        agent_tokens=Subquery(agent_state.values("context_tokens")[:1]),
-        agent_exists=Exists(agent_state),
-    ).get(chat_id=chat_id)
+    brief = read_brief(chat_id)
     unfolded = tuple(
         Message.objects.filter(chat_id=chat_id, seq__gt=brief.last_consolidated)
         .order_by("seq")
@@ -59,10 +53,31 @@ def load_snapshot(chat_id: int) -> MemorySnapshot:
         turns_mark=brief.turns_mark,
         last_consolidated_at=brief.last_consolidated_at,
         unfolded=unfolded,
-        agent_context=brief.agent_block or "",
-        agent_context_tokens=brief.agent_tokens or 0,
-        has_agent_state=brief.agent_exists,
+        agent_context=getattr(brief, "agent_block", None) or "",
+        agent_context_tokens=getattr(brief, "agent_tokens", None) or 0,
+        has_agent_state=bool(getattr(brief, "agent_exists", False)),
     )
+
+
+def read_brief(chat_id: int) -> Brief:
+    """The brief with the chat's agent state (seed 004) alongside, as ``agent_block``,
+    ``agent_tokens`` and ``agent_exists``: one query on the turn's hot path. Plain SQL through
+    raw() because the ORM spelling (three correlated subqueries) costs more to build, per turn,
+    than the query costs to run."""
+    quote = connection.ops.quote_name
+    brief_table, agent_table = quote(Brief._meta.db_table), quote(AgentState._meta.db_table)
+    found = list(
+        Brief.objects.raw(
+            f"SELECT brief.*, agent.context_block AS agent_block, "
+            f"agent.context_tokens AS agent_tokens, agent.chat_id IS NOT NULL AS agent_exists "
+            f"FROM {brief_table} brief LEFT JOIN {agent_table} agent "
+            f"ON agent.chat_id = brief.chat_id WHERE brief.chat_id = %s",
+            [chat_id],
+        )
+    )
+    if not found:
+        raise Brief.DoesNotExist(f"chat {chat_id} has no brief")
+    return found[0]
 
 
 def with_appended(snapshot: MemorySnapshot, messages: list[Message]) -> MemorySnapshot:

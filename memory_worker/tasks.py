@@ -2,6 +2,7 @@
 are stable so queued messages survive deploys."""
 
 import logging
+from datetime import UTC, datetime
 
 from celery import shared_task
 from django.conf import settings
@@ -16,8 +17,9 @@ log = logging.getLogger("chatmem.tasks")
 
 
 @shared_task(name="chatmem.consolidate_chat", queue="memory", acks_late=True)
-def consolidate_chat(chat_id: int, trigger: str = "turn") -> list[str]:
-    outcomes = consolidation.consolidate_with_lock(chat_id, trigger, chat_lock())
+def consolidate_chat(chat_id: int, trigger: str = "turn", due_at: float | None = None) -> list[str]:
+    due = datetime.fromtimestamp(due_at, UTC) if due_at is not None else None
+    outcomes = consolidation.consolidate_with_lock(chat_id, trigger, chat_lock(), due_at=due)
     delay = consolidation.fast_retry_delay(outcomes)  # the policy lives in the service
     if delay is not None:
         _queue_retry(chat_id, delay)

@@ -1,6 +1,8 @@
 """The fold service, called directly as a worker would (Zulip-style consume tests): the first
 working sliding-window fold, fencing, failures, and the post-commit enqueue."""
 
+from datetime import datetime
+
 import pytest
 from django.utils import timezone
 
@@ -28,8 +30,10 @@ def turns(api, chat_id, count, start=0):  # type: ignore[no-untyped-def]
 
 
 def recorder(requested: list[tuple[int, str]]):  # type: ignore[no-untyped-def]
-    def request_consolidation(chat_id: int, trigger: str) -> bool:
+    def request_consolidation(chat_id: int, trigger: str, due_at: object = None) -> bool:
         requested.append((chat_id, trigger))
+        if trigger == "turn":  # a turn says when it found the fold due (consolidation lag)
+            assert isinstance(due_at, datetime), due_at
         return True
 
     return request_consolidation

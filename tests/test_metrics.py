@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from conversations.models import Chat
+from conversations.models import Chat, Consolidation
 from memory_worker.consolidation import consolidate_once
 
 pytestmark = pytest.mark.django_db
@@ -53,6 +53,28 @@ def test_turns_and_folds_show_up_in_the_metrics(client: Any, api: Any) -> None:
     chat = Chat.objects.get(pk=chat_id)
     unfolded = value(after, "chatmem_unfolded_messages")
     assert unfolded >= chat.last_seq - chat.brief.last_consolidated
+
+
+def test_consolidation_lag_counts_from_the_turn_that_found_the_fold_due(
+    client: Any, api: Any
+) -> None:
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    chat_id = api.post("/api/v1/chats/", {"policy": "sliding-window"}, format="json").json()["id"]
+    for number in range(26):  # 52 messages: 12 beyond the tail of 40, a window fold is due
+        api.post(f"/api/v1/chats/{chat_id}/turns/", {"content": f"turn {number}"}, format="json")
+    before = scrape(client)
+    due_at = timezone.now() - timedelta(seconds=3)
+    assert consolidate_once(chat_id, "turn", due_at=due_at).status == "succeeded"
+    after = scrape(client)
+    ledger = Consolidation.objects.get(chat_id=chat_id, status="succeeded")
+    assert ledger.due_at == due_at
+    assert ledger.finished_at is not None and ledger.finished_at > due_at
+    name = "chatmem_consolidation_lag_seconds"
+    assert value(after, f"{name}_count") - value(before, f"{name}_count") == 1
+    assert value(after, f"{name}_sum") - value(before, f"{name}_sum") >= 3
 
 
 def test_a_metrics_token_is_required_when_set(client: Any, settings: Any) -> None:

@@ -64,3 +64,17 @@ def test_fold_query_count_is_constant_in_history_length(api) -> None:  # type: i
             assert consolidate_once(chat_id, "turn").status == "succeeded"
         counts.append(len(captured.captured_queries))
     assert counts[0] == counts[1]
+
+
+def test_a_turn_makes_five_queries_on_postgresql(api) -> None:  # type: ignore[no-untyped-def]
+    """The budget of a turn's round trips (docs/benchmarks.md): the token, the chat read with its
+    turn slot claimed, the brief with the agent state, the unfolded tail, and the append (seqs,
+    both messages and the slot's release in one statement). SQLite appends in a transaction."""
+    if connection.vendor != "postgresql":
+        pytest.skip("the one-statement append is PostgreSQL's")
+    chat_id = api.post("/api/v1/chats/", {}, format="json").json()["id"]
+    with CaptureQueriesContext(connection) as captured:
+        response = api.post(f"/api/v1/chats/{chat_id}/turns/", {"content": "hi"}, format="json")
+    assert response.status_code == 201
+    statements = [query["sql"].split()[0] for query in captured.captured_queries]
+    assert len(statements) == 5, statements

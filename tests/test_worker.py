@@ -47,8 +47,28 @@ def test_turns_are_folded_by_a_real_worker(require_postgres, celery_broker, user
         covered = [seq for row in succeeded for seq in range(row.from_seq, row.to_seq + 1)]
         assert covered == list(range(1, brief.last_consolidated + 1))
         assert all(row.worker for row in succeeded)
+        assert_lag_recorded(api)
     finally:
         worker.stop()
+
+
+def assert_lag_recorded(api) -> None:  # type: ignore[no-untyped-def]
+    """The task message carries when the turn found the fold due, so the worker's ledger row
+    has it: sliding-window's 26th turn (backlog 12 beyond the tail of 40) asks for a fold."""
+    chat_id = api.post("/api/v1/chats/", {"policy": "sliding-window"}, format="json").json()["id"]
+    for number in range(26):
+        response = api.post(
+            f"/api/v1/chats/{chat_id}/turns/", {"content": f"note {number}"}, format="json"
+        )
+        assert response.status_code == 201
+    assert wait_until(
+        lambda: Consolidation.objects.filter(chat_id=chat_id, status="succeeded").exists(),
+        timeout=30,
+    )
+    fold = Consolidation.objects.get(chat_id=chat_id, status="succeeded")
+    assert not fold.synchronous
+    assert fold.due_at is not None and fold.finished_at is not None
+    assert fold.due_at < fold.finished_at
 
 
 def test_turn_succeeds_with_the_broker_down(require_postgres, settings, user, caplog) -> None:  # type: ignore[no-untyped-def]

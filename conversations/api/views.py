@@ -7,7 +7,7 @@ from django.db.models import QuerySet
 from django.http import StreamingHttpResponse
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
-from rest_framework.exceptions import ValidationError
+from rest_framework.exceptions import NotFound, ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -69,36 +69,44 @@ class ChatViewSet(
         throttle_classes=[TurnRateThrottle],
     )
     def turns(self, request: Request, pk: str | None = None) -> Response | StreamingHttpResponse:
-        chat = self.get_object()
         payload = TurnRequestSerializer(data=request.data)
         payload.is_valid(raise_exception=True)
         data = payload.validated_data
+        content, variant = data["content"], data.get("model_variant") or None
+        metadata = agent_service.turn_metadata(data.get("agent"))
         if streaming.wants_stream(request, data):
-            return self.streamed_turn(request, chat, data)
+            return self.streamed_turn(request, pk, content, variant, metadata)
         with errors.turn_refusals():
-            result = turn_service.run_turn(
-                chat,
-                data["content"],
-                data.get("model_variant") or None,
-                agent_service.turn_metadata(data.get("agent")),
-            )
+            chat, token = self.claim_chat(pk)
+            result = turn_service.run_turn(chat, content, variant, metadata, token=token)
         body = TurnResponseSerializer(
             {"user_message": result.user_message, "assistant_message": result.assistant_message}
         ).data
         return Response(body, status=status.HTTP_201_CREATED)
 
+    def claim_chat(self, pk: str | None) -> tuple[Chat, Any]:
+        """The requester's chat with its turn slot claimed, in one statement (instead of
+        get_object() and then the claim); 404 for any chat that is not theirs."""
+        owner_id = self.request.user.pk
+        assert owner_id is not None  # IsAuthenticated ran first
+        try:
+            return turn_service.claim_owned_chat(owner_id, int(pk or ""))
+        except (ValueError, Chat.DoesNotExist) as error:
+            raise NotFound() from error
+
     def streamed_turn(
-        self, request: Request, chat: Chat, data: dict[str, Any]
+        self,
+        request: Request,
+        pk: str | None,
+        content: str,
+        variant: str | None,
+        metadata: dict[str, Any] | None,
     ) -> StreamingHttpResponse:
         # Everything that can refuse the turn is checked here, before the stream starts, so it
         # is a plain JSON 4xx; after this point failures are `error` events.
         with errors.turn_refusals():
-            turn = turn_service.start_streamed_turn(
-                chat,
-                data["content"],
-                data.get("model_variant") or None,
-                agent_service.turn_metadata(data.get("agent")),
-            )
+            chat, token = self.claim_chat(pk)
+            turn = turn_service.start_streamed_turn(chat, content, variant, metadata, token=token)
         # The request's own connection is not needed while the stream is open (under ASGI it
         # would otherwise be held until the last event).
         turn_service.release_db_connection()

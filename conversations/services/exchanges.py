@@ -212,10 +212,9 @@ def store_exchange(prepared: Prepared, completion: ChatCompletion) -> ExchangeRe
         )
         for message, tokens in zip(prepared.incoming, prepared.incoming_tokens, strict=True)
     ]
-    with transaction.atomic():
-        stored = append_messages(chat, [*rows, reply_row(chat, completion, prepared.variant)])
-        after = with_appended(prepared.snapshot, stored)
-        transaction.on_commit(partial(queue_consolidation_if_due, chat, after))
+    stored = append_messages(chat, [*rows, reply_row(chat, completion, prepared.variant)])
+    after = with_appended(prepared.snapshot, stored)
+    transaction.on_commit(partial(queue_consolidation_if_due, chat, after))
     return ExchangeResult(stored, completion)
 
 
