@@ -8,7 +8,7 @@ import os
 import platform
 import sys
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -71,3 +71,35 @@ def write_report(report: Mapping[str, Any], out: str) -> None:
     path = Path(out)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(report, indent=2) + "\n")
+
+
+HISTORY_BATCH = 5000
+
+
+def insert_history(
+    chat_ids: Sequence[int], messages: int, content: Callable[[int], str], tokens: int
+) -> None:
+    """Give each chat ``messages`` messages (seq 1.., user and assistant by turns, each of
+    ``tokens`` tokens, text ``content(seq)``) in bulk, and set its counter row to match; the
+    brief is left to the caller (what is folded differs per benchmark)."""
+    from conversations.models import Chat, Message
+
+    rows = (
+        Message(
+            chat_id=chat_id,
+            seq=seq,
+            role="user" if seq % 2 else "assistant",
+            content=content(seq),
+            token_count=tokens,
+        )
+        for chat_id in chat_ids
+        for seq in range(1, messages + 1)
+    )
+    batch: list[Message] = []
+    for row in rows:
+        batch.append(row)
+        if len(batch) == HISTORY_BATCH:
+            Message.objects.bulk_create(batch)
+            batch = []
+    Message.objects.bulk_create(batch)
+    Chat.objects.filter(pk__in=chat_ids).update(last_seq=messages)

@@ -31,8 +31,14 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from bench.common import configure_django, ensure_database, machine_line, write_report
-from bench.streams import start, wait_for
+from bench.common import (
+    configure_django,
+    ensure_database,
+    insert_history,
+    machine_line,
+    write_report,
+)
+from bench.streams import start_fake_model, wait_for
 from bench.throughput import free_port, percentile, run_phase, start_server
 from bench.turn_overhead import DEFAULT_DATABASE_URL
 from tests.workers import Worker
@@ -85,23 +91,16 @@ def make_clients(clients: int, history: int) -> tuple[str, list[int]]:
     from django.contrib.auth import get_user_model
     from rest_framework.authtoken.models import Token
 
-    from conversations.models import Chat, Message
     from conversations.services.chats import create_chat
 
     user = get_user_model().objects.create_user(username=f"bench-{uuid.uuid4().hex[:8]}")
     chats = [create_chat(user, title="bench-slow").pk for _ in range(clients)]
-    Message.objects.bulk_create(
-        Message(
-            chat_id=chat_id,
-            seq=seq,
-            role="user" if seq % 2 else "assistant",
-            content=f"Earlier message {seq}: the release plan has {seq % 9} open items.",
-            token_count=16,
-        )
-        for chat_id in chats
-        for seq in range(1, history + 1)
+    insert_history(
+        chats,
+        history,
+        lambda seq: f"Earlier message {seq}: the release plan has {seq % 9} open items.",
+        tokens=16,
     )
-    Chat.objects.filter(pk__in=chats).update(last_seq=history)
     return Token.objects.create(user=user).key, chats
 
 
@@ -154,21 +153,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     redis.Redis.from_url(args.redis_url).flushdb()
     token, chats = make_clients(args.clients, args.history)
     env = {**os.environ, "DJANGO_SETTINGS_MODULE": "chatmem_project.settings"}
-    model = start(
-        [
-            sys.executable,
-            "-m",
-            "tests.fake_openai",
-            "--port",
-            str(model_port),
-            "--latency",
-            str(args.model_latency),
-            "--reply-words",
-            "60",
-        ],
-        env,
-        "bench-slow-model.log",
-    )
+    model = start_fake_model(model_port, args.model_latency, 60, env, "bench-slow-model.log")
     workers = [
         Worker(args.redis_url, f"bench-slow-{i}", env={"LOG_LEVEL": "INFO"})  # "ready." is INFO
         for i in range(args.celery_workers)

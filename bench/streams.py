@@ -2,17 +2,20 @@
 2 s before its first token; how much later than the model's own 2 s does each client see its
 first byte and its first token?
 
-    python -m bench.streams [--streams 200] [--model-latency 2.0] [--workers 2] [--spread 0]
+    python -m bench.streams [--streams 200] [--model-latency 2.0] [--workers 4] [--spread 0]
                             [--database-url postgres://postgres@127.0.0.1:5432/chatmem_bench]
                             [--out bench/results/streams.json]
 
 Runs the fake OpenAI-compatible server (``python -m tests.fake_openai``) and chatmem under
 uvicorn (ASGI, ``--workers`` processes; docs/streaming.md says why ASGI for many open streams) as
-subprocesses, with PostgreSQL and Redis as in production. After a warm-up of 4 streams per
-worker, each of ``--streams`` client threads
-owns a chat and, all released together, sends one streamed turn and reads the events. Figures:
-time to first byte (the ``accepted`` event), time to the first ``delta`` minus the model's
-latency (the overhead chatmem adds to the first token), time to ``done``, errors.
+subprocesses, with PostgreSQL (a pool per process, opened before the run) and Redis as in
+production. After a warm-up of 4 streams per worker, each of ``--streams`` client threads owns a
+chat and sends one streamed turn and reads the events: all released in the same instant
+(``--spread 0``, a burst), or arriving evenly over ``--spread`` seconds (``--spread 2`` with the
+model's 2 s: 100 arrivals a second, all 200 open at the peak; the report says how many were
+open at once). Figures: time to first byte (the ``accepted`` event), time to the first
+``delta`` minus the model's latency (the overhead chatmem adds to the first token), time to
+``done``, errors.
 """
 
 from __future__ import annotations
@@ -64,6 +67,16 @@ def wait_for(port: int, path: str, seconds: float = 30) -> None:
 def start(command: list[str], env: dict[str, str], log_name: str) -> subprocess.Popen:
     log = open(ROOT / "artifacts" / log_name, "w")  # noqa: SIM115
     return subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=log)
+
+
+def start_fake_model(
+    port: int, latency: float, reply_words: int, env: dict[str, str], log_name: str
+) -> subprocess.Popen:
+    """The fake OpenAI-compatible server in its own process: chat replies after ``latency``
+    seconds, ``reply_words`` long; summaries at once."""
+    command = [sys.executable, "-m", "tests.fake_openai", "--port", str(port)]
+    command += ["--latency", str(latency), "--reply-words", str(reply_words)]
+    return start(command, env, log_name)
 
 
 def one_stream(
@@ -152,7 +165,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bench.streams")
     parser.add_argument("--streams", type=int, default=200)
     parser.add_argument("--model-latency", type=float, default=2.0)
-    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--workers", type=int, default=4)
     parser.add_argument(
         "--spread",
         type=float,
@@ -175,8 +188,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         "DJANGO_SETTINGS_MODULE": "chatmem_project.settings",
         "DATABASE_URL": args.database_url,
         "REDIS_URL": args.redis_url,
-        # ASGI: pooled connections, bounded per process (2 x 40 < PostgreSQL's 100).
-        "DB_POOL_MAX_SIZE": "40",
+        # ASGI: pooled connections, bounded so all processes together stay within 80 (PostgreSQL
+        # allows 100).
+        "DB_POOL_MAX_SIZE": str(80 // args.workers),
+        "DB_POOL_MIN_SIZE": str(80 // args.workers),  # opened before the measured run
         "CHAT_BACKEND": "openai",
         "OPENAI_API_KEY": "bench",
         "OPENAI_BASE_URL": f"http://127.0.0.1:{model_port}/v1",
@@ -190,21 +205,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     warmup = 4 * args.workers
     token, chats = prepare(env, args.streams + warmup)
     python = sys.executable
-    model = start(
-        [
-            python,
-            "-m",
-            "tests.fake_openai",
-            "--port",
-            str(model_port),
-            "--latency",
-            str(args.model_latency),
-            "--reply-words",
-            "40",
-        ],
-        env,
-        "bench-streams-model.log",
-    )
+    model = start_fake_model(model_port, args.model_latency, 40, env, "bench-streams-model.log")
     server = start(
         [
             python,

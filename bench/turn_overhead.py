@@ -25,11 +25,17 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from bench.common import api_client, configure_django, ensure_database, machine_line, write_report
+from bench.common import (
+    api_client,
+    configure_django,
+    ensure_database,
+    insert_history,
+    machine_line,
+    write_report,
+)
 
 DEFAULT_DATABASE_URL = "postgres://postgres@127.0.0.1:5432/chatmem_bench"
 TAIL = 40
-BATCH = 5000
 WARMUP_TURNS = 20
 # In process, instant offline model, no broker: what is timed is the turn itself.
 SERVICE_ENV = {
@@ -49,21 +55,15 @@ def new_chat(client: Any) -> int:
 
 
 def grow(chat_id: int, messages: int) -> None:
-    """Append ``messages`` old messages in bulk and fold all but the newest TAIL."""
-    from conversations.models import Brief, Chat, Message
+    """Give the chat ``messages`` old messages in bulk and fold all but the newest TAIL."""
+    from conversations.models import Brief
 
-    for start in range(0, messages, BATCH):
-        Message.objects.bulk_create(
-            Message(
-                chat_id=chat_id,
-                seq=seq,
-                role="user" if seq % 2 else "assistant",
-                content=f"old message {seq} about the release plan and its open items.",
-                token_count=14,
-            )
-            for seq in range(start + 1, min(start + BATCH, messages) + 1)
-        )
-    Chat.objects.filter(pk=chat_id).update(last_seq=messages)
+    insert_history(
+        [chat_id],
+        messages,
+        lambda seq: f"old message {seq} about the release plan and its open items.",
+        tokens=14,
+    )
     Brief.objects.filter(chat_id=chat_id).update(
         last_consolidated=max(messages - TAIL, 0),
         summary="## Facts / Constraints\n- The release plan is on track.",

@@ -27,7 +27,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bench.common import configure_django, ensure_database, machine_line, write_report
+from bench.common import (
+    configure_django,
+    ensure_database,
+    insert_history,
+    machine_line,
+    write_report,
+)
 from bench.turn_overhead import DEFAULT_DATABASE_URL
 from tests.workers import Worker
 
@@ -36,11 +42,10 @@ TAIL, WINDOW = 40, 12
 # Workers get this process's environment (configure_django set it) plus this; they log at INFO
 # so that "ready." shows (and each fold, as in production).
 WORKER_ENV = {"LOG_LEVEL": "INFO"}
-BATCH = 5000
 
 
 def make_chats(owner: Any, chats: int, folds_per_chat: int) -> list[int]:
-    from conversations.models import Brief, Chat, Message
+    from conversations.models import Brief
     from conversations.services.chats import create_chat
 
     length = TAIL + WINDOW * folds_per_chat
@@ -51,25 +56,12 @@ def make_chats(owner: Any, chats: int, folds_per_chat: int) -> list[int]:
         create_chat(owner, title="bench-workers", policy_overrides=overrides).pk
         for _ in range(chats)
     ]
-    rows = (
-        Message(
-            chat_id=chat_id,
-            seq=seq,
-            role="user" if seq % 2 else "assistant",
-            content=f"Message {seq}: the release of version {seq % 7} is planned for Friday.",
-            token_count=16,
-        )
-        for chat_id in ids
-        for seq in range(1, length + 1)
+    insert_history(
+        ids,
+        length,
+        lambda seq: f"Message {seq}: the release of version {seq % 7} is planned for Friday.",
+        tokens=16,
     )
-    batch: list[Any] = []
-    for row in rows:
-        batch.append(row)
-        if len(batch) == BATCH:
-            Message.objects.bulk_create(batch)
-            batch = []
-    Message.objects.bulk_create(batch)
-    Chat.objects.filter(pk__in=ids).update(last_seq=length)
     Brief.objects.filter(chat_id__in=ids).update(last_consolidated=0)
     return ids
 

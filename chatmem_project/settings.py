@@ -90,10 +90,13 @@ DATABASES["default"]["CONN_HEALTH_CHECKS"] = env.bool("DB_CONN_HEALTH_CHECKS", d
 # requests open at once (ASGI, many slow streams): a burst waits for a free connection instead
 # of failing with "too many clients". Pooled connections replace persistent ones.
 DB_POOL_MAX_SIZE = env.int("DB_POOL_MAX_SIZE", default=0)
+# Connections the pool opens at start and keeps: a burst then finds them ready instead of waiting
+# while PostgreSQL forks a backend for each new one.
+DB_POOL_MIN_SIZE = min(env.int("DB_POOL_MIN_SIZE", default=1), DB_POOL_MAX_SIZE)
 if DB_POOL_MAX_SIZE and DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
     DATABASES["default"]["CONN_MAX_AGE"] = 0
     DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
-        "min_size": 1,
+        "min_size": DB_POOL_MIN_SIZE,
         "max_size": DB_POOL_MAX_SIZE,
         "timeout": 30,
     }
