@@ -61,3 +61,35 @@ def test_twenty_concurrent_turns_on_twenty_chats(require_postgres, user, use_fak
     # They ran in parallel: the model had many of them in flight at once (serialised turns
     # would never have more than one).
     assert use_fake_openai.counters()["max_in_flight"] >= 10
+
+
+@pytest.mark.parametrize("append", ["append_in_one_statement", "append_in_transaction"])
+def test_concurrent_appends_number_messages_without_gaps(require_postgres, user, append) -> None:  # type: ignore[no-untyped-def]
+    """Below the turn slot (a stale slot lets two turns overlap): 20 appends of a message pair
+    at once on one chat. The counter row's lock must give every pair two adjacent seqs, no gap,
+    no duplicate, whichever way the rows are stored."""
+    from conversations.services import turns
+
+    store = getattr(turns, append)
+    chat_id = client_for(user).post("/api/v1/chats/", {}, format="json").json()["id"]
+    barrier = threading.Barrier(20)
+
+    def one(index: int) -> list[int]:
+        rows = [
+            Message(chat_id=chat_id, role=role, content=f"{role} {index}", token_count=2)
+            for role in ("user", "assistant")
+        ]
+        barrier.wait()
+        try:
+            return [row.seq for row in store(chat_id, rows)]
+        finally:
+            connection.close()
+
+    with ThreadPoolExecutor(max_workers=20) as pool:
+        pairs = list(pool.map(one, range(20)))
+    assert all(second == first + 1 for first, second in pairs)
+    assert sorted(seq for pair in pairs for seq in pair) == list(range(1, 41))
+    assert assert_turn_aligned(chat_id) == 40
+    stored = dict(Message.objects.filter(chat_id=chat_id).values_list("seq", "content"))
+    for index, (first, second) in enumerate(pairs):  # each caller got its own rows' seqs back
+        assert stored[first] == f"user {index}" and stored[second] == f"assistant {index}"
