@@ -106,13 +106,15 @@ def make_clients(clients: int, history: int) -> tuple[str, list[int]]:
 
 def fold_figures(chat_ids: Sequence[int], since: datetime, until: datetime) -> dict[str, Any]:
     from conversations.models import Consolidation
+    from memory_worker.consolidation import lag_ms
 
     folds = Consolidation.objects.filter(
         chat_id__in=chat_ids, finished_at__gte=since, finished_at__lt=until
     )
     succeeded = folds.filter(status="succeeded")
+    # The same figure as the chatmem_consolidation_lag_seconds metric.
     lags = [
-        (finished - due).total_seconds()
+        (lag_ms(due, finished) or 0) / 1000
         for due, finished in succeeded.values_list("due_at", "finished_at")
         if due is not None and finished is not None
     ]

@@ -36,10 +36,10 @@ from conversations.services.turns import (
     TurnResult,
     append_messages,
     bounded_snapshot,
-    claim_turn_slot,
     queue_consolidation_if_due,
     release_turn_slot,
     reply_row,
+    turn_slot,
 )
 from conversations.services.variants import ModelVariant, resolve_variant
 from memory_worker.state import MemorySnapshot, with_appended
@@ -163,18 +163,14 @@ class Prepared:
 def prepare(chat: Chat, incoming: list[Incoming], variant_name: str | None) -> Prepared:
     """Claims the chat's turn slot (TurnInProgress if taken) and bounds the context; the caller
     must ``release`` it. Raises UnknownVariant, ContextOverBound."""
-    variant = resolve_variant(variant_name or chat.model_variant or None)
-    token = claim_turn_slot(chat)
-    try:
+    with turn_slot(chat, None) as token:
+        variant = resolve_variant(variant_name or chat.model_variant or None)
         tokens = [count_tokens(m.content, variant.model) for m in incoming]
         snapshot = bounded_snapshot(chat, variant, sum(tokens))
         context = build_model_messages(
             chat, snapshot.summary, snapshot.unfolded, None, snapshot.agent_context
         )
         context.extend(model_entry(m) for m in incoming)
-    except BaseException:
-        release_turn_slot(chat, token)
-        raise
     return Prepared(chat, token, variant, snapshot, incoming, tokens, context)
 
 
@@ -186,14 +182,10 @@ def run_exchange(
     chat: Chat, incoming: list[Incoming], variant_name: str | None, tools: ToolOptions | None
 ) -> ExchangeResult:
     prepared = prepare(chat, incoming, variant_name)
-    try:
+    with turn_slot(chat, prepared.token):
         model = prepared.variant.model
         completion = get_chat_model().complete(prepared.context, model, tools)
         return store_exchange(prepared, completion)
-    except BaseException:
-        # A stored exchange freed the slot in its own transaction; only a failed one holds it.
-        release(prepared)
-        raise
 
 
 def model_entry(message: Incoming) -> dict[str, object]:

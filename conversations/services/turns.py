@@ -106,6 +106,26 @@ def release_turn_slot(chat: Chat, token: uuid.UUID) -> None:
     Chat.objects.filter(pk=chat.pk, turn_token=token).update(turn_token=None, turn_started_at=None)
 
 
+@contextlib.contextmanager
+def turn_slot(chat: Chat, token: uuid.UUID | None) -> Iterator[uuid.UUID]:
+    """The chat's turn slot (claimed here unless the caller has: ``token``), released if what
+    follows raises. A stored turn freed the slot in the statement that stored it; only a failed
+    or never-started turn still holds it."""
+    token = token or claim_turn_slot(chat)
+    try:
+        yield token
+    except BaseException:
+        release_turn_slot(chat, token)
+        raise
+
+
+def turn_input(chat: Chat, variant_name: str | None, content: str) -> tuple[ModelVariant, int]:
+    """The turn's model variant (UnknownVariant if not configured) and the new message's
+    tokens, counted for that variant's model."""
+    variant = resolve_variant(variant_name or chat.model_variant or None)
+    return variant, count_tokens(content, variant.model)
+
+
 # How a turn calls the model: messages, variant -> the complete reply (or ModelError).
 ModelCall = Callable[[ModelMessages, ModelVariant], ChatCompletion]
 
@@ -119,17 +139,11 @@ def run_turn(
     token: uuid.UUID | None = None,
 ) -> TurnResult:
     """``token``: the chat's turn slot when the caller has claimed it (claim_owned_chat)."""
-    token = token or claim_turn_slot(chat)
-    try:
-        variant = resolve_variant(variant_name or chat.model_variant or None)
-        user_tokens = count_tokens(content, variant.model)
+    with turn_slot(chat, token) as slot:
+        variant, user_tokens = turn_input(chat, variant_name, content)
         return complete_turn(
-            chat, token, variant, content, user_tokens, metadata, call_model_at_once
+            chat, slot, variant, content, user_tokens, metadata, call_model_at_once
         )
-    except BaseException:
-        # A stored turn freed the slot in its own transaction; only a failed one holds it.
-        release_turn_slot(chat, token)
-        raise
 
 
 def complete_turn(
@@ -283,22 +297,27 @@ def append_in_transaction(chat_id: int, rows: list[Message]) -> list[Message]:
 
 def reserve_seqs(chat_id: int, count: int) -> int:
     """Advance the chat's counter row by ``count`` and free its turn slot; returns the first
-    reserved seq. One UPDATE ... RETURNING (SQLite >= 3.35, PostgreSQL): the row lock it takes
-    is held until the caller's transaction ends, so a concurrent append waits and then reads the
-    advanced counter. The ORM's update() cannot return the new value, hence the SQL."""
+    reserved seq. The row lock the UPDATE takes is held until the caller's transaction ends, so
+    a concurrent append waits and then reads the advanced counter."""
     assert connection.in_atomic_block, "the seqs must commit with the messages that use them"
-    chat_table = connection.ops.quote_name(Chat._meta.db_table)
-    now = connection.ops.adapt_datetimefield_value(timezone.now())
+    sql, params = advance_counter(chat_id, count)
     with connection.cursor() as cursor:
-        cursor.execute(
-            f"UPDATE {chat_table} SET last_seq = last_seq + %s, turn_token = NULL, "
-            "turn_started_at = NULL, updated_at = %s WHERE id = %s RETURNING last_seq",
-            [count, now, chat_id],
-        )
+        cursor.execute(sql, params)
         advanced = cursor.fetchone()
     if advanced is None:
         raise Chat.DoesNotExist(f"chat {chat_id} was deleted during the turn")
     return int(advanced[0]) - count + 1
+
+
+def advance_counter(chat_id: int, count: int) -> tuple[str, list[Any]]:
+    """``UPDATE … RETURNING last_seq`` on the chat's counter row, also freeing its turn slot
+    (SQLite >= 3.35, PostgreSQL). The ORM's update() cannot return the new value, hence SQL."""
+    sql = (
+        f"UPDATE {connection.ops.quote_name(Chat._meta.db_table)} SET last_seq = last_seq + %s, "
+        "turn_token = NULL, turn_started_at = NULL, updated_at = %s WHERE id = %s "
+        "RETURNING last_seq"
+    )
+    return sql, [count, connection.ops.adapt_datetimefield_value(timezone.now()), chat_id]
 
 
 def append_in_one_statement(chat_id: int, rows: list[Message]) -> list[Message]:
@@ -310,26 +329,20 @@ def append_in_one_statement(chat_id: int, rows: list[Message]) -> list[Message]:
     quote = connection.ops.quote_name
     fields = [field for field in Message._meta.concrete_fields if not field.primary_key]
     columns = [quote(str(field.column)) for field in fields]
-    params: list[Any] = [
-        len(rows),
-        connection.ops.adapt_datetimefield_value(timezone.now()),
-        chat_id,
-        len(rows),
-    ]
+    advance, params = advance_counter(chat_id, len(rows))
+    params.append(len(rows))  # the SELECT's "counter.last_seq - %s": the seq before the rows
     for offset, row in enumerate(rows, start=1):
         row.seq = offset
         params.extend(
             field.get_db_prep_save(field.pre_save(row, True), connection) for field in fields
         )
     select = ", ".join(
-        f"counter.base + new.{column}" if field.name == "seq" else f"new.{column}"
+        f"counter.last_seq - %s + new.{column}" if field.name == "seq" else f"new.{column}"
         for field, column in zip(fields, columns, strict=True)
     )
     one_row = "(" + ", ".join(["%s"] * len(fields)) + ")"
     sql = (
-        f"WITH counter AS (UPDATE {quote(Chat._meta.db_table)} "
-        "SET last_seq = last_seq + %s, turn_token = NULL, turn_started_at = NULL, updated_at = %s "
-        "WHERE id = %s RETURNING last_seq - %s AS base) "
+        f"WITH counter AS ({advance}) "
         f"INSERT INTO {quote(Message._meta.db_table)} ({', '.join(columns)}) "
         f"SELECT {select} FROM counter, (VALUES {', '.join([one_row] * len(rows))}) "
         f"AS new ({', '.join(columns)}) "
@@ -476,23 +489,27 @@ def start_streamed_turn(
     the generator when the client disconnects (WSGI: close() -> GeneratorExit at the pending
     yield; ASGI: the task is cancelled). A turn the server accepted must still complete and be
     stored (DESIGN §3.6), so nothing the turn does may depend on the client still reading."""
-    token = token or claim_turn_slot(chat)
-    try:
-        variant = resolve_variant(variant_name or chat.model_variant or None)
-        user_tokens = count_tokens(content, variant.model)
+    with turn_slot(chat, token) as slot:
+        variant, user_tokens = turn_input(chat, variant_name, content)
         events = TurnEvents()
         thread = threading.Thread(
             # The copied context carries the request id into the turn's log lines.
             target=contextvars.copy_context().run,
-            args=(_run_streamed_turn, chat, token, variant, content, user_tokens, metadata, events),
+            args=(
+                _run_streamed_turn,
+                chat,
+                slot,
+                variant,
+                content,
+                user_tokens,
+                metadata,
+                events,
+            ),
             name=f"chatmem-turn-{chat.pk}",
             # Not a daemon: a graceful shutdown waits for accepted turns to be stored.
             daemon=False,
         )
         thread.start()
-    except BaseException:
-        release_turn_slot(chat, token)
-        raise
     return StreamedTurn(chat, content, user_tokens, variant, events, thread)
 
 
