@@ -29,7 +29,7 @@ from memory_worker.backends import get_summarizer
 from memory_worker.locks import ChatLock, Release
 from memory_worker.policies import policy_for_chat, variant_context_tokens
 from memory_worker.signals import messages_folded
-from memory_worker.state import MemorySnapshot, engine_state, load_snapshot
+from memory_worker.state import MemorySnapshot, engine_state, load_snapshot, read_chat
 from memory_worker.summarizers import FoldMessage, SummarizerError
 from memory_worker.tokens import count_tokens
 
@@ -74,11 +74,11 @@ def consolidate_once(
     """One policy evaluation and at most one fold (seed 000 §7: one summarization per cycle).
     ``due_at``: when the turn that asked for this run found a fold due (for the lag figure)."""
     now = now or timezone.now()
-    chat = Chat.objects.filter(pk=chat_id).first()
+    chat = read_chat(chat_id)
     if chat is None:  # deleted while queued
         return FoldOutcome("nothing")
     snapshot = load_snapshot(chat_id)
-    if trigger != "manual" and _in_backoff(chat_id, now):
+    if trigger != "manual" and in_backoff(snapshot, now):
         return FoldOutcome("deferred")
     decision = decide_for_chat(chat, snapshot, trigger, now)
     if decision is None:
@@ -86,8 +86,8 @@ def consolidate_once(
     return execute_fold(chat, snapshot, decision, now=now, due_at=due_at)
 
 
-def _in_backoff(chat_id: int, now: datetime) -> bool:
-    return Brief.objects.filter(chat_id=chat_id, next_attempt_at__gt=now).exists()
+def in_backoff(snapshot: MemorySnapshot, now: datetime) -> bool:
+    return snapshot.next_attempt_at is not None and snapshot.next_attempt_at > now
 
 
 def execute_fold(

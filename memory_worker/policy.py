@@ -121,19 +121,35 @@ def prompt_tokens(state: ChatState, new_message_tokens: int = 0) -> int:
     return total
 
 
+@dataclass(frozen=True, slots=True)
+class After:
+    """What lies after a boundary: the unfolded user messages and tokens with a greater seq."""
+
+    users: int
+    tokens: int
+
+
+def after_boundaries(state: ChatState) -> dict[int, After]:
+    """Every boundary b >= W (ascending, see boundaries) with what lies after it, in one pass
+    from the newest message: the folding decisions look at every boundary, and recounting the
+    messages after each one was quadratic in the backlog (a chat whose workers were down)."""
+    watermark = state.last_consolidated
+    users = tokens = 0
+    found: dict[int, After] = {}
+    for message in sorted(state.unfolded, key=lambda m: m.seq, reverse=True):
+        if message.seq <= watermark:
+            continue  # not unfolded: after no boundary >= W
+        users += message.role == "user"
+        tokens += message.tokens
+        if message.role == "user" and message.seq - 1 > watermark:
+            found[message.seq - 1] = After(users, tokens)
+    found[watermark] = After(users, tokens)
+    return dict(sorted(found.items()))
+
+
 def boundaries(state: ChatState) -> list[int]:
     """Every boundary b >= W, ascending: folding (W, b] never splits a turn."""
-    found = [state.last_consolidated]
-    found.extend(m.seq - 1 for m in state.unfolded if m.role == "user")
-    return sorted(set(b for b in found if b >= state.last_consolidated))
-
-
-def _tokens_after(state: ChatState, boundary: int) -> int:
-    return sum(m.tokens for m in state.unfolded if m.seq > boundary)
-
-
-def _users_after(state: ChatState, boundary: int) -> int:
-    return sum(1 for m in state.unfolded if m.seq > boundary and m.role == "user")
+    return list(after_boundaries(state))
 
 
 def compress_end(state: ChatState, policy: Policy, *, keep_newest_turn: bool = True) -> int:
@@ -141,11 +157,8 @@ def compress_end(state: ChatState, policy: Policy, *, keep_newest_turn: bool = T
     the incoming message is the newest turn, so the stored ones only keep the policy's tail."""
     min_turns = max(policy.tail_turns, 1) if keep_newest_turn else max(policy.tail_turns - 1, 0)
     best = state.last_consolidated
-    for boundary in boundaries(state):
-        if (
-            state.last_seq - boundary >= policy.tail_messages
-            and _users_after(state, boundary) >= min_turns
-        ):
+    for boundary, after in after_boundaries(state).items():
+        if state.last_seq - boundary >= policy.tail_messages and after.users >= min_turns:
             best = boundary
     return best
 
@@ -153,12 +166,12 @@ def compress_end(state: ChatState, policy: Policy, *, keep_newest_turn: bool = T
 def _limit_turns(state: ChatState, policy: Policy, end: int) -> int:
     if policy.max_fold_turns is None:
         return end
+    table = after_boundaries(state)
+    unfolded_users = table[state.last_consolidated].users
     allowed = [
-        b
-        for b in boundaries(state)
-        if b <= end
-        and _users_after(state, state.last_consolidated) - _users_after(state, b)
-        <= policy.max_fold_turns
+        boundary
+        for boundary, after in table.items()
+        if boundary <= end and unfolded_users - after.users <= policy.max_fold_turns
     ]
     return max(allowed) if allowed else state.last_consolidated
 
@@ -203,10 +216,10 @@ def _token_fold_end(state: ChatState, policy: Policy, newest_allowed: int) -> in
     target = _token_target(policy, state)
     reserve = max(policy.max_summary_tokens, state.summary_tokens)
     end = newest_allowed
-    for boundary in boundaries(state):
+    for boundary, after in after_boundaries(state).items():
         if boundary > newest_allowed:
             break
-        if reserve + _tokens_after(state, boundary) <= target:
+        if reserve + after.tokens <= target:
             end = boundary
             break
     if policy.tail_messages:

@@ -6,9 +6,13 @@ older summary plus extra verbatim messages): never a gap.
 """
 
 from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
 
 from django.db import connection
+from django.db.models import Model
 
+from conversations import rows
 from conversations.models import AgentState, Brief, Chat, Message
 from memory_worker import policy as engine
 
@@ -22,6 +26,8 @@ class MemorySnapshot:
     version: int
     turns_mark: int
     last_consolidated_at: object  # datetime | None, kept opaque for the engine
+    # Failed folds back off until then (None: not backing off); turn triggers wait for it.
+    next_attempt_at: datetime | None
     unfolded: tuple[Message, ...]
     # Seed 004's agent state as the model receives it (a system message after the prompt) and
     # its stored token count: part of the prompt, so part of the bound.
@@ -38,12 +44,7 @@ UNFOLDED_FIELDS = ("id", "chat_id", "seq", "role", "content", "token_count", "me
 
 
 def load_snapshot(chat_id: int) -> MemorySnapshot:
-    brief = read_brief(chat_id)
-    unfolded = tuple(
-        Message.objects.filter(chat_id=chat_id, seq__gt=brief.last_consolidated)
-        .order_by("seq")
-        .only(*UNFOLDED_FIELDS)
-    )
+    brief, (agent_block, agent_tokens, agent_exists) = read_brief(chat_id)
     return MemorySnapshot(
         chat_id=chat_id,
         summary=brief.summary,
@@ -52,32 +53,57 @@ def load_snapshot(chat_id: int) -> MemorySnapshot:
         version=brief.version,
         turns_mark=brief.turns_mark,
         last_consolidated_at=brief.last_consolidated_at,
-        unfolded=unfolded,
-        agent_context=getattr(brief, "agent_block", None) or "",
-        agent_context_tokens=getattr(brief, "agent_tokens", None) or 0,
-        has_agent_state=bool(getattr(brief, "agent_exists", False)),
+        next_attempt_at=brief.next_attempt_at,
+        unfolded=read_unfolded(chat_id, brief.last_consolidated),
+        agent_context=agent_block or "",
+        agent_context_tokens=agent_tokens or 0,
+        has_agent_state=bool(agent_exists),
     )
 
 
-def read_brief(chat_id: int) -> Brief:
-    """The brief with the chat's agent state (seed 004) alongside, as ``agent_block``,
-    ``agent_tokens`` and ``agent_exists``: one query on the turn's hot path. Plain SQL through
-    raw() because the ORM spelling (three correlated subqueries) costs more to build, per turn,
-    than the query costs to run."""
-    quote = connection.ops.quote_name
-    brief_table, agent_table = quote(Brief._meta.db_table), quote(AgentState._meta.db_table)
-    found = list(
-        Brief.objects.raw(
-            f"SELECT brief.*, agent.context_block AS agent_block, "
-            f"agent.context_tokens AS agent_tokens, agent.chat_id IS NOT NULL AS agent_exists "
-            f"FROM {brief_table} brief LEFT JOIN {agent_table} agent "
-            f"ON agent.chat_id = brief.chat_id WHERE brief.chat_id = %s",
-            [chat_id],
-        )
+# Plain SQL (conversations.rows) for both reads: they run on every turn and every fold, and the
+# ORM's query building costs more than the queries.
+
+
+def read_unfolded(chat_id: int, watermark: int) -> tuple[Message, ...]:
+    """Every message after ``watermark``, in seq order (deferred fields: as with only())."""
+    fields = rows.selected_fields(Message, UNFOLDED_FIELDS)
+    sql = (
+        f"SELECT {rows.column_list(fields)} FROM {quoted_table(Message)} "
+        "WHERE chat_id = %s AND seq > %s ORDER BY seq"
+    )
+    return tuple(
+        message for message, _ in rows.fetch_instances(Message, fields, sql, [chat_id, watermark])
+    )
+
+
+def read_chat(chat_id: int) -> Chat | None:
+    fields = rows.selected_fields(Chat)
+    sql = f"SELECT {rows.column_list(fields)} FROM {quoted_table(Chat)} WHERE id = %s"
+    found = rows.fetch_instances(Chat, fields, sql, [chat_id])
+    return found[0][0] if found else None
+
+
+def read_brief(chat_id: int) -> tuple[Brief, tuple[Any, ...]]:
+    """The brief, and the chat's agent state (seed 004) alongside as (context block, its
+    tokens, whether the chat has one): one query on the turn's hot path."""
+    fields = rows.selected_fields(Brief)
+    found = rows.fetch_instances(
+        Brief,
+        fields,
+        f"SELECT {rows.column_list(fields, 'brief')}, agent.context_block, "
+        "agent.context_tokens, agent.chat_id IS NOT NULL "
+        f"FROM {quoted_table(Brief)} brief LEFT JOIN {quoted_table(AgentState)} agent "
+        "ON agent.chat_id = brief.chat_id WHERE brief.chat_id = %s",
+        [chat_id],
     )
     if not found:
         raise Brief.DoesNotExist(f"chat {chat_id} has no brief")
     return found[0]
+
+
+def quoted_table(model: type[Model]) -> str:
+    return connection.ops.quote_name(model._meta.db_table)
 
 
 def with_appended(snapshot: MemorySnapshot, messages: list[Message]) -> MemorySnapshot:

@@ -50,6 +50,32 @@ def test_wrong_token_is_401(db, client) -> None:  # type: ignore[no-untyped-def]
     assert "Invalid token" in response.json()["detail"]
 
 
+def test_inactive_users_token_is_401(api, user) -> None:  # type: ignore[no-untyped-def]
+    assert api.get("/api/v1/chats/").status_code == 200
+    user.is_active = False
+    user.save(update_fields=["is_active"])
+    response = api.get("/api/v1/chats/")
+    assert response.status_code == 401
+    assert response.json()["detail"] == "User inactive or deleted."
+
+
+def test_token_lookup_matches_the_orms(user) -> None:  # type: ignore[no-untyped-def]
+    """The plain-SQL lookup (conversations.authentication) yields what DRF's ORM lookup does:
+    the same user with every field, and the token with its user attached."""
+    from django.forms.models import model_to_dict
+    from rest_framework.authtoken.models import Token
+
+    from conversations.authentication import TokenAuthentication
+
+    stored = Token.objects.create(user=user)
+    found_user, found_token = TokenAuthentication().authenticate_credentials(stored.key)
+    expected = Token.objects.select_related("user").get(key=stored.key)
+    assert model_to_dict(found_user) == model_to_dict(expected.user)
+    assert found_user.date_joined == expected.user.date_joined  # an aware datetime either way
+    assert (found_token.key, found_token.created) == (expected.key, expected.created)
+    assert found_token.user is found_user
+
+
 @pytest.mark.parametrize(
     ("body", "field"),
     [

@@ -1,6 +1,7 @@
 """The quickstart's embedded default runs on SQLite, which CI's PostgreSQL runs never touch: the
-turn's claim (UPDATE ... RETURNING the chat) and the append in a transaction (UPDATE ...
-RETURNING the counter, then the messages) must work there too, beside the in-process folder."""
+turn's claim (UPDATE ... RETURNING the chat), the append in a transaction (UPDATE ... RETURNING
+the counter, then the messages) and the plain-SQL reads (conversations.rows: SQLite's datetimes
+and UUIDs come back as text) must work there too, beside the in-process folder."""
 
 from __future__ import annotations
 
@@ -36,6 +37,9 @@ statuses = [
 ]
 drain_inline()
 from django.db import connection
+from rest_framework.authtoken.models import Token
+from tests.test_rows import mismatches
+token = Token.objects.create(user=get_user_model().objects.get(username="owner"))
 print(json.dumps({
     "vendor": connection.vendor,
     "statuses": statuses,
@@ -43,6 +47,7 @@ print(json.dumps({
     "stranger": stranger.post(turn, {"content": "x"}, format="json").status_code,
     "missing": owner.post(missing, {"content": "x"}, format="json").status_code,
     "folded": owner.get(f"/api/v1/chats/{chat}/brief/").json()["last_consolidated"],
+    "plain_reads": mismatches(chat, token.key),
 }))
 """
 
@@ -76,3 +81,4 @@ def test_turns_on_the_embedded_sqlite_default(tmp_path: Any) -> None:
     assert result["stranger"] == 404
     assert result["missing"] == 404
     assert result["folded"] > 0  # sliding-window folded in the background meanwhile
+    assert result["plain_reads"] == []  # the hot path's plain SQL reads as the ORM does

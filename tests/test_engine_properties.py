@@ -7,7 +7,7 @@ within the policy's bound."""
 import os
 from datetime import UTC, datetime, timedelta
 
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
@@ -17,6 +17,7 @@ from memory_worker.policy import (
     Decision,
     Msg,
     Policy,
+    after_boundaries,
     decide,
     decide_before_turn,
     prompt_tokens,
@@ -184,3 +185,42 @@ Conversation.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow],
 )
 TestConversation = Conversation.TestCase
+
+
+@st.composite
+def chat_states(draw: st.DrawFn) -> ChatState:
+    """Unfolded messages after W with any roles (a chat may open with a non-user message, turns
+    may hold tool calls), listed in any order."""
+    watermark = draw(st.integers(0, 30))
+    roles = draw(st.lists(st.sampled_from(["user", "assistant", "tool", "system"]), max_size=40))
+    messages = [
+        Msg(watermark + offset, role, draw(st.integers(0, 900)))
+        for offset, role in enumerate(roles, start=1)
+    ]
+    return ChatState(
+        last_consolidated=watermark,
+        last_seq=watermark + len(messages),
+        unfolded=tuple(draw(st.permutations(messages))),
+        summary_tokens=0,
+        system_tokens=0,
+        turns_mark=0,
+        last_consolidated_at=None,
+        model_context_tokens=128_000,
+    )
+
+
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(chat_states())
+def test_after_boundaries_is_the_recount_at_every_boundary(state: ChatState) -> None:
+    """The one-pass table equals the definition: boundaries are W and the seq before every user
+    message; after each, the user messages and tokens with a greater seq."""
+    watermark = state.last_consolidated
+    expected_boundaries = sorted(
+        {watermark} | {m.seq - 1 for m in state.unfolded if m.role == "user"}
+    )
+    table = after_boundaries(state)
+    assert list(table) == expected_boundaries
+    for boundary, after in table.items():
+        later = [m for m in state.unfolded if m.seq > boundary]
+        assert after.users == sum(1 for m in later if m.role == "user")
+        assert after.tokens == sum(m.tokens for m in later)

@@ -18,13 +18,13 @@ from typing import Any
 from django.core.handlers.asgi import ASGIRequest
 from django.http import StreamingHttpResponse
 from rest_framework import exceptions, status
-from rest_framework.authentication import TokenAuthentication
 from rest_framework.permissions import IsAuthenticated
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from conversations.api import errors
+from conversations.authentication import TokenAuthentication
 from conversations.services import exchanges
 from conversations.services import turns as turn_service
 from conversations.services.variants import ModelVariant, model_variants

@@ -6,7 +6,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from conversations.api.agent_serializers import AgentContextSerializer
-from conversations.models import Brief, Chat, Consolidation, DailyNote, Message
+from conversations.models import Brief, Chat, Consolidation, DailyNote, Role
 from memory_worker.policies import effective_policy
 from memory_worker.presets import PRESETS, PolicyError, policy_parameters
 
@@ -59,19 +59,17 @@ class ChatSerializer(serializers.ModelSerializer):
         return attrs
 
 
-class MessageSerializer(serializers.ModelSerializer):
-    class Meta:
-        model = Message
-        fields = [
-            "seq",
-            "role",
-            "content",
-            "token_count",
-            "model_variant",
-            "metadata",
-            "created_at",
-        ]
-        read_only_fields = fields
+# Read-only. Fields declared rather than introspected (ModelSerializer): every turn answers with
+# two messages, and building a ModelSerializer's fields costs more than a turn's query. (A comment,
+# not a docstring: drf-spectacular would publish a docstring as the schema's description.)
+class MessageSerializer(serializers.Serializer):
+    seq = serializers.IntegerField(read_only=True)
+    role = serializers.ChoiceField(choices=Role.choices, read_only=True)
+    content = serializers.CharField(read_only=True)
+    token_count = serializers.IntegerField(read_only=True)
+    model_variant = serializers.CharField(read_only=True)
+    metadata = serializers.JSONField(read_only=True)
+    created_at = serializers.DateTimeField(read_only=True)
 
 
 class TurnRequestSerializer(serializers.Serializer):

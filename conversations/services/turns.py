@@ -27,6 +27,7 @@ from django.conf import settings
 from django.db import connection, connections, transaction
 from django.utils import timezone
 
+from conversations import rows
 from conversations.llm import UPSTREAM_TIMEOUT, ChatCompletion, ModelError, ModelMessages
 from conversations.models import Chat, Message, Role
 from conversations.services.agent_state import queue_agent_summary
@@ -81,22 +82,23 @@ def claim_owned_chat(owner_id: int, chat_id: int) -> tuple[Chat, uuid.UUID]:
     now = timezone.now()
     stale_before = now - timedelta(seconds=settings.TURN_SLOT_STALE_SECONDS)
     adapt_time = connection.ops.adapt_datetimefield_value
-    claimed = list(
-        Chat.objects.raw(
-            f"UPDATE {connection.ops.quote_name(Chat._meta.db_table)} "
-            "SET turn_token = %s, turn_started_at = %s WHERE id = %s AND owner_id = %s "
-            "AND (turn_token IS NULL OR turn_started_at < %s) RETURNING *",
-            [
-                Chat._meta.get_field("turn_token").get_db_prep_value(token, connection),
-                adapt_time(now),
-                chat_id,
-                owner_id,
-                adapt_time(stale_before),
-            ],
-        )
+    fields = rows.selected_fields(Chat)
+    claimed = rows.fetch_instances(
+        Chat,
+        fields,
+        f"UPDATE {connection.ops.quote_name(Chat._meta.db_table)} "
+        "SET turn_token = %s, turn_started_at = %s WHERE id = %s AND owner_id = %s "
+        f"AND (turn_token IS NULL OR turn_started_at < %s) RETURNING {rows.column_list(fields)}",
+        [
+            Chat._meta.get_field("turn_token").get_db_prep_value(token, connection),
+            adapt_time(now),
+            chat_id,
+            owner_id,
+            adapt_time(stale_before),
+        ],
     )
     if claimed:
-        return claimed[0], token
+        return claimed[0][0], token
     if Chat.objects.filter(pk=chat_id, owner_id=owner_id).exists():
         raise TurnInProgress(BUSY)
     raise Chat.DoesNotExist(f"no chat {chat_id} of user {owner_id}")

@@ -1,0 +1,108 @@
+"""The hot path's plain-SQL reads (conversations.rows) give what the ORM gives: the same field
+values, converted the same way (JSON, datetimes, UUIDs). ``mismatches`` also runs on SQLite, in
+tests/test_embedded_sqlite.py."""
+
+from typing import Any
+
+import pytest
+from django.db.models import Model
+
+from conversations.services.agent_state import summarize_turns
+
+
+def field_values(instance: Model, names: Any = None) -> dict[str, Any]:
+    return {
+        field.attname: getattr(instance, field.attname)
+        for field in instance._meta.concrete_fields
+        if names is None or field.name in names or field.attname in names
+    }
+
+
+def mismatches(chat_id: int, token_key: str) -> list[str]:
+    """What differs between each plain-SQL read of the chat and the ORM's read of the same."""
+    from rest_framework.authtoken.models import Token
+
+    from conversations.authentication import TokenAuthentication
+    from conversations.models import AgentState, Brief, Chat, Message
+    from memory_worker.state import UNFOLDED_FIELDS, read_brief, read_chat, read_unfolded
+
+    found: list[str] = []
+
+    def compare(label: str, plain: dict[str, Any], orm: dict[str, Any]) -> None:
+        if plain != orm:
+            found.append(f"{label}: {plain!r} != {orm!r}")
+
+    plain_chat = read_chat(chat_id)
+    assert plain_chat is not None
+    compare("chat", field_values(plain_chat), field_values(Chat.objects.get(pk=chat_id)))
+    brief, (agent_block, agent_tokens, agent_exists) = read_brief(chat_id)
+    compare("brief", field_values(brief), field_values(Brief.objects.get(chat_id=chat_id)))
+    agent = AgentState.objects.filter(chat_id=chat_id).first()
+    compare(
+        "agent state",
+        {"block": agent_block, "tokens": agent_tokens, "exists": bool(agent_exists)},
+        {
+            "block": agent and agent.context_block,
+            "tokens": agent and agent.context_tokens,
+            "exists": agent is not None,
+        },
+    )
+    orm_tail = Message.objects.filter(chat_id=chat_id, seq__gt=brief.last_consolidated)
+    compare(
+        "unfolded",
+        {
+            "rows": [
+                field_values(m, UNFOLDED_FIELDS)
+                for m in read_unfolded(chat_id, brief.last_consolidated)
+            ]
+        },
+        {"rows": [field_values(m, UNFOLDED_FIELDS) for m in orm_tail.order_by("seq")]},
+    )
+    user, token = TokenAuthentication().authenticate_credentials(token_key)
+    expected = Token.objects.select_related("user").get(key=token_key)
+    compare("user", field_values(user), field_values(expected.user))
+    compare("token", field_values(token), field_values(expected))
+    if token.user is not user:
+        found.append("token.user is not the user returned")
+    return found
+
+
+@pytest.mark.django_db
+def test_plain_reads_match_the_orm(api, user) -> None:  # type: ignore[no-untyped-def]
+    from rest_framework.authtoken.models import Token
+
+    from conversations.models import AgentState
+
+    chat = api.post("/api/v1/chats/", {"title": "rows"}, format="json").json()["id"]
+    for number in range(3):
+        body = {"content": f"message {number}", "agent": {"decision": "plan_direct"}}
+        assert api.post(f"/api/v1/chats/{chat}/turns/", body, format="json").status_code == 201
+    summarize_turns(chat)
+    assert AgentState.objects.filter(chat_id=chat).exists()  # the brief's join has one to find
+    assert mismatches(chat, Token.objects.get(user=user).key) == []
+
+
+@pytest.mark.django_db
+def test_a_difference_is_reported(api, user) -> None:  # type: ignore[no-untyped-def]
+    """The comparison can fail: a message changed behind the plain read's back shows."""
+    from unittest import mock
+
+    from rest_framework.authtoken.models import Token
+
+    from memory_worker import state
+
+    chat = api.post("/api/v1/chats/", {"title": "rows"}, format="json").json()["id"]
+    assert (
+        api.post(f"/api/v1/chats/{chat}/turns/", {"content": "hi"}, format="json").status_code
+        == 201
+    )
+    real = state.read_unfolded
+
+    def altered(chat_id: int, watermark: int) -> Any:
+        messages = real(chat_id, watermark)
+        messages[0].metadata = {"changed": True}
+        return messages
+
+    with mock.patch.object(state, "read_unfolded", altered):
+        found = mismatches(chat, Token.objects.get(user=user).key)
+    assert len(found) == 1 and found[0].startswith("unfolded")
