@@ -1,7 +1,7 @@
 """Consolidation workers scale (issue 6): folds per second with 1 and with 2 worker processes,
 and a worker's resident memory over many folds.
 
-    python -m bench.workers [--chats 200] [--folds-per-chat 25] [--seconds 30]
+    python -m bench.workers [--chats 300] [--folds-per-chat 25] [--seconds 30]
                             [--database-url postgres://postgres@127.0.0.1:5432/chatmem_bench]
                             [--redis-url redis://127.0.0.1:6379/8]
                             [--out bench/results/workers.json]
@@ -41,7 +41,9 @@ ROOT = Path(__file__).resolve().parent.parent
 TAIL, WINDOW = 40, 12
 # Workers get this process's environment (configure_django set it) plus this; they log at INFO
 # so that "ready." shows (and each fold, as in production).
-WORKER_ENV = {"LOG_LEVEL": "INFO"}
+# The tests' harness closes the database connection after every task (DB_CONN_MAX_AGE=0, so test
+# databases can be dropped); production keeps it (the default, 60 s), and so does this bench.
+WORKER_ENV = {"LOG_LEVEL": "INFO", "DB_CONN_MAX_AGE": "60"}
 
 
 def make_chats(owner: Any, chats: int, folds_per_chat: int) -> list[int]:
@@ -105,7 +107,17 @@ def queue_all(chat_ids: Sequence[int]) -> None:
         consolidate_chat.apply_async(args=(chat_id, "sweep"))
 
 
+def empty_broker(redis_url: str) -> None:
+    """Drop what an earlier phase left queued: its chats were not drained, and a phase whose
+    workers also folded those would count only its own chats' folds (the first version of this
+    benchmark did, and under-counted 2 workers by half)."""
+    import redis
+
+    redis.Redis.from_url(redis_url).flushdb()
+
+
 def measure_phase(owner: Any, workers: int, args: argparse.Namespace) -> dict[str, Any]:
+    empty_broker(args.redis_url)
     chat_ids = make_chats(owner, args.chats, args.folds_per_chat)
     total = len(chat_ids) * args.folds_per_chat
     processes = start_workers(workers, f"w{workers}", args.redis_url)
@@ -132,6 +144,7 @@ def measure_phase(owner: Any, workers: int, args: argparse.Namespace) -> dict[st
 
 def measure_rss(owner: Any, args: argparse.Namespace) -> dict[str, Any]:
     per_chat = 25
+    empty_broker(args.redis_url)
     chat_ids = make_chats(owner, max(args.rss_folds // per_chat, 1), per_chat)
     processes = start_workers(1, "rss", args.redis_url)
     samples: list[tuple[int, int]] = []
@@ -161,7 +174,7 @@ def measure_rss(owner: Any, args: argparse.Namespace) -> dict[str, Any]:
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bench.workers")
-    parser.add_argument("--chats", type=int, default=200)
+    parser.add_argument("--chats", type=int, default=300)
     parser.add_argument("--folds-per-chat", type=int, default=25)
     parser.add_argument("--seconds", type=float, default=30.0)
     parser.add_argument("--rss-folds", type=int, default=10_000)
@@ -186,15 +199,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         "LOG_LEVEL": "WARNING",
     }
     configure_django(args.database_url, service)
-    import redis
     from django.contrib.auth import get_user_model
 
-    redis.Redis.from_url(args.redis_url).flushdb()
     owner = get_user_model().objects.create_user(username=f"bench-{uuid.uuid4().hex[:8]}")
     one = measure_phase(owner, 1, args)
     two = measure_phase(owner, 2, args)
     memory = measure_rss(owner, args)
-    redis.Redis.from_url(args.redis_url).flushdb()
+    empty_broker(args.redis_url)
     scaling = two["folds_per_second"] / one["folds_per_second"] if one["folds_per_second"] else 0
     report = {
         "command": "python -m bench.workers " + " ".join(sys.argv[1:] if argv is None else argv),

@@ -187,6 +187,9 @@ MEMORY_TASK_TIME_LIMIT = env.int("MEMORY_TASK_TIME_LIMIT", default=300)
 MEMORY_LOCK_TTL_SECONDS = env.int("MEMORY_LOCK_TTL_SECONDS", default=360)
 BROKER_VISIBILITY_TIMEOUT = env.int("BROKER_VISIBILITY_TIMEOUT", default=3600)
 MEMORY_SWEEP_INTERVAL_SECONDS = env.float("MEMORY_SWEEP_INTERVAL_SECONDS", default=60.0)
+# A turn queues no consolidation task for a chat that has one queued and not started yet
+# (memory_worker.dispatch); a marker older than this no longer counts (0: no deduplication).
+MEMORY_ENQUEUE_DEDUP_SECONDS = env.float("MEMORY_ENQUEUE_DEDUP_SECONDS", default=60.0)
 # How many policy re-evaluations one task runs while holding the lock before handing on.
 MEMORY_MAX_RERUNS_PER_TASK = env.int("MEMORY_MAX_RERUNS_PER_TASK", default=5)
 

@@ -2,6 +2,7 @@
 sweep, the API and the admin. It never raises: a broker that is down is logged, and the beat
 sweep finds the chat later (DESIGN §3 step 7)."""
 
+import contextlib
 import contextvars
 import logging
 import threading
@@ -41,10 +42,51 @@ def request_consolidation(chat_id: int, trigger: str, due_at: datetime | None = 
 def _publish(chat_id: int, trigger: str, due_at: datetime | None) -> None:
     from memory_worker.tasks import consolidate_chat
 
+    if trigger == "turn" and not mark_queued(chat_id):
+        return  # a task queued for this chat has not started: it will see this turn (below)
     # An optional keyword, so messages queued before it existed still run.
     kwargs = {"due_at": due_at.timestamp()} if due_at is not None else {}
-    # retry=False: a dead broker must fail fast instead of holding the request.
-    consolidate_chat.apply_async(args=(chat_id, trigger), kwargs=kwargs, retry=False)
+    try:
+        # retry=False: a dead broker must fail fast instead of holding the request.
+        consolidate_chat.apply_async(args=(chat_id, trigger), kwargs=kwargs, retry=False)
+    except Exception:
+        if trigger == "turn":
+            with contextlib.suppress(Exception):  # else the marker expires on its own
+                clear_queued(chat_id)
+        raise
+
+
+# One queued task per chat is enough. A task reads the chat's state when it starts, so while one
+# is queued and not started, a turn that finds a fold due adds nothing by queuing another:
+# without this marker every turn of a chat whose fold stays due (workers behind, or down)
+# queued one more task, a pile in the broker (DESIGN §1.3) and a broker write on every turn.
+# Ordering: a turn commits, then takes the marker (SET NX); the task deletes the marker before
+# it reads anything (tasks.consolidate_chat). A turn that finds the marker taken committed
+# before the task's read, so the task sees it; a turn after the delete queues a new task. Only
+# turn triggers are deduplicated: manual runs skip the failure backoff and the sweep and reruns
+# are rare. The marker's TTL bounds how long a lost task message could keep turns from queuing
+# (the sweep finds such a chat anyway).
+QUEUED_KEY = "chatmem:queued:{}"
+
+
+def mark_queued(chat_id: int) -> bool:
+    """Take the chat's queued marker; False if a queued task already holds it."""
+    ttl = settings.MEMORY_ENQUEUE_DEDUP_SECONDS
+    if ttl <= 0 or not settings.REDIS_URL:
+        return True
+    from memory_worker.runtime import redis_client
+
+    taken = redis_client(settings.REDIS_URL).set(
+        QUEUED_KEY.format(chat_id), "1", nx=True, px=int(ttl * 1000)
+    )
+    return bool(taken)
+
+
+def clear_queued(chat_id: int) -> None:
+    if settings.REDIS_URL:
+        from memory_worker.runtime import redis_client
+
+        redis_client(settings.REDIS_URL).delete(QUEUED_KEY.format(chat_id))
 
 
 def _executor() -> ThreadPoolExecutor:

@@ -143,37 +143,22 @@ def message_text(message: FoldMessage) -> str:
     return message.content.strip() or EMPTY_CONTENT
 
 
+# Every rule of seed 000 §8-9 in as few tokens as say it plainly: they travel with every fold,
+# so each token here costs as much as a token of conversation, summary after summary
+# (docs/benchmarks.md: 302 tokens of instructions were a third of a fold's overhead). Seed 003's
+# hosted prompt says its part in three lines.
 SUMMARY_INSTRUCTIONS = """\
-You maintain the long-term memory of a conversation between a user and an assistant.
-
-The input has two parts: EXISTING_SUMMARY (the current memory, or NONE) and NEW_TURNS (messages \
-that are about to leave the assistant's context). Return the complete updated memory summary.
-
-Rules:
-- Rewrite the whole summary from scratch, merging the existing summary with what the new turns \
-add. Never just append.
-- Deduplicate: state each piece of information once.
-- When information conflicts, the most recent explicit decision or statement wins; drop what it \
-replaces.
-- Keep only durable, action-guiding information: facts, constraints, goals, preferences, \
-decisions, open items and pending commitments, key artifacts and references (names, numbers, \
-files, URLs, identifiers).
-- Do not invent anything that is not in the input. Do not answer the user or continue the \
-conversation.
-- No transcript: no quoted or verbatim dialogue, no "the user said / the assistant said" \
-narration, no emotional tone, greetings or filler, no ephemeral details, no assistant opinions \
-or reasoning.
-
-Format: exactly these five Markdown headings, in this order, each followed by short "- " \
-bullets; write "- None" under a heading with nothing to keep:
+Rewrite the whole long-term memory summary: EXISTING_SUMMARY (or NONE) merged with NEW_TURNS, \
+which are leaving the conversation's context. Deduplicate; the most recent explicit decision \
+wins. Keep only durable, action-guiding information, with exact names, numbers, files and URLs. \
+Do not invent. No transcript: no dialogue, narration, tone, filler, ephemera or assistant \
+reasoning; never reply. These headings in order, short "- " bullets, "- None" if empty:
 ## Facts / Constraints
 ## Goals / Preferences
 ## Decisions
 ## Open Items
 ## Key Artifacts
-
-Output only the summary, nothing before or after it. Stay within {cap_tokens} tokens; when space \
-is short, drop the least durable details first."""
+Output only the summary, within {cap_tokens} tokens; drop the least durable first."""
 
 
 def summary_instructions(cap_tokens: int) -> str:

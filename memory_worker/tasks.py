@@ -10,7 +10,7 @@ from django.utils import timezone
 
 from memory_worker import consolidation, hooks
 from memory_worker.agent_summaries import summarize_agent_turns  # noqa: F401  (registers it)
-from memory_worker.dispatch import request_consolidation
+from memory_worker.dispatch import clear_queued, request_consolidation
 from memory_worker.runtime import chat_lock
 
 log = logging.getLogger("chatmem.tasks")
@@ -18,6 +18,12 @@ log = logging.getLogger("chatmem.tasks")
 
 @shared_task(name="chatmem.consolidate_chat", queue="memory", acks_late=True)
 def consolidate_chat(chat_id: int, trigger: str = "turn", due_at: float | None = None) -> list[str]:
+    # Before reading anything: a turn that commits from here on queues a new task (dispatch).
+    try:
+        clear_queued(chat_id)
+    except Exception:
+        # Redis is down: the marker expires on its own; the lock below will fail the task.
+        log.warning("could not clear the queued marker", extra={"chat_id": chat_id})
     due = datetime.fromtimestamp(due_at, UTC) if due_at is not None else None
     outcomes = consolidation.consolidate_with_lock(chat_id, trigger, chat_lock(), due_at=due)
     delay = consolidation.fast_retry_delay(outcomes)  # the policy lives in the service

@@ -280,9 +280,16 @@ def test_instructions_follow_seed_000_and_state_the_cap() -> None:
     for heading in HEADINGS:
         assert f"\n{heading}\n" in instructions
     assert "within 321 tokens" in instructions
-    for rule in ("Rewrite the whole summary", "Deduplicate", "most recent explicit decision"):
+    for rule in ("Rewrite the whole", "Deduplicate", "most recent explicit decision", "durable"):
         assert rule in instructions
     assert "Do not invent" in instructions and "No transcript" in instructions
+    assert "never reply" in instructions
+
+
+def test_instructions_stay_short() -> None:
+    """They travel with every fold: a token here is paid again on every summarizer call
+    (docs/benchmarks.md, amplification). 302 tokens before they were tightened."""
+    assert count_tokens(summary_instructions(500)) <= 150
 
 
 # ---------------------------------------------------------------------------------------------

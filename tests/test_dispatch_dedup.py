@@ -1,0 +1,160 @@
+"""One queued consolidation task per chat: a turn that finds a fold due publishes nothing while a
+task for that chat is queued and not started (memory_worker.dispatch), and the task gives the
+chat back to later turns when it starts, before it reads anything."""
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from memory_worker import tasks
+from memory_worker.dispatch import QUEUED_KEY, clear_queued, request_consolidation
+from tests.conftest import client_for
+from tests.workers import Worker, point_celery_at, wait_until
+
+pytestmark = [pytest.mark.redis]
+
+QUEUE = "memory"  # kombu's Redis transport keeps a queue's messages in a list of that name
+
+
+def queued_tasks(client: Any) -> list[tuple[str, str]]:
+    """(task name, its arguments) of every message waiting in the memory queue."""
+    import json
+
+    messages = [json.loads(raw) for raw in client.lrange(QUEUE, 0, -1)]
+    return [(m["headers"]["task"], m["headers"]["argsrepr"]) for m in messages]
+
+
+@pytest.fixture
+def broker(settings, clean_redis) -> Iterator[Any]:  # type: ignore[no-untyped-def]
+    import redis
+
+    previous = point_celery_at(clean_redis)
+    settings.REDIS_URL = clean_redis
+    settings.MEMORY_DISPATCH = "celery"
+    yield redis.Redis.from_url(clean_redis)
+    point_celery_at(previous)
+
+
+def test_turns_queue_one_task_per_chat_until_it_starts(broker) -> None:  # type: ignore[no-untyped-def]
+    for _ in range(5):
+        assert request_consolidation(7, "turn")  # handed on: to the task already queued
+    assert broker.llen(QUEUE) == 1
+    assert request_consolidation(8, "turn")  # another chat has its own marker
+    assert broker.llen(QUEUE) == 2
+    clear_queued(7)  # what the task does when it starts
+    assert request_consolidation(7, "turn")
+    assert broker.llen(QUEUE) == 3
+
+
+def test_manual_sweep_and_rerun_requests_always_publish(broker) -> None:  # type: ignore[no-untyped-def]
+    assert request_consolidation(7, "turn")
+    for trigger in ("manual", "sweep", "rerun", "manual"):
+        assert request_consolidation(7, trigger)
+    assert broker.llen(QUEUE) == 5
+
+
+def test_the_marker_expires(broker, settings) -> None:  # type: ignore[no-untyped-def]
+    settings.MEMORY_ENQUEUE_DEDUP_SECONDS = 0.2
+    assert request_consolidation(7, "turn")
+    assert 0 < broker.pttl(QUEUED_KEY.format(7)) <= 200
+    assert wait_until(lambda: not broker.exists(QUEUED_KEY.format(7)), timeout=5)
+    assert request_consolidation(7, "turn")
+    assert broker.llen(QUEUE) == 2
+
+
+def test_zero_turns_deduplication_off(broker, settings) -> None:  # type: ignore[no-untyped-def]
+    settings.MEMORY_ENQUEUE_DEDUP_SECONDS = 0
+    for _ in range(3):
+        assert request_consolidation(7, "turn")
+    assert broker.llen(QUEUE) == 3
+
+
+def test_a_failed_publish_leaves_no_marker(broker) -> None:  # type: ignore[no-untyped-def]
+    """The marker lives in Redis beside the broker; if the publish fails after the marker was
+    taken, the marker is given back so the next turn publishes."""
+    import socket
+
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        dead_port = probe.getsockname()[1]
+    live = point_celery_at(f"redis://127.0.0.1:{dead_port}/0")
+    try:
+        assert not request_consolidation(7, "turn")  # logged, never raised
+    finally:
+        point_celery_at(live)
+    assert not broker.exists(QUEUED_KEY.format(7))
+    assert request_consolidation(7, "turn")
+    assert broker.llen(QUEUE) == 1
+
+
+def test_the_task_clears_the_marker_before_it_reads(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Called as a worker calls it: the marker goes before consolidate_with_lock reads the chat,
+    so a turn that found the marker taken is seen by this run."""
+    calls: list[str] = []
+    monkeypatch.setattr(tasks, "clear_queued", lambda chat_id: calls.append(f"clear {chat_id}"))
+
+    def consolidate(chat_id: int, trigger: str, lock: object, **_: object) -> list[object]:
+        calls.append(f"read {chat_id}")
+        return []
+
+    monkeypatch.setattr(tasks.consolidation, "consolidate_with_lock", consolidate)
+    assert tasks.consolidate_chat.run(7, "turn") == []
+    assert calls == ["clear 7", "read 7"]
+
+
+def test_a_task_whose_marker_cannot_be_cleared_still_runs(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    def broken(chat_id: int) -> None:
+        raise ConnectionError("redis is down")
+
+    ran: list[int] = []
+
+    def consolidate(chat_id: int, *args: object, **kwargs: object) -> list[object]:
+        ran.append(chat_id)
+        return []
+
+    monkeypatch.setattr(tasks, "clear_queued", broken)
+    monkeypatch.setattr(tasks.consolidation, "consolidate_with_lock", consolidate)
+    tasks.consolidate_chat.run(7, "turn")
+    assert ran == [7]
+
+
+@pytest.mark.postgres
+@pytest.mark.worker
+def test_a_chat_behind_queues_one_task_and_a_worker_catches_it_up(
+    require_postgres, broker, clean_redis, user
+) -> None:  # type: ignore[no-untyped-def]
+    """Workers down: 30 turns of a contract chat (a fold due after nearly every turn; the turns
+    also fold synchronously when the bound is reached) leave one consolidation task in the
+    queue, not one per turn (the flush hooks of the synchronous folds queue their own tasks).
+    A worker started afterwards folds the chat up to date from that task and its reruns, and
+    clears the marker."""
+    from django.utils import timezone
+
+    from conversations.models import Brief, Chat
+    from memory_worker.consolidation import decide_for_chat
+    from memory_worker.state import load_snapshot
+
+    api = client_for(user)
+    chat_id = api.post("/api/v1/chats/", {"policy": "contract"}, format="json").json()["id"]
+    for number in range(30):
+        response = api.post(
+            f"/api/v1/chats/{chat_id}/turns/", {"content": f"fact {number}"}, format="json"
+        )
+        assert response.status_code == 201
+    folds = [task for task in queued_tasks(broker) if task[0] == "chatmem.consolidate_chat"]
+    assert folds == [("chatmem.consolidate_chat", f"({chat_id}, 'turn')")]
+    assert broker.exists(QUEUED_KEY.format(chat_id))
+    worker = Worker(clean_redis, "dedup")
+    try:
+        worker.wait_ready()
+
+        def caught_up() -> bool:
+            chat = Chat.objects.get(pk=chat_id)
+            return decide_for_chat(chat, load_snapshot(chat_id), "turn", timezone.now()) is None
+
+        assert wait_until(caught_up, timeout=60), worker.log()
+    finally:
+        worker.stop()
+    assert Brief.objects.get(chat_id=chat_id).last_consolidated > 0
+    assert not broker.exists(QUEUED_KEY.format(chat_id))
