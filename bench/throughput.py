@@ -205,6 +205,23 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def synchronous_folds(database_url: str, chat_ids: Sequence[int]) -> int | None:
+    """Folds the turns ran themselves: with no worker consuming, a chat's unfolded tail reaches
+    the policy's hard bound and the next turn folds before calling the model (DESIGN §3.4)."""
+    if not database_url.startswith("postgres"):
+        return None
+    import psycopg
+
+    url = database_url.replace("postgres://", "postgresql://", 1)
+    with psycopg.connect(url) as connection:
+        found = connection.execute(
+            "SELECT count(*) FROM conversations_consolidation "
+            "WHERE synchronous AND chat_id = ANY(%s)",
+            (list(chat_ids),),
+        ).fetchone()
+    return int(found[0]) if found else 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     ensure_database(args.database_url)
@@ -229,6 +246,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         redis.Redis.from_url(args.redis_url).flushdb()  # the folds nobody consumed
     proxy, chatmem = describe(results["proxy"]), describe(results["chatmem"])
+    chatmem["synchronous_folds"] = synchronous_folds(args.database_url, chats)
     ratio = chatmem["turns_per_second_median"] / proxy["turns_per_second_median"]
     report = {
         "command": "python -m bench.throughput " + " ".join(sys.argv[1:] if argv is None else argv),

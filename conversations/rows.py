@@ -7,11 +7,15 @@ These helpers keep what the ORM guarantees that matters here: the columns come f
 SQLite's datetimes and UUIDs), and the result is an ordinary model instance (``Model.from_db``),
 with any field not selected deferred as with ``only()``."""
 
+import functools
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
 from django.db import DEFAULT_DB_ALIAS, connection, connections
-from django.db.models import Field, Model
+from django.db.models import Field, Model, signals
+from django.db.models.base import ModelState
+from django.db.models.fields.related_descriptors import ForeignKeyDeferredAttribute
+from django.db.models.query_utils import DeferredAttribute
 
 ModelT = TypeVar("ModelT", bound=Model)
 Converter = Callable[[Any, Any, Any], Any]
@@ -51,7 +55,7 @@ def fetch_instances(
         values = list(row[:width])
         for index, expression, convert in converters:
             values[index] = convert(values[index], expression, db)
-        instances.append((model.from_db(db.alias, attnames, values), tuple(row[width:])))
+        instances.append((instantiate(model, db.alias, attnames, values), tuple(row[width:])))
     return instances
 
 
@@ -60,7 +64,40 @@ def build_instance(model: type[ModelT], fields: Sequence[Field], values: Sequenc
     converted = list(values)
     for index, expression, convert in field_converters(fields):
         converted[index] = convert(converted[index], expression, connection)
-    return model.from_db(connection.alias, [field.attname for field in fields], converted)
+    return instantiate(model, connection.alias, [field.attname for field in fields], converted)
+
+
+def instantiate(
+    model: type[ModelT], alias: str, attnames: Sequence[str], values: Sequence[Any]
+) -> ModelT:
+    """What ``Model.from_db`` returns, built without ``Model.__init__`` when that changes
+    nothing: no pre_init/post_init receiver for the model and only plain field descriptors
+    (which store the value in the instance's ``__dict__``). __init__ walks every field and sends
+    both signals; for a turn's unfolded tail it was most of the time spent reading it (py-spy,
+    docs/benchmarks.md). Fields not selected are left out of ``__dict__``, so they are deferred
+    and load on access, exactly as after ``only()``."""
+    if not plain_descriptors(model, tuple(attnames)) or has_init_receivers(model):
+        return model.from_db(alias, list(attnames), list(values))
+    instance = model.__new__(model)
+    state = ModelState()
+    state.adding = False
+    state.db = alias
+    instance.__dict__["_state"] = state
+    instance.__dict__.update(zip(attnames, values, strict=True))
+    return instance
+
+
+def has_init_receivers(model: type[Model]) -> bool:
+    # Checked on every call (cheap): a receiver connected after start-up still gets its signal.
+    return signals.pre_init.has_listeners(model) or signals.post_init.has_listeners(model)
+
+
+@functools.lru_cache(maxsize=64)
+def plain_descriptors(model: type[Model], attnames: tuple[str, ...]) -> bool:
+    """Whether every one of ``attnames`` is a plain column attribute: setting it through
+    __init__'s setattr only stores the value (a file or a custom descriptor might do more)."""
+    plain = (DeferredAttribute, ForeignKeyDeferredAttribute)
+    return all(type(getattr(model, attname, None)) in plain for attname in attnames)
 
 
 def field_converters(fields: Sequence[Field]) -> list[tuple[int, Any, Converter]]:

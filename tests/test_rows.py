@@ -106,3 +106,52 @@ def test_a_difference_is_reported(api, user) -> None:  # type: ignore[no-untyped
     with mock.patch.object(state, "read_unfolded", altered):
         found = mismatches(chat, Token.objects.get(user=user).key)
     assert len(found) == 1 and found[0].startswith("unfolded")
+
+
+@pytest.mark.django_db
+def test_instances_are_what_from_db_builds(api) -> None:  # type: ignore[no-untyped-def]
+    """rows.instantiate skips Model.__init__; the instance must not differ: same values, same
+    deferred fields (which still load on access), not adding, the same database."""
+    from conversations import rows
+    from conversations.models import Message
+    from memory_worker.state import UNFOLDED_FIELDS
+
+    chat = api.post("/api/v1/chats/", {"title": "rows"}, format="json").json()["id"]
+    assert api.post(f"/api/v1/chats/{chat}/turns/", {"content": "hi"}, format="json").status_code
+    fields = rows.selected_fields(Message, UNFOLDED_FIELDS)
+    attnames = [field.attname for field in fields]
+    stored = Message.objects.filter(chat_id=chat).order_by("seq").first()
+    assert stored is not None
+    values = [getattr(stored, name) for name in attnames]
+    fast = rows.instantiate(Message, "default", attnames, values)
+    slow = Message.from_db("default", attnames, values)
+    assert type(fast) is Message
+    assert {k: v for k, v in fast.__dict__.items() if k != "_state"} == {
+        k: v for k, v in slow.__dict__.items() if k != "_state"
+    }
+    deferred = {"model_variant", "created_at"}
+    assert fast.get_deferred_fields() == slow.get_deferred_fields() == deferred
+    assert (fast._state.adding, fast._state.db) == (slow._state.adding, slow._state.db)
+    assert fast.created_at == stored.created_at  # a deferred field loads on access
+    assert fast == stored and fast.chat.pk == chat
+
+
+def test_init_receivers_get_their_signals() -> None:
+    """A model someone listens to is built through Model.__init__, so the receiver runs."""
+    from django.db.models import signals
+
+    from conversations import rows
+    from conversations.models import Message
+
+    seen: list[object] = []
+
+    def receiver(sender: object, instance: object, **kwargs: object) -> None:
+        seen.append(instance)
+
+    signals.post_init.connect(receiver, sender=Message)
+    try:
+        built = rows.instantiate(Message, "default", ["id", "seq"], [5, 3])
+    finally:
+        signals.post_init.disconnect(receiver, sender=Message)
+    assert seen == [built]
+    assert rows.instantiate(Message, "default", ["id", "seq"], [5, 3]).seq == 3
