@@ -50,12 +50,13 @@ def fetch_instances(
     with db.cursor() as cursor:
         cursor.execute(sql, params)
         found = cursor.fetchall()
+    build = builder(model, db.alias, attnames)  # decided once, not per row
     instances = []
     for row in found:
         values = list(row[:width])
         for index, expression, convert in converters:
             values[index] = convert(values[index], expression, db)
-        instances.append((instantiate(model, db.alias, attnames, values), tuple(row[width:])))
+        instances.append((build(values), tuple(row[width:])))
     return instances
 
 
@@ -70,25 +71,37 @@ def build_instance(model: type[ModelT], fields: Sequence[Field], values: Sequenc
 def instantiate(
     model: type[ModelT], alias: str, attnames: Sequence[str], values: Sequence[Any]
 ) -> ModelT:
-    """What ``Model.from_db`` returns, built without ``Model.__init__`` when that changes
-    nothing: no pre_init/post_init receiver for the model and only plain field descriptors
-    (which store the value in the instance's ``__dict__``). __init__ walks every field and sends
-    both signals; for a turn's unfolded tail it was most of the time spent reading it (py-spy,
-    docs/benchmarks.md). Fields not selected are left out of ``__dict__``, so they are deferred
-    and load on access, exactly as after ``only()``."""
-    if not plain_descriptors(model, tuple(attnames)) or has_init_receivers(model):
-        return model.from_db(alias, list(attnames), list(values))
-    instance = model.__new__(model)
-    state = ModelState()
-    state.adding = False
-    state.db = alias
-    instance.__dict__["_state"] = state
-    instance.__dict__.update(zip(attnames, values, strict=True))
-    return instance
+    """What ``Model.from_db`` returns (see builder)."""
+    return builder(model, alias, attnames)(values)
+
+
+def builder(
+    model: type[ModelT], alias: str, attnames: Sequence[str]
+) -> Callable[[Sequence[Any]], ModelT]:
+    """A function from one row's values to what ``Model.from_db`` returns, built without
+    ``Model.__init__`` when that changes nothing: no pre_init/post_init receiver for the model and
+    only plain field descriptors (which store the value in the instance's ``__dict__``). __init__
+    walks every field and sends both signals; for a turn's unfolded tail it was most of the time
+    spent reading it (py-spy, docs/benchmarks.md). Fields not selected are left out of
+    ``__dict__``, so they are deferred and load on access, exactly as after ``only()``."""
+    names = list(attnames)
+    if not plain_descriptors(model, tuple(names)) or has_init_receivers(model):
+        return lambda values: model.from_db(alias, names, list(values))
+
+    def build(values: Sequence[Any]) -> ModelT:
+        instance = model.__new__(model)
+        state = ModelState()
+        state.adding = False
+        state.db = alias
+        instance.__dict__["_state"] = state
+        instance.__dict__.update(zip(names, values, strict=True))
+        return instance
+
+    return build
 
 
 def has_init_receivers(model: type[Model]) -> bool:
-    # Checked on every call (cheap): a receiver connected after start-up still gets its signal.
+    # Checked on every read, not cached: a receiver connected after start-up gets its signal.
     return signals.pre_init.has_listeners(model) or signals.post_init.has_listeners(model)
 
 
