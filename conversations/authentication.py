@@ -31,8 +31,8 @@ class TokenAuthentication(authentication.TokenAuthentication):
             token_model,
             token_fields,
             f"SELECT {rows.column_list(token_fields, 't')}, {rows.column_list(user_fields, 'u')} "
-            f"FROM {quote(token_model._meta.db_table)} t "
-            f"JOIN {quote(user_model._meta.db_table)} u ON u.{user_pk} = t.{user_fk} "
+            f"FROM {rows.quoted_table(token_model)} t "
+            f"JOIN {rows.quoted_table(user_model)} u ON u.{user_pk} = t.{user_fk} "
             f"WHERE t.{token_key} = %s",
             [key],
         )

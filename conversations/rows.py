@@ -32,6 +32,10 @@ def selected_fields(model: type[Model], names: Iterable[str] | None = None) -> l
     ]
 
 
+def quoted_table(model: type[Model]) -> str:
+    return connection.ops.quote_name(model._meta.db_table)
+
+
 def column_list(fields: Sequence[Field], table_alias: str = "") -> str:
     prefix = f"{table_alias}." if table_alias else ""
     quote = connection.ops.quote_name
@@ -51,21 +55,22 @@ def fetch_instances(
         cursor.execute(sql, params)
         found = cursor.fetchall()
     build = builder(model, db.alias, attnames)  # decided once, not per row
-    instances = []
-    for row in found:
-        values = list(row[:width])
-        for index, expression, convert in converters:
-            values[index] = convert(values[index], expression, db)
-        instances.append((build(values), tuple(row[width:])))
-    return instances
+    return [(build(converted(row[:width], converters, db)), tuple(row[width:])) for row in found]
 
 
 def build_instance(model: type[ModelT], fields: Sequence[Field], values: Sequence[Any]) -> ModelT:
     """The instance of one row's ``values`` for ``fields``, converted as the ORM would."""
-    converted = list(values)
-    for index, expression, convert in field_converters(fields):
-        converted[index] = convert(converted[index], expression, connection)
-    return instantiate(model, connection.alias, [field.attname for field in fields], converted)
+    values = converted(values, field_converters(fields), connection)
+    return instantiate(model, connection.alias, [field.attname for field in fields], values)
+
+
+def converted(
+    values: Sequence[Any], converters: Sequence[tuple[int, Any, Converter]], db: Any
+) -> list[Any]:
+    result = list(values)
+    for index, expression, convert in converters:
+        result[index] = convert(result[index], expression, db)
+    return result
 
 
 def instantiate(

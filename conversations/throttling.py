@@ -55,9 +55,9 @@ class TurnRateThrottle(UserRateThrottle):
         now = self.timer()
         window = int(now // self.duration)
         self.elapsed_share = (now - window * self.duration) / self.duration
-        current_key = f"{key}:{window}"
-        counts = self.cache.get_many([f"{key}:{window - 1}", current_key])
-        self.previous = int(counts.get(f"{key}:{window - 1}", 0))
+        previous_key, current_key = f"{key}:{window - 1}", f"{key}:{window}"
+        counts = self.cache.get_many([previous_key, current_key])
+        self.previous = int(counts.get(previous_key, 0))
         self.current = int(counts.get(current_key, 0))
         estimate = self.previous * (1 - self.elapsed_share) + self.current + 1
         if estimate > self.num_requests + EPSILON:

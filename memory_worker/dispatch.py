@@ -13,6 +13,8 @@ from datetime import datetime
 from django.conf import settings
 from django.db import close_old_connections, connection
 
+from memory_worker.runtime import redis_client
+
 log = logging.getLogger("chatmem.dispatch")
 
 _inline_executor: ThreadPoolExecutor | None = None
@@ -74,18 +76,12 @@ def mark_queued(chat_id: int) -> bool:
     ttl = settings.MEMORY_ENQUEUE_DEDUP_SECONDS
     if ttl <= 0 or not settings.REDIS_URL:
         return True
-    from memory_worker.runtime import redis_client
-
-    taken = redis_client(settings.REDIS_URL).set(
-        QUEUED_KEY.format(chat_id), "1", nx=True, px=int(ttl * 1000)
-    )
-    return bool(taken)
+    key = QUEUED_KEY.format(chat_id)
+    return bool(redis_client(settings.REDIS_URL).set(key, "1", nx=True, px=int(ttl * 1000)))
 
 
 def clear_queued(chat_id: int) -> None:
     if settings.REDIS_URL:
-        from memory_worker.runtime import redis_client
-
         redis_client(settings.REDIS_URL).delete(QUEUED_KEY.format(chat_id))
 
 

@@ -9,9 +9,6 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from django.db import connection
-from django.db.models import Model
-
 from conversations import rows
 from conversations.models import AgentState, Brief, Chat, Message
 from memory_worker import policy as engine
@@ -69,7 +66,7 @@ def read_unfolded(chat_id: int, watermark: int) -> tuple[Message, ...]:
     """Every message after ``watermark``, in seq order (deferred fields: as with only())."""
     fields = rows.selected_fields(Message, UNFOLDED_FIELDS)
     sql = (
-        f"SELECT {rows.column_list(fields)} FROM {quoted_table(Message)} "
+        f"SELECT {rows.column_list(fields)} FROM {rows.quoted_table(Message)} "
         "WHERE chat_id = %s AND seq > %s ORDER BY seq"
     )
     return tuple(
@@ -79,7 +76,7 @@ def read_unfolded(chat_id: int, watermark: int) -> tuple[Message, ...]:
 
 def read_chat(chat_id: int) -> Chat | None:
     fields = rows.selected_fields(Chat)
-    sql = f"SELECT {rows.column_list(fields)} FROM {quoted_table(Chat)} WHERE id = %s"
+    sql = f"SELECT {rows.column_list(fields)} FROM {rows.quoted_table(Chat)} WHERE id = %s"
     found = rows.fetch_instances(Chat, fields, sql, [chat_id])
     return found[0][0] if found else None
 
@@ -93,17 +90,13 @@ def read_brief(chat_id: int) -> tuple[Brief, tuple[Any, ...]]:
         fields,
         f"SELECT {rows.column_list(fields, 'brief')}, agent.context_block, "
         "agent.context_tokens, agent.chat_id IS NOT NULL "
-        f"FROM {quoted_table(Brief)} brief LEFT JOIN {quoted_table(AgentState)} agent "
+        f"FROM {rows.quoted_table(Brief)} brief LEFT JOIN {rows.quoted_table(AgentState)} agent "
         "ON agent.chat_id = brief.chat_id WHERE brief.chat_id = %s",
         [chat_id],
     )
     if not found:
         raise Brief.DoesNotExist(f"chat {chat_id} has no brief")
     return found[0]
-
-
-def quoted_table(model: type[Model]) -> str:
-    return connection.ops.quote_name(model._meta.db_table)
 
 
 def with_appended(snapshot: MemorySnapshot, messages: list[Message]) -> MemorySnapshot:

@@ -86,7 +86,7 @@ def claim_owned_chat(owner_id: int, chat_id: int) -> tuple[Chat, uuid.UUID]:
     claimed = rows.fetch_instances(
         Chat,
         fields,
-        f"UPDATE {connection.ops.quote_name(Chat._meta.db_table)} "
+        f"UPDATE {rows.quoted_table(Chat)} "
         "SET turn_token = %s, turn_started_at = %s WHERE id = %s AND owner_id = %s "
         f"AND (turn_token IS NULL OR turn_started_at < %s) RETURNING {rows.column_list(fields)}",
         [
@@ -315,7 +315,7 @@ def advance_counter(chat_id: int, count: int) -> tuple[str, list[Any]]:
     """``UPDATE … RETURNING last_seq`` on the chat's counter row, also freeing its turn slot
     (SQLite >= 3.35, PostgreSQL). The ORM's update() cannot return the new value, hence SQL."""
     sql = (
-        f"UPDATE {connection.ops.quote_name(Chat._meta.db_table)} SET last_seq = last_seq + %s, "
+        f"UPDATE {rows.quoted_table(Chat)} SET last_seq = last_seq + %s, "
         "turn_token = NULL, turn_started_at = NULL, updated_at = %s WHERE id = %s "
         "RETURNING last_seq"
     )
