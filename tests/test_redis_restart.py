@@ -11,6 +11,7 @@ touched. The full 50 x 40 of the issue, not scaled down: about 40 s on an idle 2
 import logging
 import time
 from collections import Counter
+from functools import partial
 
 import pytest
 from django.utils import timezone
@@ -74,6 +75,11 @@ def converged(chat_ids: list[int]) -> bool:
     return not any(fold_due(chat) for chat in chats)
 
 
+def all_reconnected(workers: list[Worker], restarts: int) -> bool:
+    """Each worker has connected to the broker once more than it started with, per restart."""
+    return all(worker.log().count("Connected to redis") >= restarts + 1 for worker in workers)
+
+
 def redis_down(round_number: int) -> bool:
     return any(first <= round_number < last for first, last in OUTAGES)
 
@@ -94,12 +100,24 @@ def test_redis_crash_and_restart_during_50_chats_x_40_turns(
             for n in range(CHATS)
         ]
         started = time.monotonic()
+        restarts = 0
         for round_number in range(TURNS + 1):
             if round_number in {first for first, _ in OUTAGES}:
                 broker.crash()
             if round_number in {last for _, last in OUTAGES}:
                 broker.start()
                 restarted_at = timezone.now()
+                restarts += 1
+                if round_number < TURNS:
+                    # The turns after a restart are for the workers to fold: wait until they are
+                    # back (their reconnect backoff is 2 s, then 4 s). Without this, a fast turn
+                    # loop ran the rounds before the next outage in about 3 s, no worker folded
+                    # a sliding-window chat, and the turns folded them all synchronously at
+                    # their bound, leaving nothing stranded for the sweep.
+                    assert wait_until(
+                        partial(all_reconnected, workers, restarts),
+                        timeout=30,
+                    ), [worker.log()[-3000:] for worker in workers]
             if round_number == TURNS:
                 break
             for chat_id in chat_ids:
