@@ -21,11 +21,15 @@ import logging
 import re
 from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, Self, cast
+from typing import Any, Protocol, Self
 
 import openai
 
-from memory_worker.summarizers import OFFLINE_MODEL_MARKER
+from memory_worker.summarizers import (
+    OFFLINE_MODEL_MARKER,
+    create_chat_completion,
+    stream_chat_completion,
+)
 from memory_worker.tokens import count_tokens
 
 log = logging.getLogger(__name__)
@@ -113,11 +117,10 @@ class OpenAIChatModel:
         self, messages: ModelMessages, model: str, tools: ToolOptions | None = None
     ) -> ChatCompletion:
         try:
-            response = self.client.chat.completions.create(
-                model=model,
-                messages=cast(Any, list(messages)),
-                timeout=self.timeout,
-                **tool_kwargs(tools),
+            response = create_chat_completion(
+                self.client,
+                {"model": model, "messages": list(messages), **tool_kwargs(tools)},
+                self.timeout,
             )
         except openai.OpenAIError as error:
             raise self._model_error(error, model) from error
@@ -142,13 +145,15 @@ class OpenAIChatModel:
         self, messages: ModelMessages, model: str, tools: ToolOptions | None = None
     ) -> CompletionStream:
         try:
-            chunks = self.client.chat.completions.create(
-                model=model,
-                messages=cast(Any, list(messages)),
-                timeout=self.timeout,
-                stream=True,
-                stream_options={"include_usage": True},
-                **tool_kwargs(tools),
+            chunks = stream_chat_completion(
+                self.client,
+                {
+                    "model": model,
+                    "messages": list(messages),
+                    "stream_options": {"include_usage": True},
+                    **tool_kwargs(tools),
+                },
+                self.timeout,
             )
         except openai.OpenAIError as error:
             raise self._model_error(error, model) from error

@@ -159,6 +159,64 @@ def test_a_timeout_is_a_504(server: ScriptedServer) -> None:
     assert time.monotonic() - started < 1.0
 
 
+# A context with everything a turn can carry: a tool offered, a tool call and its result.
+TOOL_CONTEXT: list[dict[str, Any]] = [
+    *MESSAGES,
+    {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {
+                "id": "call_1",
+                "type": "function",
+                "function": {"name": "metronome", "arguments": '{"bpm": 60}'},
+            }
+        ],
+    },
+    {"role": "tool", "tool_call_id": "call_1", "content": "set to 60"},
+    {"role": "user", "content": "And then?"},
+]
+TOOL_OPTIONS: dict[str, Any] = {
+    "tools": [
+        {
+            "type": "function",
+            "function": {
+                "name": "metronome",
+                "parameters": {"type": "object", "properties": {"bpm": {"type": "integer"}}},
+            },
+        }
+    ],
+    "tool_choice": "auto",
+}
+
+
+@pytest.mark.parametrize("streamed", [False, True])
+def test_requests_are_what_the_sdks_create_sends(server: ScriptedServer, streamed: bool) -> None:
+    """The turn posts its body past the SDK's parameter transform (see create_chat_completion);
+    the request on the wire must stay byte-for-byte what ``chat.completions.create`` sends:
+    same path, JSON body and authorization."""
+    client = make_openai_client(base_url=server.base_url, api_key=API_KEY, timeout=5.0)
+    model = OpenAIChatModel(client=client, timeout=5.0)
+    extra: dict[str, Any] = {"stream": True, "stream_options": {"include_usage": True}}
+    if streamed:
+        server.script(Reply(events=HELLO_EVENTS), Reply(events=HELLO_EVENTS))
+        list(
+            client.chat.completions.create(
+                model="m", messages=TOOL_CONTEXT, **extra, **TOOL_OPTIONS
+            )
+        )
+        list(model.stream(TOOL_CONTEXT, "m", TOOL_OPTIONS))
+    else:
+        server.script(chat_reply("Twice."), chat_reply("Twice."))
+        client.chat.completions.create(model="m", messages=TOOL_CONTEXT, **TOOL_OPTIONS)
+        assert model.complete(TOOL_CONTEXT, "m", TOOL_OPTIONS).content == "Twice."
+    sdk, ours = server.requests
+    assert ours.path == sdk.path == "/v1/chat/completions"
+    assert ours.body == sdk.body
+    assert ours.headers["authorization"] == sdk.headers["authorization"] == f"Bearer {API_KEY}"
+    assert ours.headers["content-type"] == sdk.headers["content-type"]
+
+
 # ---------------------------------------------------------------------------------------------
 # stream()
 
