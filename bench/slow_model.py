@@ -17,6 +17,11 @@ client threads owns a chat and sends JSON turns back to back on a keep-alive con
 ``--seconds``. Each chat starts ``--history`` messages long, so folds fall due during the run.
 Consolidation lag comes from the ledger: ``finished_at - due_at`` of every fold a
 turn asked for that committed during the measured window.
+
+Then, on the same server and model (unless ``--no-proxy``), the same clients run the same time
+against ``/bench/proxy`` (``bench/proxy_urls.py``): a stateless view that only forwards the
+message to the model. It is what this stack does on this machine with no memory at all, the
+ceiling any memory service on it is measured against.
 """
 
 from __future__ import annotations
@@ -39,7 +44,7 @@ from bench.common import (
     write_report,
 )
 from bench.streams import start_fake_model, wait_for
-from bench.throughput import free_port, percentile, run_phase, start_server
+from bench.throughput import Phase, free_port, percentile, run_phase, start_server
 from bench.turn_overhead import DEFAULT_DATABASE_URL
 from tests.workers import Worker
 
@@ -61,6 +66,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--pool-size", type=int, default=30, help="DB connections per process")
     parser.add_argument("--database-url", default=DEFAULT_DATABASE_URL)
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/7")
+    parser.add_argument(
+        "--no-proxy", action="store_true", help="skip the stateless proxy phase after the run"
+    )
     parser.add_argument("--out", default="bench/results/slow_model.json")
     return parser.parse_args(argv)
 
@@ -144,6 +152,25 @@ def backlog(chat_ids: Sequence[int]) -> dict[str, int]:
     return {"unfolded_messages": totals["unfolded"] or 0, "worst_chat": totals["worst"] or 0}
 
 
+def after_warmup(phase: Phase, warmup: float) -> list[float]:
+    """Latencies of the requests that finished after the warm-up."""
+    return [
+        latency
+        for finished, latency in zip(phase.finished_at, phase.latencies_ms, strict=True)
+        if finished >= warmup
+    ]
+
+
+def proxy_figures(proxy: Phase, args: argparse.Namespace) -> dict[str, Any]:
+    measured = after_warmup(proxy, args.warmup)
+    return {
+        "turns_per_second": round(len(measured) / args.seconds, 1),
+        "latency_p50_ms": round(percentile(measured, 0.50), 1),
+        "latency_p99_ms": round(percentile(measured, 0.99), 1),
+        "errors": proxy.errors,
+    }
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     ensure_database(args.database_url)
@@ -155,6 +182,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     redis.Redis.from_url(args.redis_url).flushdb()
     token, chats = make_clients(args.clients, args.history)
     env = {**os.environ, "DJANGO_SETTINGS_MODULE": "chatmem_project.settings"}
+    # The server also mounts the stateless proxy (bench.proxy_urls); the workers need no more.
+    server_env = {**env, "DJANGO_SETTINGS_MODULE": "bench.settings_proxy"}
     model = start_fake_model(model_port, args.model_latency, 60, env, "bench-slow-model.log")
     workers = [
         Worker(args.redis_url, f"bench-slow-{i}", env={"LOG_LEVEL": "INFO"})  # "ready." is INFO
@@ -163,7 +192,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     server = None
     try:
         wait_for(model_port, "/v1/models")
-        server = start_server(env, server_port, args.workers, args.threads)
+        server = start_server(server_env, server_port, args.workers, args.threads)
         for worker in workers:
             worker.wait_ready()
         paths = [f"/api/v1/chats/{chat_id}/turns/" for chat_id in chats]
@@ -175,6 +204,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         window_start = phase_started + timedelta(seconds=args.warmup)
         folds = fold_figures(chats, window_start, phase_ended)
         left = backlog(chats)
+        proxy = None
+        if not args.no_proxy:
+            proxy_paths = ["/bench/proxy"] * args.clients
+            proxy = run_phase("proxy", server_port, proxy_paths, token, args.warmup + args.seconds)
     finally:
         if server is not None:
             server.terminate()
@@ -183,11 +216,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             worker.stop()
         model.terminate()
         model.wait(timeout=30)
-    measured = [
-        latency
-        for finished, latency in zip(phase.finished_at, phase.latencies_ms, strict=True)
-        if finished >= args.warmup
-    ]
+    measured = after_warmup(phase, args.warmup)
     turns_per_second = len(measured) / args.seconds
     goal_rate = 0.9 * args.clients / args.model_latency
     report = {
@@ -204,6 +233,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "turn_latency_p99_ms": round(percentile(measured, 0.99), 1),
         "overhead_p50_ms": round(percentile(measured, 0.50) - args.model_latency * 1000, 1),
         "errors": phase.errors,
+        "stateless_proxy": proxy_figures(proxy, args) if proxy else None,
+        "ratio_to_proxy": (
+            round(len(measured) / len(after_warmup(proxy, args.warmup)), 3)
+            if proxy and after_warmup(proxy, args.warmup)
+            else None
+        ),
         "consolidation": folds,
         "backlog_at_end": left,
         "goals": {
