@@ -14,20 +14,70 @@ bytes whatever the limit. A request is allowed while
 assumes the previous window's requests were evenly spread). A full window carries into the next
 one, so a burst at a boundary cannot double the limit.
 
+With Redis as the cache (production), the check and the count are one Lua script: one round trip
+instead of three (a read, then Django's incr is EXISTS + INCRBY, each on a new client object), and
+atomic, so concurrent requests of one user cannot all pass on the same stale count. The keys and
+values are the cache's own (``make_key``, plain integers), so either path reads the other's.
+
 Fail-open: turns never need Redis to answer, so when the cache cannot be reached the request
 goes through (and a warning is logged) rather than failing."""
 
+import functools
 import logging
 import math
 from typing import Any
 
+import redis
 from django.conf import settings
+from django.core.cache import cache as default_cache
 from rest_framework.request import Request
 from rest_framework.throttling import UserRateThrottle
 
 log = logging.getLogger("chatmem.throttle")
 # The weighted estimate is a float: 3 x (1 - 20/60) is 2.0000000000000004, not 2.
 EPSILON = 1e-9
+REDIS_CACHE = "django.core.cache.backends.redis.RedisCache"
+
+# KEYS: previous window's counter, current window's. ARGV: the previous count's weight (the share
+# of its window still inside the sliding one), the limit (+ EPSILON), the counter's TTL in seconds.
+# Returns {allowed, previous count, current count before this request}.
+COUNT_SCRIPT = """
+local previous = tonumber(redis.call('GET', KEYS[1]) or '0')
+local current = tonumber(redis.call('GET', KEYS[2]) or '0')
+if previous * tonumber(ARGV[1]) + current + 1 > tonumber(ARGV[2]) then
+    return {0, previous, current}
+end
+if redis.call('INCR', KEYS[2]) == 1 then
+    redis.call('EXPIRE', KEYS[2], ARGV[3])
+end
+return {1, previous, current}
+"""
+
+
+@functools.lru_cache(maxsize=4)
+def count_script(
+    location: str, connect_timeout: float | None, timeout: float | None
+) -> Any:  # redis.commands.core.Script
+    """The script on a client kept for the process: Django's cache builds a new client object
+    (with its table of ~170 response callbacks) for every operation."""
+    client = redis.Redis.from_url(
+        location, socket_connect_timeout=connect_timeout, socket_timeout=timeout
+    )
+    return client.register_script(COUNT_SCRIPT)
+
+
+def redis_count_script() -> Any | None:
+    """The counting script when the default cache is Redis, else None (the cache API is used)."""
+    config: dict[str, Any] = settings.CACHES["default"]
+    if config["BACKEND"] != REDIS_CACHE:
+        return None
+    options: dict[str, Any] = config.get("OPTIONS", {})
+    location = config["LOCATION"]
+    # Django's RedisCache writes to the first of several servers; so does this.
+    primary = location[0] if isinstance(location, list | tuple) else location.split(",")[0]
+    return count_script(
+        primary, options.get("socket_connect_timeout"), options.get("socket_timeout")
+    )
 
 
 class TurnRateThrottle(UserRateThrottle):
@@ -56,6 +106,9 @@ class TurnRateThrottle(UserRateThrottle):
         window = int(now // self.duration)
         self.elapsed_share = (now - window * self.duration) / self.duration
         previous_key, current_key = f"{key}:{window - 1}", f"{key}:{window}"
+        script = redis_count_script() if self.cache is default_cache else None
+        if script is not None:
+            return self.counted_in_redis(script, previous_key, current_key)
         counts = self.cache.get_many([previous_key, current_key])
         self.previous = int(counts.get(previous_key, 0))
         self.current = int(counts.get(current_key, 0))
@@ -65,9 +118,24 @@ class TurnRateThrottle(UserRateThrottle):
         self.count(current_key)
         return True
 
-    def count(self, current_key: str) -> None:
+    def counted_in_redis(self, script: Any, previous_key: str, current_key: str) -> bool:
+        allowed, self.previous, self.current = script(
+            keys=[self.cache.make_key(previous_key), self.cache.make_key(current_key)],
+            args=[
+                repr(1 - self.elapsed_share),
+                repr(self.num_requests + EPSILON),
+                self.counter_ttl,
+            ],
+        )
+        return bool(allowed)
+
+    @property
+    def counter_ttl(self) -> int:
         # A window's counter lives for two windows: it is the "previous" one in the next.
-        timeout = 2 * self.duration + 1
+        return 2 * self.duration + 1
+
+    def count(self, current_key: str) -> None:
+        timeout = self.counter_ttl
         if self.current and self.incremented(current_key):
             return
         if not self.cache.add(current_key, 1, timeout) and not self.incremented(current_key):

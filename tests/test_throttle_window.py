@@ -1,15 +1,21 @@
 """The turn throttle's sliding-window counter (conversations.throttling), on a clock the test
 moves: how many requests it lets through, when it lets them through again, and that what it
-stores stays one small integer per window whatever the limit."""
+stores stays one small integer per window whatever the limit. Each test runs on both paths:
+the cache API (a local-memory cache, as in embedded mode) and the Lua script on real Redis."""
 
+import threading
 import uuid
+from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
+import redis
+from django.core.cache import caches
 from django.core.cache.backends.locmem import LocMemCache
 
 from conversations.throttling import TurnRateThrottle
+from tests.conftest import TEST_REDIS_URL, require
 
 
 class Clock:
@@ -24,23 +30,51 @@ def request_of(user_id: int) -> Any:
     return SimpleNamespace(user=SimpleNamespace(pk=user_id, is_authenticated=True))
 
 
-@pytest.fixture
-def throttle_at(settings: Any) -> Any:
-    """A factory of throttles sharing one fresh cache and one clock, as the web processes of
-    one deployment share Redis: (rate, start time) -> (make_throttle, clock, cache)."""
+# What a test reads back: every stored counter's value.
+StoredValues = Callable[[], list[int]]
 
-    def make(rate: str, start: float = 6_000_000.0) -> tuple[Any, Clock, LocMemCache]:
+
+@pytest.fixture(params=["cache-api", "redis-script"])
+def throttle_at(request: Any, settings: Any) -> Any:
+    """A factory of throttles sharing one fresh store and one clock, as the web processes of
+    one deployment share Redis: (rate, start time) -> (make_throttle, clock, stored values)."""
+    local: LocMemCache | None = None  # the cache-API path's store; None: the script's Redis
+    if request.param == "redis-script":
+        if not TEST_REDIS_URL:
+            require("Redis", "TEST_REDIS_URL is not set")
+        prefix = f"throttle-test-{uuid.uuid4().hex}"
+        settings.CACHES = {
+            "default": {
+                "BACKEND": "django.core.cache.backends.redis.RedisCache",
+                "LOCATION": TEST_REDIS_URL,
+                "KEY_PREFIX": prefix,
+            }
+        }
+        client = redis.Redis.from_url(TEST_REDIS_URL)
+
+        def stored() -> list[int]:
+            return [int(client.get(key) or 0) for key in client.keys(f"{prefix}:*")]
+
+        request.addfinalizer(lambda: caches["default"].clear())
+    else:
+        memory = local = LocMemCache(f"throttle-{uuid.uuid4().hex}", {})
+
+        def stored() -> list[int]:
+            keys = list(memory._cache)  # type: ignore[attr-defined]  # no public key listing
+            return [memory.get(key.split(":", 2)[-1]) for key in keys]
+
+    def make(rate: str, start: float = 6_000_000.0) -> tuple[Any, Clock, StoredValues]:
         settings.TURN_RATE_LIMIT = rate
         clock = Clock(start)
-        cache = LocMemCache(f"throttle-{uuid.uuid4().hex}", {})
 
         def throttle() -> TurnRateThrottle:
             made = TurnRateThrottle()
-            made.cache = cache
+            if local is not None:
+                made.cache = local
             made.timer = clock  # type: ignore[assignment]
             return made
 
-        return throttle, clock, cache
+        return throttle, clock, stored
 
     return make
 
@@ -107,9 +141,32 @@ def test_twice_the_rate_gets_about_the_limit_through(throttle_at: Any) -> None:
 def test_what_is_stored_does_not_grow_with_the_limit(throttle_at: Any) -> None:
     """DRF's own throttle stores every request's timestamp (a list as long as the limit); this
     one stores a count per window."""
-    make, clock, cache = throttle_at("100000/min")
+    make, clock, stored = throttle_at("100000/min")
     for _ in range(2000):
         assert allowed(make())
         clock.now += 0.001
-    values = [cache.get(key.split(":", 2)[-1]) for key in list(cache._cache)]
-    assert values == [2000]
+    assert stored() == [2000]
+
+
+# Only the Redis script is atomic; the cache API path (embedded mode, one process) checks, then
+# counts.
+@pytest.mark.parametrize("throttle_at", ["redis-script"], indirect=True)
+def test_concurrent_requests_cannot_share_a_stale_count(throttle_at: Any) -> None:
+    """Twenty requests of one user at the same instant, five allowed: the Redis script checks
+    and counts in one step, so exactly five pass (reading, then counting, let more through)."""
+    make, _, stored = throttle_at("5/min", start=6_000_000.0 + 1)
+    start = threading.Barrier(20)
+    results: list[bool] = []
+
+    def one() -> None:
+        throttle = make()
+        start.wait()
+        results.append(allowed(throttle))
+
+    threads = [threading.Thread(target=one) for _ in range(20)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert results.count(True) == 5
+    assert stored() == [5]
