@@ -1,9 +1,16 @@
 """The Celery application: consolidation workers (queue ``memory``) and the beat sweep."""
 
 import os
+from typing import Any
 
 from celery import Celery
-from celery.signals import beat_init, worker_init, worker_process_shutdown
+from celery.signals import (
+    beat_init,
+    task_postrun,
+    task_prerun,
+    worker_init,
+    worker_process_shutdown,
+)
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "chatmem_project.settings")
 
@@ -38,6 +45,20 @@ def serve_worker_metrics(**_: object) -> None:
     from conversations.metrics import registry
 
     start_http_server(settings.WORKER_METRICS_PORT, registry=registry())
+
+
+@task_prerun.connect
+@task_postrun.connect
+def close_old_connections(sender: Any = None, **_: object) -> None:
+    """A task's database connections live as a request's do: kept for CONN_MAX_AGE (0: closed
+    after each task; with a pool, handed back to it), closed when unusable (settings:
+    CELERY_DB_REUSE_MAX turns off the fixup's close of every connection around every task).
+    Not for a task applied eagerly: it runs inside its caller's request or transaction."""
+    if getattr(getattr(sender, "request", None), "is_eager", False):
+        return
+    from django.db import close_old_connections as close
+
+    close()
 
 
 @worker_process_shutdown.connect

@@ -196,6 +196,11 @@ MEMORY_MAX_RERUNS_PER_TASK = env.int("MEMORY_MAX_RERUNS_PER_TASK", default=5)
 CELERY_BROKER_URL = REDIS_URL or "memory://"
 CELERY_RESULT_BACKEND = None
 CELERY_TASK_IGNORE_RESULT = True
+# Celery's Django fixup closes every database connection before and after each task unless this
+# is set: a new PostgreSQL connection (a backend process) per fold, and with DB_POOL_MAX_SIZE a
+# new pool. Set, the fixup leaves them be, and chatmem_project.celery closes them around each
+# task as Django does around a request (CONN_MAX_AGE, an unusable connection closed).
+CELERY_DB_REUSE_MAX = 2**31
 CELERY_TASK_DEFAULT_QUEUE = "memory"
 CELERY_TASK_ROUTES = {"chatmem.*": {"queue": "memory"}}
 CELERY_TASK_ACKS_LATE = True
