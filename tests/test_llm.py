@@ -176,6 +176,8 @@ TOOL_CONTEXT: list[dict[str, Any]] = [
     {"role": "tool", "tool_call_id": "call_1", "content": "set to 60"},
     {"role": "user", "content": "And then?"},
 ]
+# The same messages for the SDK's typed parameter (plain dicts are what its TypedDicts are).
+SDK_MESSAGES: Any = TOOL_CONTEXT
 TOOL_OPTIONS: dict[str, Any] = {
     "tools": [
         {
@@ -202,13 +204,13 @@ def test_requests_are_what_the_sdks_create_sends(server: ScriptedServer, streame
         server.script(Reply(events=HELLO_EVENTS), Reply(events=HELLO_EVENTS))
         list(
             client.chat.completions.create(
-                model="m", messages=TOOL_CONTEXT, **extra, **TOOL_OPTIONS
+                model="m", messages=SDK_MESSAGES, **extra, **TOOL_OPTIONS
             )
         )
         list(model.stream(TOOL_CONTEXT, "m", TOOL_OPTIONS))
     else:
         server.script(chat_reply("Twice."), chat_reply("Twice."))
-        client.chat.completions.create(model="m", messages=TOOL_CONTEXT, **TOOL_OPTIONS)
+        client.chat.completions.create(model="m", messages=SDK_MESSAGES, **TOOL_OPTIONS)
         assert model.complete(TOOL_CONTEXT, "m", TOOL_OPTIONS).content == "Twice."
     sdk, ours = server.requests
     assert ours.path == sdk.path == "/v1/chat/completions"
