@@ -109,6 +109,18 @@ def client_for(user):  # type: ignore[no-untyped-def]
     return client
 
 
+def contract_chat_after_turns(api, turns: int) -> int:  # type: ignore[no-untyped-def]
+    """A new ``contract`` chat (K = 6, B = 4) after ``turns`` turns ("fact 0", "fact 1", ...),
+    each answered 201."""
+    chat_id = api.post("/api/v1/chats/", {"policy": "contract"}, format="json").json()["id"]
+    for number in range(turns):
+        response = api.post(
+            f"/api/v1/chats/{chat_id}/turns/", {"content": f"fact {number}"}, format="json"
+        )
+        assert response.status_code == 201, response.content
+    return int(chat_id)
+
+
 @pytest.fixture
 def api(user):  # type: ignore[no-untyped-def]
     return client_for(user)

@@ -9,7 +9,7 @@ import pytest
 
 from memory_worker import tasks
 from memory_worker.dispatch import QUEUED_KEY, clear_queued, request_consolidation
-from tests.conftest import client_for
+from tests.conftest import client_for, contract_chat_after_turns
 from tests.workers import Worker, point_celery_at, wait_until
 
 pytestmark = [pytest.mark.redis]
@@ -135,13 +135,7 @@ def test_a_chat_behind_queues_one_task_and_a_worker_catches_it_up(
     from memory_worker.consolidation import decide_for_chat
     from memory_worker.state import load_snapshot
 
-    api = client_for(user)
-    chat_id = api.post("/api/v1/chats/", {"policy": "contract"}, format="json").json()["id"]
-    for number in range(30):
-        response = api.post(
-            f"/api/v1/chats/{chat_id}/turns/", {"content": f"fact {number}"}, format="json"
-        )
-        assert response.status_code == 201
+    chat_id = contract_chat_after_turns(client_for(user), 30)
     folds = [task for task in queued_tasks(broker) if task[0] == "chatmem.consolidate_chat"]
     assert folds == [("chatmem.consolidate_chat", f"({chat_id}, 'turn')")]
     assert broker.exists(QUEUED_KEY.format(chat_id))

@@ -13,6 +13,7 @@ from conversations.models import Brief, Consolidation
 from memory_worker import consolidation, tasks
 from memory_worker.backends import _summarizer, get_summarizer
 from memory_worker.summarizers import TRANSIENT_KINDS, ErrorKind
+from tests.conftest import contract_chat_after_turns
 
 # Faults of the fake model server (tests/fake_openai.py), by the class they must land in.
 TRANSIENT_FAULTS = ["429", "500", "timeout"]
@@ -99,13 +100,7 @@ def test_fast_retry_follows_the_newest_attempt() -> None:
 
 
 def chat_with_fold_due(api) -> int:  # type: ignore[no-untyped-def]
-    chat_id = api.post("/api/v1/chats/", {"policy": "contract"}, format="json").json()["id"]
-    for number in range(6):  # 12 unfolded messages, K + B = 10: an overflow fold is due
-        response = api.post(
-            f"/api/v1/chats/{chat_id}/turns/", {"content": f"fact {number}"}, format="json"
-        )
-        assert response.status_code == 201, response.content
-    return chat_id
+    return contract_chat_after_turns(api, 6)  # 12 unfolded messages, K + B = 10: overflow due
 
 
 def queued_retries(monkeypatch) -> list[dict[str, typing.Any]]:  # type: ignore[no-untyped-def]

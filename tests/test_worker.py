@@ -3,7 +3,7 @@
 import pytest
 
 from conversations.models import Brief, Consolidation
-from tests.conftest import client_for
+from tests.conftest import client_for, contract_chat_after_turns
 from tests.workers import Worker, point_celery_at, wait_until
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis, pytest.mark.worker]
@@ -29,12 +29,7 @@ def test_turns_are_folded_by_a_real_worker(require_postgres, celery_broker, user
     try:
         worker.wait_ready()
         api = client_for(user)
-        chat_id = api.post("/api/v1/chats/", {"policy": "contract"}, format="json").json()["id"]
-        for number in range(12):
-            response = api.post(
-                f"/api/v1/chats/{chat_id}/turns/", {"content": f"fact {number}"}, format="json"
-            )
-            assert response.status_code == 201
+        chat_id = contract_chat_after_turns(api, 12)
         assert wait_until(
             lambda: Brief.objects.get(chat_id=chat_id).last_consolidated > 0, timeout=30
         ), worker.log()

@@ -10,7 +10,7 @@ from conversations.models import Brief, Consolidation
 from memory_worker import tasks
 from memory_worker.dispatch import request_consolidation
 from memory_worker.invariants import chat_violations
-from tests.conftest import client_for
+from tests.conftest import client_for, contract_chat_after_turns
 from tests.workers import FAST_DEADLINES, Worker, point_celery_at, wait_until
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis, pytest.mark.worker]
@@ -43,14 +43,8 @@ def model_env(server) -> dict[str, str]:  # type: ignore[no-untyped-def]
 
 def chat_with_fold_due(user, settings) -> int:  # type: ignore[no-untyped-def]
     """A contract chat with 12 unfolded messages (K + B = 10): one overflow fold is due."""
-    api = client_for(user)
     settings.MEMORY_DISPATCH = "off"  # build the backlog without triggering anything
-    chat_id = api.post("/api/v1/chats/", {"policy": "contract"}, format="json").json()["id"]
-    for number in range(6):
-        response = api.post(
-            f"/api/v1/chats/{chat_id}/turns/", {"content": f"fact {number}"}, format="json"
-        )
-        assert response.status_code == 201
+    chat_id = contract_chat_after_turns(client_for(user), 6)
     settings.MEMORY_DISPATCH = "celery"
     return chat_id
 
