@@ -19,7 +19,13 @@ from django.db import transaction
 from django.utils import timezone
 
 from conversations.models import DailyNote, Message
-from memory_worker.summarizers import CATEGORY_RULES, FACTS, make_openai_client, sentences_of
+from memory_worker.summarizers import (
+    CATEGORY_RULES,
+    FACTS,
+    create_chat_completion,
+    make_openai_client,
+    sentences_of,
+)
 
 log = logging.getLogger("chatmem.daily_notes")
 
@@ -106,12 +112,16 @@ def extract_with_model(messages: Sequence[Message]) -> list[Fact]:
         max_retries=0,
     )
     transcript = "\n".join(f"{m.role.capitalize()}: {m.content}" for m in messages)
-    response = client.chat.completions.create(
-        model=settings.MEMORY_SUMMARIZER_MODEL,
-        messages=[
-            {"role": "system", "content": EXTRACTION_INSTRUCTIONS},
-            {"role": "user", "content": transcript},
-        ],
+    response = create_chat_completion(
+        client,
+        {
+            "model": settings.MEMORY_SUMMARIZER_MODEL,
+            "messages": [
+                {"role": "system", "content": EXTRACTION_INSTRUCTIONS},
+                {"role": "user", "content": transcript},
+            ],
+        },
+        settings.MEMORY_LLM_TIMEOUT_SECONDS,
     )
     text = response.choices[0].message.content or ""
     last = messages[-1]
