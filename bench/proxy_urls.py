@@ -11,7 +11,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from conversations.services.backends import get_chat_model
-from conversations.services.turns import connection_is_pooled, release_db_connection
+from conversations.services.turns import release_pooled_connection
 from conversations.services.variants import resolve_variant
 
 
@@ -20,10 +20,8 @@ class StatelessProxy(APIView):
         data = request.data if isinstance(request.data, dict) else {}
         content = str(data.get("content", ""))
         variant = resolve_variant(None)
-        if connection_is_pooled():
-            # As a turn does (call_model_at_once): the token lookup's pooled connection goes
-            # back while the model talks, or the pool, not the stack, caps the proxy.
-            release_db_connection()
+        # As a turn does: without it the pool, not the stack, would cap the proxy.
+        release_pooled_connection()
         completion = get_chat_model().complete(
             [{"role": "user", "content": content}], variant.model
         )

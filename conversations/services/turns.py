@@ -170,12 +170,17 @@ def complete_turn(
 
 
 def call_model_at_once(messages: ModelMessages, variant: ModelVariant) -> ChatCompletion:
-    if connection_is_pooled():
-        # Back to the pool while the model talks: otherwise a pool of N connections caps a
-        # process at N turns in flight however many threads it has. Not without a pool, where
-        # closing would mean a new PostgreSQL connection (a process fork) on every turn.
-        release_db_connection()
+    release_pooled_connection()
     return get_chat_model().complete(messages, variant.model)
+
+
+def release_pooled_connection() -> None:
+    """Before waiting on the model: the pooled connection goes back to the pool, otherwise a pool
+    of N connections caps a process at N turns in flight however many threads it has. Not
+    without a pool, where closing would mean a new PostgreSQL connection (a process fork) on
+    every turn."""
+    if connection_is_pooled():
+        release_db_connection()
 
 
 def connection_is_pooled() -> bool:
