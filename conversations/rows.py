@@ -58,6 +58,58 @@ def fetch_instances(
     return [(build(converted(row[:width], converters, db)), tuple(row[width:])) for row in found]
 
 
+def instances_from_json(
+    model: type[ModelT], fields: Sequence[Field], rows: Iterable[Sequence[Any]]
+) -> list[ModelT]:
+    """Instances from rows that PostgreSQL wrote as JSON (``json_build_array`` of the
+    ``fields``' columns, inside a ``json_agg``), already decoded with the JSON document. Only
+    for fields whose JSON value is what the ORM would return (``json_exact``): numbers and text
+    come back as they are, and a JSONField's value is the decoded JSON that its
+    ``from_db_value`` would have decoded from the column's text."""
+    names = tuple(field.attname for field in fields)
+    if not json_exact(model, names):
+        raise ValueError(f"{model.__name__} fields {names} cannot all be read from JSON exactly")
+    build = builder(model, connections[DEFAULT_DB_ALIAS].alias, names)
+    return [build(values) for values in rows]
+
+
+# Fields whose value in PostgreSQL's JSON is the value the ORM gives: integers, text, booleans
+# and (with the default decoder) JSON itself. Not dates, decimals, UUIDs, floats: JSON writes
+# them as strings or numbers that the ORM's converters would turn into something else.
+JSON_EXACT_TYPES = frozenset(
+    {
+        "AutoField",
+        "BigAutoField",
+        "SmallAutoField",
+        "IntegerField",
+        "BigIntegerField",
+        "SmallIntegerField",
+        "PositiveIntegerField",
+        "PositiveBigIntegerField",
+        "PositiveSmallIntegerField",
+        "ForeignKey",
+        "CharField",
+        "TextField",
+        "BooleanField",
+        "JSONField",
+    }
+)
+
+
+@functools.lru_cache(maxsize=64)
+def json_exact(model: type[Model], attnames: tuple[str, ...]) -> bool:
+    by_attname = {field.attname: field for field in model._meta.concrete_fields}
+    return all(_json_exact(by_attname[name]) for name in attnames)
+
+
+def _json_exact(field: Field) -> bool:
+    kind = field.get_internal_type()
+    if kind == "JSONField":
+        return getattr(field, "decoder", None) is None  # its converter is json.loads, done
+    converters = connection.ops.get_db_converters(field.cached_col)
+    return kind in JSON_EXACT_TYPES and not converters + field.get_db_converters(connection)
+
+
 def build_instance(model: type[ModelT], fields: Sequence[Field], values: Sequence[Any]) -> ModelT:
     """The instance of one row's ``values`` for ``fields``, converted as the ORM would."""
     values = converted(values, field_converters(fields), connection)

@@ -24,7 +24,13 @@ def mismatches(chat_id: int, token_key: str) -> list[str]:
 
     from conversations.authentication import TokenAuthentication
     from conversations.models import AgentState, Brief, Chat, Message
-    from memory_worker.state import UNFOLDED_FIELDS, read_brief, read_chat, read_unfolded
+    from memory_worker.state import (
+        UNFOLDED_FIELDS,
+        load_snapshot,
+        read_brief,
+        read_chat,
+        read_unfolded,
+    )
 
     found: list[str] = []
 
@@ -57,6 +63,23 @@ def mismatches(chat_id: int, token_key: str) -> list[str]:
             ]
         },
         {"rows": [field_values(m, UNFOLDED_FIELDS) for m in orm_tail.order_by("seq")]},
+    )
+    # PostgreSQL reads the brief and the tail in one statement, the tail as JSON.
+    snapshot = load_snapshot(chat_id)
+    compare(
+        "snapshot",
+        {
+            "watermark": snapshot.last_consolidated,
+            "summary": snapshot.summary,
+            "agent": snapshot.agent_context,
+            "rows": [field_values(m, UNFOLDED_FIELDS) for m in snapshot.unfolded],
+        },
+        {
+            "watermark": brief.last_consolidated,
+            "summary": brief.summary,
+            "agent": agent.context_block if agent else "",
+            "rows": [field_values(m, UNFOLDED_FIELDS) for m in orm_tail.order_by("seq")],
+        },
     )
     user, token = TokenAuthentication().authenticate_credentials(token_key)
     expected = Token.objects.select_related("user").get(key=token_key)
@@ -105,7 +128,53 @@ def test_a_difference_is_reported(api, user) -> None:  # type: ignore[no-untyped
 
     with mock.patch.object(state, "read_unfolded", altered):
         found = mismatches(chat, Token.objects.get(user=user).key)
-    assert len(found) == 1 and found[0].startswith("unfolded")
+    # On SQLite the snapshot reads the tail through read_unfolded too, and differs as well.
+    assert found and found[0].startswith("unfolded")
+    assert all(line.startswith(("unfolded", "snapshot")) for line in found), found
+
+
+@pytest.mark.django_db
+def test_the_tail_read_as_json_is_the_orms(api, user) -> None:  # type: ignore[no-untyped-def]
+    """The one-statement snapshot (PostgreSQL) has the tail go through PostgreSQL's JSON and
+    back: text with quotes, escapes and characters outside the BMP, and metadata with nested
+    values, floats, large integers, nulls and booleans come back as the ORM reads them."""
+    from rest_framework.authtoken.models import Token
+
+    from conversations.models import Message
+
+    chat = api.post("/api/v1/chats/", {"title": "rows"}, format="json").json()["id"]
+    contents = [
+        'quotes " and \\ backslash, tab\t, newline\n, é, 漢字, 🎉, \u2028',
+        "  padded  ",
+        "x" * 5000,
+    ]
+    for content in contents:
+        assert (
+            api.post(
+                f"/api/v1/chats/{chat}/turns/", {"content": content}, format="json"
+            ).status_code
+            == 201
+        )
+    Message.objects.filter(chat_id=chat, seq=2).update(
+        metadata={
+            "nested": {"list": [1, 2.5, None, True, False, "s"], "deep": {"a": {"b": []}}},
+            "big": 2**62,
+            "float": 0.1,
+            "unicode": "🎉 é",
+        }
+    )
+    assert mismatches(chat, Token.objects.get(user=user).key) == []
+
+
+def test_json_rows_refuse_fields_json_would_change() -> None:
+    """A datetime (or a UUID, a decimal) comes out of JSON as a string, not what the ORM gives:
+    reading it that way is refused, not silently wrong."""
+    from conversations import rows
+    from conversations.models import Chat, Message
+
+    assert rows.json_exact(Message, ("id", "chat_id", "seq", "role", "metadata"))
+    with pytest.raises(ValueError, match="cannot all be read from JSON"):
+        rows.instances_from_json(Chat, rows.selected_fields(Chat, ["id", "created_at"]), [])
 
 
 @pytest.mark.django_db
