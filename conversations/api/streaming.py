@@ -24,7 +24,7 @@ from rest_framework.request import Request
 from rest_framework.utils.encoders import JSONEncoder
 
 from conversations.api import errors
-from conversations.api.serializers import TurnResponseSerializer
+from conversations.api.serializers import turn_response_body
 from conversations.services.turns import (
     StreamedTurn,
     TurnDelta,
@@ -98,10 +98,7 @@ def turn_event(event: TurnEvent | None) -> bytes:
         return sse("delta", {"content": event.content})
     if isinstance(event, TurnDone):
         result = event.result
-        body = TurnResponseSerializer(
-            {"user_message": result.user_message, "assistant_message": result.assistant_message}
-        ).data
-        return sse("done", body)
+        return sse("done", turn_response_body(result.user_message, result.assistant_message))
     exc = errors.turn_error(event.error)
     return sse("error", {"code": exc.default_code, "detail": exc.detail, "status": exc.status_code})
 

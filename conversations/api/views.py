@@ -22,7 +22,7 @@ from conversations.api.serializers import (
     DailyNoteSerializer,
     MessageSerializer,
     TurnRequestSerializer,
-    TurnResponseSerializer,
+    turn_response_body,
 )
 from conversations.models import Chat
 from conversations.services import agent_state as agent_service
@@ -79,9 +79,7 @@ class ChatViewSet(
         with errors.turn_refusals():
             chat, token = self.claim_chat(pk)
             result = turn_service.run_turn(chat, content, variant, metadata, token=token)
-        body = TurnResponseSerializer(
-            {"user_message": result.user_message, "assistant_message": result.assistant_message}
-        ).data
+        body = turn_response_body(result.user_message, result.assistant_message)
         return Response(body, status=status.HTTP_201_CREATED)
 
     def claim_chat(self, pk: str | None) -> tuple[Chat, Any]:
