@@ -7,6 +7,7 @@ PostgreSQL reads both in one statement (one snapshot, one round trip); other dat
 brief first, then the tail.
 """
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -46,10 +47,20 @@ UNFOLDED_FIELDS = ("id", "chat_id", "seq", "role", "content", "token_count", "me
 
 def load_snapshot(chat_id: int) -> MemorySnapshot:
     if connection.vendor == "postgresql":
-        brief, (agent_block, agent_tokens, agent_exists), unfolded = read_brief_and_tail(chat_id)
-    else:
-        brief, (agent_block, agent_tokens, agent_exists) = read_brief(chat_id)
-        unfolded = read_unfolded(chat_id, brief.last_consolidated)
+        found = fetch_snapshot_values(snapshot_query("%s"), [chat_id])
+        snapshot = snapshot_from_values(chat_id, found) if found is not None else None
+        if snapshot is None:
+            raise Brief.DoesNotExist(f"chat {chat_id} has no brief")
+        return snapshot
+    brief, agent = read_brief(chat_id)
+    return make_snapshot(chat_id, brief, agent, read_unfolded(chat_id, brief.last_consolidated))
+
+
+def make_snapshot(
+    chat_id: int, brief: Brief, agent: Sequence[Any], unfolded: tuple[Message, ...]
+) -> MemorySnapshot:
+    """``agent``: the agent state's (context block, its tokens, whether the chat has one)."""
+    agent_block, agent_tokens, agent_exists = agent
     return MemorySnapshot(
         chat_id=chat_id,
         summary=brief.summary,
@@ -66,7 +77,7 @@ def load_snapshot(chat_id: int) -> MemorySnapshot:
     )
 
 
-# Plain SQL (conversations.rows) for both reads: they run on every turn and every fold, and the
+# Plain SQL (conversations.rows) for the reads: they run on every turn and every fold, and the
 # ORM's query building costs more than the queries.
 
 
@@ -91,41 +102,57 @@ def read_chat(chat_id: int) -> Chat | None:
 
 def read_brief(chat_id: int) -> tuple[Brief, tuple[Any, ...]]:
     """The brief, and the chat's agent state (seed 004) alongside as (context block, its
-    tokens, whether the chat has one): one query on the turn's hot path."""
-    brief, agent, _tail = _brief_row(chat_id, "")
-    return brief, agent
+    tokens, whether the chat has one): one query."""
+    fields = rows.selected_fields(Brief)
+    found = rows.fetch_instances(Brief, fields, _brief_query("%s", ""), [chat_id])
+    if not found:
+        raise Brief.DoesNotExist(f"chat {chat_id} has no brief")
+    return found[0]
 
 
-def read_brief_and_tail(chat_id: int) -> tuple[Brief, tuple[Any, ...], tuple[Message, ...]]:
-    """PostgreSQL: ``read_brief`` and ``read_unfolded`` in one statement, the tail as a JSON
-    array of rows (see rows.instances_from_json). One round trip fewer on every turn and fold,
-    and decoding one JSON document costs less than converting each row's columns (benchmarks.md).
-    """
+def snapshot_query(chat_id_sql: str) -> str:
+    """PostgreSQL: the brief, the agent state and the unfolded tail of the chat whose id is the
+    SQL expression ``chat_id_sql``, in one row (see snapshot_from_values): one statement, so one
+    snapshot and one round trip on every turn and fold. The tail comes as one JSON array of rows
+    (rows.instances_from_json): decoding one JSON document costs less than converting each row's
+    columns (docs/benchmarks.md)."""
     fields = rows.selected_fields(Message, UNFOLDED_FIELDS)
     tail = (
         f", (SELECT json_agg(json_build_array({rows.column_list(fields, 'm')}) ORDER BY m.seq) "
         f"FROM {rows.quoted_table(Message)} m "
-        "WHERE m.chat_id = brief.chat_id AND m.seq > brief.last_consolidated)"
+        "WHERE m.chat_id = brief.chat_id AND m.seq > brief.last_consolidated) AS tail"
     )
-    brief, agent, extra = _brief_row(chat_id, tail)
-    return brief, agent, tuple(rows.instances_from_json(Message, fields, extra[0] or ()))
+    return _brief_query(chat_id_sql, tail)
 
 
-def _brief_row(chat_id: int, more_columns: str) -> tuple[Brief, tuple[Any, ...], tuple[Any, ...]]:
-    fields = rows.selected_fields(Brief)
-    found = rows.fetch_instances(
-        Brief,
-        fields,
-        f"SELECT {rows.column_list(fields, 'brief')}, agent.context_block, "
-        f"agent.context_tokens, agent.chat_id IS NOT NULL{more_columns} "
+def _brief_query(chat_id_sql: str, more_columns: str) -> str:
+    return (
+        f"SELECT {rows.column_list(rows.selected_fields(Brief), 'brief')}, "
+        "agent.context_block AS agent_block, agent.context_tokens AS agent_tokens, "
+        f"agent.chat_id IS NOT NULL AS agent_exists{more_columns} "
         f"FROM {rows.quoted_table(Brief)} brief LEFT JOIN {rows.quoted_table(AgentState)} agent "
-        "ON agent.chat_id = brief.chat_id WHERE brief.chat_id = %s",
-        [chat_id],
+        f"ON agent.chat_id = brief.chat_id WHERE brief.chat_id = {chat_id_sql}"
     )
-    if not found:
-        raise Brief.DoesNotExist(f"chat {chat_id} has no brief")
-    brief, extra = found[0]
-    return brief, extra[:3], extra[3:]
+
+
+def fetch_snapshot_values(sql: str, params: Sequence[Any]) -> tuple[Any, ...] | None:
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        found = cursor.fetchone()
+    return tuple(found) if found is not None else None
+
+
+def snapshot_from_values(chat_id: int, values: Sequence[Any]) -> MemorySnapshot | None:
+    """The snapshot of one snapshot_query row's values (as the database returned them); None
+    when they are the NULLs of an outer join that found no brief."""
+    brief_fields = rows.selected_fields(Brief)
+    width = len(brief_fields)
+    if values[brief_fields.index(Brief._meta.pk)] is None:  # type: ignore[arg-type]
+        return None
+    brief = rows.build_instance(Brief, brief_fields, values[:width])
+    message_fields = rows.selected_fields(Message, UNFOLDED_FIELDS)
+    unfolded = rows.instances_from_json(Message, message_fields, values[width + 3] or ())
+    return make_snapshot(chat_id, brief, values[width : width + 3], tuple(unfolded))
 
 
 def with_appended(snapshot: MemorySnapshot, messages: list[Message]) -> MemorySnapshot:

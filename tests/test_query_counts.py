@@ -78,4 +78,4 @@ def test_a_turn_makes_four_queries_on_postgresql(api) -> None:  # type: ignore[n
         response = api.post(f"/api/v1/chats/{chat_id}/turns/", {"content": "hi"}, format="json")
     assert response.status_code == 201
     statements = [query["sql"].split()[0] for query in captured.captured_queries]
-    assert len(statements) == 4, statements
+    assert len(statements) == 3, statements

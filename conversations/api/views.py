@@ -77,12 +77,19 @@ class ChatViewSet(
         if streaming.wants_stream(request, data):
             return self.streamed_turn(request, pk, content, variant, metadata)
         with errors.turn_refusals():
-            chat, token = self.claim_chat(pk)
-            result = turn_service.run_turn(chat, content, variant, metadata, token=token)
+            claimed = self.claim_chat(pk)
+            result = turn_service.run_turn(
+                claimed.chat,
+                content,
+                variant,
+                metadata,
+                token=claimed.token,
+                snapshot=claimed.snapshot,
+            )
         body = turn_response_body(result.user_message, result.assistant_message)
         return Response(body, status=status.HTTP_201_CREATED)
 
-    def claim_chat(self, pk: str | None) -> tuple[Chat, Any]:
+    def claim_chat(self, pk: str | None) -> turn_service.Claimed:
         """The requester's chat with its turn slot claimed, in one statement (instead of
         get_object() and then the claim); 404 for any chat that is not theirs."""
         owner_id = self.request.user.pk
@@ -103,8 +110,15 @@ class ChatViewSet(
         # Everything that can refuse the turn is checked here, before the stream starts, so it
         # is a plain JSON 4xx; after this point failures are `error` events.
         with errors.turn_refusals():
-            chat, token = self.claim_chat(pk)
-            turn = turn_service.start_streamed_turn(chat, content, variant, metadata, token=token)
+            claimed = self.claim_chat(pk)
+            turn = turn_service.start_streamed_turn(
+                claimed.chat,
+                content,
+                variant,
+                metadata,
+                token=claimed.token,
+                snapshot=claimed.snapshot,
+            )
         # The request's own connection is not needed while the stream is open (under ASGI it
         # would otherwise be held until the last event).
         turn_service.release_db_connection()

@@ -38,7 +38,14 @@ from memory_worker import policy as engine
 from memory_worker.consolidation import decide_for_chat, execute_fold
 from memory_worker.dispatch import request_consolidation
 from memory_worker.policies import policy_for_chat
-from memory_worker.state import MemorySnapshot, engine_state, load_snapshot, with_appended
+from memory_worker.state import (
+    MemorySnapshot,
+    engine_state,
+    load_snapshot,
+    snapshot_from_values,
+    snapshot_query,
+    with_appended,
+)
 from memory_worker.tokens import count_tokens
 
 log = logging.getLogger("chatmem.turn")
@@ -66,15 +73,33 @@ BUSY = "Another turn of this chat is in progress; retry when it completes."
 
 def claim_turn_slot(chat: Chat) -> uuid.UUID:
     """Claim the turn slot of a chat already read (see claim_owned_chat)."""
-    return claim_owned_chat(chat.owner_id, chat.pk)[1]
+    return claim_owned_chat(chat.owner_id, chat.pk).token
 
 
-def claim_owned_chat(owner_id: int, chat_id: int) -> tuple[Chat, uuid.UUID]:
+@dataclass(frozen=True)
+class Claimed:
+    chat: Chat
+    token: uuid.UUID
+    # PostgreSQL: the chat's memory snapshot, read in the claiming statement; None when it may
+    # miss a turn stored while the claim waited (read it again then), and on other databases.
+    snapshot: MemorySnapshot | None
+
+
+def claim_owned_chat(owner_id: int, chat_id: int) -> Claimed:
     """The owner's chat, read and with its turn slot claimed in one statement: a turn's first
     round trip after authentication. One turn at a time per chat: a conditional UPDATE, so two
     requests cannot both win; a slot older than TURN_SLOT_STALE_SECONDS belonged to a process
     that died mid-turn. Raises Chat.DoesNotExist when no chat of that id is the owner's, and
-    TurnInProgress when another turn holds the slot."""
+    TurnInProgress when another turn holds the slot.
+
+    On PostgreSQL the same statement also reads the memory snapshot (state.snapshot_query),
+    which saves the turn a round trip. A statement reads one snapshot, taken when it starts, but
+    an UPDATE that waited for the row's lock claims the newest version of the row. A turn whose
+    slot went stale (it outlived TURN_SLOT_STALE_SECONDS) may store its messages, and free the
+    slot, while this claim waits: the claim then succeeds on the counter that turn advanced,
+    with a snapshot older than its messages. So the snapshot is kept only if its newest message
+    is the counter's ``last_seq``: messages commit with the counter, in seq order, so then it
+    holds every stored message."""
     low, high = connection.ops.integer_field_range(Chat._meta.pk.get_internal_type())  # type: ignore[union-attr]
     if not low <= chat_id <= high:
         raise Chat.DoesNotExist(f"no chat {chat_id}")
@@ -83,12 +108,23 @@ def claim_owned_chat(owner_id: int, chat_id: int) -> tuple[Chat, uuid.UUID]:
     stale_before = now - timedelta(seconds=settings.TURN_SLOT_STALE_SECONDS)
     adapt_time = connection.ops.adapt_datetimefield_value
     fields = rows.selected_fields(Chat)
+    claim = (
+        f"UPDATE {rows.quoted_table(Chat)} "
+        "SET turn_token = %s, turn_started_at = %s WHERE id = %s AND owner_id = %s "
+        f"AND (turn_token IS NULL OR turn_started_at < %s) RETURNING {rows.column_list(fields)}"
+    )
+    with_snapshot = connection.vendor == "postgresql"
+    if with_snapshot:
+        # LEFT JOIN: a claimed chat comes back even without a brief (its turn then fails, and
+        # releases the slot, when it reads the snapshot).
+        claim = (
+            f"WITH claimed AS ({claim}) SELECT {rows.column_list(fields, 'claimed')}, snapshot.* "
+            f"FROM claimed LEFT JOIN LATERAL ({snapshot_query('claimed.id')}) snapshot ON true"
+        )
     claimed = rows.fetch_instances(
         Chat,
         fields,
-        f"UPDATE {rows.quoted_table(Chat)} "
-        "SET turn_token = %s, turn_started_at = %s WHERE id = %s AND owner_id = %s "
-        f"AND (turn_token IS NULL OR turn_started_at < %s) RETURNING {rows.column_list(fields)}",
+        claim,
         [
             Chat._meta.get_field("turn_token").get_db_prep_value(token, connection),
             adapt_time(now),
@@ -98,7 +134,11 @@ def claim_owned_chat(owner_id: int, chat_id: int) -> tuple[Chat, uuid.UUID]:
         ],
     )
     if claimed:
-        return claimed[0][0], token
+        chat, snapshot_values = claimed[0]
+        snapshot = snapshot_from_values(chat.pk, snapshot_values) if with_snapshot else None
+        if snapshot is not None and snapshot.last_seq != chat.last_seq:
+            snapshot = None  # it predates a turn stored while the claim waited: read it again
+        return Claimed(chat, token, snapshot)
     if Chat.objects.filter(pk=chat_id, owner_id=owner_id).exists():
         raise TurnInProgress(BUSY)
     raise Chat.DoesNotExist(f"no chat {chat_id} of user {owner_id}")
@@ -139,12 +179,21 @@ def run_turn(
     metadata: dict | None = None,
     *,
     token: uuid.UUID | None = None,
+    snapshot: MemorySnapshot | None = None,
 ) -> TurnResult:
-    """``token``: the chat's turn slot when the caller has claimed it (claim_owned_chat)."""
+    """``token``: the chat's turn slot when the caller has claimed it, and ``snapshot`` the
+    memory snapshot if the claim read it (claim_owned_chat)."""
     with turn_slot(chat, token) as slot:
         variant, user_tokens = turn_input(chat, variant_name, content)
         return complete_turn(
-            chat, slot, variant, content, user_tokens, metadata, call_model_at_once
+            chat,
+            slot,
+            variant,
+            content,
+            user_tokens,
+            metadata,
+            call_model_at_once,
+            snapshot=snapshot,
         )
 
 
@@ -157,9 +206,11 @@ def complete_turn(
     metadata: dict | None,
     call_model: ModelCall,
     on_stored: Callable[[TurnResult], None] | None = None,
+    snapshot: MemorySnapshot | None = None,
 ) -> TurnResult:
-    """Steps 3-7 of DESIGN §3, with the turn slot already claimed by the caller."""
-    snapshot = bounded_snapshot(chat, variant, user_tokens)
+    """Steps 3-7 of DESIGN §3, with the turn slot already claimed by the caller (``snapshot``:
+    the memory snapshot read since the claim, if any)."""
+    snapshot = bounded_snapshot(chat, variant, user_tokens, snapshot)
     messages = build_model_messages(
         chat, snapshot.summary, snapshot.unfolded, content, snapshot.agent_context
     )
@@ -187,12 +238,15 @@ def connection_is_pooled() -> bool:
     return bool(connections["default"].settings_dict.get("OPTIONS", {}).get("pool"))
 
 
-def bounded_snapshot(chat: Chat, variant: ModelVariant, user_tokens: int) -> MemorySnapshot:
-    """The memory snapshot to build the context from, folding synchronously first when the
-    context with the new message would exceed the policy's hard bound (seed 000 §7)."""
+def bounded_snapshot(
+    chat: Chat, variant: ModelVariant, user_tokens: int, first: MemorySnapshot | None = None
+) -> MemorySnapshot:
+    """The memory snapshot to build the context from (``first``, when the caller has read it
+    since claiming the slot), folding synchronously first when the context with the new message
+    would exceed the policy's hard bound (seed 000 §7)."""
     policy = policy_for_chat(chat)
-    for _attempt in range(SYNC_FOLD_ATTEMPTS):
-        snapshot = load_snapshot(chat.pk)
+    for attempt in range(SYNC_FOLD_ATTEMPTS):
+        snapshot = first if attempt == 0 and first is not None else load_snapshot(chat.pk)
         state = engine_state(chat, snapshot, variant.context_tokens)
         pre_turn = engine.decide_before_turn(state, policy, user_tokens)
         if not pre_turn.fits:
@@ -487,6 +541,7 @@ def start_streamed_turn(
     metadata: dict | None = None,
     *,
     token: uuid.UUID | None = None,
+    snapshot: MemorySnapshot | None = None,
 ) -> StreamedTurn:
     """Claim the slot (unless the caller did: ``token``) and resolve the variant here, so
     TurnInProgress and UnknownVariant raise before any response has started (plain 4xx), then
@@ -511,6 +566,7 @@ def start_streamed_turn(
                 user_tokens,
                 metadata,
                 events,
+                snapshot,
             ),
             name=f"chatmem-turn-{chat.pk}",
             # Not a daemon: a graceful shutdown waits for accepted turns to be stored.
@@ -528,6 +584,7 @@ def _run_streamed_turn(
     user_tokens: int,
     metadata: dict | None,
     events: TurnEvents,
+    snapshot: MemorySnapshot | None = None,
 ) -> None:
     announced: list[TurnResult] = []
 
@@ -538,7 +595,15 @@ def _run_streamed_turn(
     try:
         call_model = partial(stream_model, emit=events.put)
         result = complete_turn(
-            chat, token, variant, content, user_tokens, metadata, call_model, on_stored=announce
+            chat,
+            token,
+            variant,
+            content,
+            user_tokens,
+            metadata,
+            call_model,
+            on_stored=announce,
+            snapshot=snapshot,
         )
     except (ModelError, ContextOverBound) as error:
         events.put(TurnFailed(error))
