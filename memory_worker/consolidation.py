@@ -1,11 +1,12 @@
 """Folding messages into the summary (DESIGN §6). Called by the Celery tasks, the in-process
 runner of the embedded mode, the turn (synchronous fold) and the admin.
 
-The fold is: read a snapshot (brief, then unfolded messages), let the pure engine decide, call
+The fold is: read a snapshot (brief and unfolded messages), let the pure engine decide, call
 the summarizer with no database transaction open, then commit with ONE conditional UPDATE of the
 brief (``WHERE version = v AND last_consolidated = W``). Zero rows means another fold committed
 first: this result is stale, nothing is written, the ledger row says ``superseded``. That UPDATE,
-not the Redis lock, is what makes folding exactly-once.
+not the Redis lock, is what makes folding exactly-once. On PostgreSQL the ledger row's outcome is
+written in the same statement (commit_in_one_statement), elsewhere in the same transaction.
 """
 
 import logging
@@ -16,12 +17,14 @@ import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from functools import partial
+from typing import Any
 
 from django.conf import settings
-from django.db import transaction
-from django.db.models import F, Q
+from django.db import connection, transaction
+from django.db.models import F, Field, Model, Q
 from django.utils import timezone
 
+from conversations import rows
 from conversations.models import Brief, Chat, Consolidation, ConsolidationStatus, Message
 from conversations.services.agent_state import digest_fold_messages
 from memory_worker import policy as engine
@@ -29,7 +32,12 @@ from memory_worker.backends import get_summarizer
 from memory_worker.locks import ChatLock, Release
 from memory_worker.policies import policy_for_chat, variant_context_tokens
 from memory_worker.signals import messages_folded
-from memory_worker.state import MemorySnapshot, engine_state, load_snapshot, read_chat
+from memory_worker.state import (
+    MemorySnapshot,
+    engine_state,
+    load_snapshot,
+    read_chat_and_snapshot,
+)
 from memory_worker.summarizers import FoldMessage, SummarizerError
 from memory_worker.tokens import count_tokens
 
@@ -74,10 +82,10 @@ def consolidate_once(
     """One policy evaluation and at most one fold (seed 000 §7: one summarization per cycle).
     ``due_at``: when the turn that asked for this run found a fold due (for the lag figure)."""
     now = now or timezone.now()
-    chat = read_chat(chat_id)
-    if chat is None:  # deleted while queued
+    found = read_chat_and_snapshot(chat_id)
+    if found is None:  # deleted while queued
         return FoldOutcome("nothing")
-    snapshot = load_snapshot(chat_id)
+    chat, snapshot = found
     if trigger != "manual" and in_backoff(snapshot, now):
         return FoldOutcome("deferred")
     decision = decide_for_chat(chat, snapshot, trigger, now)
@@ -163,47 +171,42 @@ def commit_fold(
 ) -> FoldOutcome:
     duration_ms = int((time.monotonic() - started) * 1000)
     finished_at = timezone.now()
-    with transaction.atomic():
-        # The fencing step: only the fold that read this exact version may advance W.
-        committed = Brief.objects.filter(
-            chat_id=chat_id,
-            version=snapshot.version,
-            last_consolidated=snapshot.last_consolidated,
-        ).update(
-            summary=draft.text,
-            summary_tokens=draft.tokens,
-            last_consolidated=decision.to_seq,
-            last_consolidated_at=now,
-            version=F("version") + 1,
-            turns_mark=snapshot.last_seq,
-            consecutive_failures=0,
-            degraded=False,
-            next_attempt_at=None,
-            last_error="",
-            updated_at=timezone.now(),
-        )
-        status = ConsolidationStatus.SUCCEEDED if committed else ConsolidationStatus.SUPERSEDED
-        Consolidation.objects.filter(pk=ledger.pk).update(
-            status=status,
-            finished_at=finished_at,
-            duration_ms=duration_ms,
-            input_tokens=draft.input_tokens,
-            output_tokens=draft.output_tokens,
-            summary_tokens_after=draft.tokens if committed else snapshot.summary_tokens,
-            summarizer_calls=draft.calls,
-        )
-        if committed:
-            transaction.on_commit(
-                partial(
-                    messages_folded.send,
-                    sender=Brief,
-                    chat_id=chat_id,
-                    from_seq=decision.from_seq,
-                    to_seq=decision.to_seq,
-                    version=snapshot.version + 1,
-                    summary=draft.text,
-                )
+    # What the fold writes: the brief if it wins the fencing step, the ledger row either way.
+    brief_values = {
+        "summary": draft.text,
+        "summary_tokens": draft.tokens,
+        "last_consolidated": decision.to_seq,
+        "last_consolidated_at": now,
+        "turns_mark": snapshot.last_seq,
+        "consecutive_failures": 0,
+        "degraded": False,
+        "next_attempt_at": None,
+        "last_error": "",
+        "updated_at": timezone.now(),
+    }
+    ledger_values = {
+        "finished_at": finished_at,
+        "duration_ms": duration_ms,
+        "input_tokens": draft.input_tokens,
+        "output_tokens": draft.output_tokens,
+        "summarizer_calls": draft.calls,
+    }
+    write = commit_in_one_statement if connection.vendor == "postgresql" else commit_in_transaction
+    committed = write(chat_id, snapshot, ledger.pk, brief_values, ledger_values, draft.tokens)
+    status = ConsolidationStatus.SUCCEEDED if committed else ConsolidationStatus.SUPERSEDED
+    if committed:
+        # After the commit: at once outside a transaction, else when the caller's ends.
+        transaction.on_commit(
+            partial(
+                messages_folded.send,
+                sender=Brief,
+                chat_id=chat_id,
+                from_seq=decision.from_seq,
+                to_seq=decision.to_seq,
+                version=snapshot.version + 1,
+                summary=draft.text,
             )
+        )
     log.info(
         "fold %s",
         status,
@@ -226,6 +229,91 @@ def commit_fold(
         },
     )
     return FoldOutcome(str(status), decision, ledger.pk)
+
+
+def commit_in_transaction(
+    chat_id: int,
+    snapshot: MemorySnapshot,
+    ledger_id: int,
+    brief_values: dict[str, Any],
+    ledger_values: dict[str, Any],
+    summary_tokens: int,
+) -> bool:
+    """The fencing step and the ledger's outcome, in one transaction. Returns whether this fold
+    advanced W."""
+    with transaction.atomic():
+        # The fencing step: only the fold that read this exact version may advance W.
+        committed = bool(
+            Brief.objects.filter(
+                chat_id=chat_id,
+                version=snapshot.version,
+                last_consolidated=snapshot.last_consolidated,
+            ).update(version=F("version") + 1, **brief_values)
+        )
+        status = ConsolidationStatus.SUCCEEDED if committed else ConsolidationStatus.SUPERSEDED
+        Consolidation.objects.filter(pk=ledger_id).update(
+            status=status,
+            summary_tokens_after=summary_tokens if committed else snapshot.summary_tokens,
+            **ledger_values,
+        )
+    return committed
+
+
+def commit_in_one_statement(
+    chat_id: int,
+    snapshot: MemorySnapshot,
+    ledger_id: int,
+    brief_values: dict[str, Any],
+    ledger_values: dict[str, Any],
+    summary_tokens: int,
+) -> bool:
+    """PostgreSQL: ``commit_in_transaction`` as one statement, atomic on its own (no BEGIN and
+    COMMIT round trips): the brief's conditional UPDATE in a data-modifying CTE, and the ledger
+    row's UPDATE reading whether it changed a row. A CTE's UPDATE runs exactly once, however
+    often the statement refers to it."""
+    brief_sets, params = assignments(Brief, brief_values)
+    ledger_sets, ledger_params = assignments(Consolidation, ledger_values)
+    version = column(Brief, "version")
+    won = "EXISTS (SELECT 1 FROM folded)"
+    sql = (
+        f"WITH folded AS (UPDATE {rows.quoted_table(Brief)} "
+        f"SET {brief_sets}, {version} = {version} + 1 "
+        f"WHERE {column(Brief, 'chat')} = %s AND {version} = %s "
+        f"AND {column(Brief, 'last_consolidated')} = %s RETURNING 1) "
+        f"UPDATE {rows.quoted_table(Consolidation)} SET {ledger_sets}, "
+        f"{column(Consolidation, 'status')} = CASE WHEN {won} THEN %s ELSE %s END, "
+        f"{column(Consolidation, 'summary_tokens_after')} = CASE WHEN {won} THEN %s ELSE %s END "
+        f"WHERE {column(Consolidation, 'id')} = %s RETURNING {won}"
+    )
+    params += [chat_id, snapshot.version, snapshot.last_consolidated, *ledger_params]
+    params += [ConsolidationStatus.SUCCEEDED.value, ConsolidationStatus.SUPERSEDED.value]
+    params += [summary_tokens, snapshot.summary_tokens, ledger_id]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        found = cursor.fetchone()
+    if found is not None:
+        return bool(found[0])
+    # The ledger row is gone (the chat was deleted while its fold ran): so is the brief.
+    return False
+
+
+def assignments(model: type[Model], values: dict[str, Any]) -> tuple[str, list[Any]]:
+    """``"col" = %s, ...`` and its parameters, each value prepared as the ORM saves it."""
+    columns, params = [], []
+    for name, value in values.items():
+        columns.append(f"{column(model, name)} = %s")
+        params.append(model_field(model, name).get_db_prep_save(value, connection))
+    return ", ".join(columns), params
+
+
+def column(model: type[Model], name: str) -> str:
+    return connection.ops.quote_name(str(model_field(model, name).column))
+
+
+def model_field(model: type[Model], name: str) -> Field:
+    field = model._meta.get_field(name)
+    assert isinstance(field, Field)
+    return field
 
 
 def lag_ms(due_at: datetime | None, finished_at: datetime) -> int | None:

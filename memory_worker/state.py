@@ -100,6 +100,30 @@ def read_chat(chat_id: int) -> Chat | None:
     return found[0][0] if found else None
 
 
+def read_chat_and_snapshot(chat_id: int) -> tuple[Chat, MemorySnapshot] | None:
+    """The chat and its memory snapshot (a fold's first reads), None if there is no such chat.
+    PostgreSQL: one statement."""
+    if connection.vendor != "postgresql":
+        chat = read_chat(chat_id)
+        return (chat, load_snapshot(chat_id)) if chat is not None else None
+    fields = rows.selected_fields(Chat)
+    found = rows.fetch_instances(
+        Chat,
+        fields,
+        f"SELECT {rows.column_list(fields, 'chat')}, snapshot.* "
+        f"FROM {rows.quoted_table(Chat)} chat LEFT JOIN LATERAL ({snapshot_query('chat.id')}) "
+        "snapshot ON true WHERE chat.id = %s",
+        [chat_id],
+    )
+    if not found:
+        return None
+    chat, snapshot_values = found[0]
+    snapshot = snapshot_from_values(chat_id, snapshot_values)
+    if snapshot is None:
+        raise Brief.DoesNotExist(f"chat {chat_id} has no brief")
+    return chat, snapshot
+
+
 def read_brief(chat_id: int) -> tuple[Brief, tuple[Any, ...]]:
     """The brief, and the chat's agent state (seed 004) alongside as (context block, its
     tokens, whether the chat has one): one query."""

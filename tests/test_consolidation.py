@@ -319,3 +319,52 @@ def test_abandoned_running_rows_are_marked_failed(api, settings) -> None:  # typ
     fresh.refresh_from_db()
     assert (old.status, fresh.status) == ("failed", "running")
     assert "abandoned" in old.error
+
+
+def committed_rows(chat_id: int) -> tuple[dict[str, object], list[dict[str, object]]]:
+    """The brief and the ledger rows a fold wrote, without ids and wall-clock times."""
+    clock = {"updated_at", "last_consolidated_at", "started_at", "finished_at", "duration_ms"}
+    brief = {
+        k: v
+        for k, v in Brief.objects.filter(chat_id=chat_id).values().get().items()
+        if k not in clock | {"chat_id"}
+    }
+    ledger = [
+        {k: v for k, v in row.items() if k not in clock | {"id", "chat_id", "worker"}}
+        for row in Consolidation.objects.filter(chat_id=chat_id).order_by("id").values()
+    ]
+    return brief, ledger
+
+
+def fold_twice_with(api, write, monkeypatch):  # type: ignore[no-untyped-def]
+    """A new chat's first fold committed through ``write``, then the same fold again (stale)."""
+    monkeypatch.setattr(consolidation, "commit_in_one_statement", write)
+    monkeypatch.setattr(consolidation, "commit_in_transaction", write)
+    chat_id = new_chat(api)
+    turns(api, chat_id, 26)
+    chat = Chat.objects.get(pk=chat_id)
+    stale = load_snapshot(chat_id)
+    decision = consolidation.decide_for_chat(chat, stale, "turn", timezone.now())
+    assert decision is not None
+    first = consolidation.execute_fold(chat, stale, decision, now=timezone.now())
+    second = consolidation.execute_fold(chat, stale, decision, now=timezone.now())
+    assert (first.status, second.status) == ("succeeded", "superseded")
+    return committed_rows(chat_id)
+
+
+def test_both_commit_paths_write_the_same(api, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """PostgreSQL commits a fold in one statement, other databases in a transaction: on the same
+    conversation they write the same brief and ledger rows, for a fold that wins and a stale one."""
+    from django.db import connection
+
+    if connection.vendor != "postgresql":
+        pytest.skip("one statement is PostgreSQL's")
+    one_statement = consolidation.commit_in_one_statement
+    in_transaction = consolidation.commit_in_transaction
+    brief, ledger = fold_twice_with(api, one_statement, monkeypatch)
+    assert (brief["last_consolidated"], brief["version"], brief["turns_mark"]) == (12, 1, 52)
+    assert [(r["status"], r["summary_tokens_after"]) for r in ledger] == [
+        ("succeeded", brief["summary_tokens"]),
+        ("superseded", 0),
+    ]
+    assert fold_twice_with(api, in_transaction, monkeypatch) == (brief, ledger)

@@ -79,3 +79,18 @@ def test_a_turn_makes_four_queries_on_postgresql(api) -> None:  # type: ignore[n
     assert response.status_code == 201
     statements = [query["sql"].split()[0] for query in captured.captured_queries]
     assert len(statements) == 3, statements
+
+
+def test_a_fold_makes_three_queries_on_postgresql(api) -> None:  # type: ignore[no-untyped-def]
+    """A fold's round trips: the chat with its memory snapshot (one statement), the ledger row,
+    and the commit (the brief's conditional UPDATE and the ledger's outcome in one statement).
+    SQLite reads the chat, the brief and the tail apart and commits in a transaction."""
+    if connection.vendor != "postgresql":
+        pytest.skip("the one-statement reads and commit are PostgreSQL's")
+    chat_id = api.post("/api/v1/chats/", {}, format="json").json()["id"]
+    for _ in range(26):  # sliding-window: a 12-message backlog beyond the 40-message tail
+        api.post(f"/api/v1/chats/{chat_id}/turns/", {"content": "more"}, format="json")
+    with CaptureQueriesContext(connection) as captured:
+        assert consolidate_once(chat_id, "turn").status == "succeeded"
+    statements = [query["sql"].split()[0] for query in captured.captured_queries]
+    assert statements == ["SELECT", "INSERT", "WITH"], statements

@@ -29,6 +29,7 @@ def mismatches(chat_id: int, token_key: str) -> list[str]:
         load_snapshot,
         read_brief,
         read_chat,
+        read_chat_and_snapshot,
         read_unfolded,
     )
 
@@ -80,6 +81,15 @@ def mismatches(chat_id: int, token_key: str) -> list[str]:
             "agent": agent.context_block if agent else "",
             "rows": [field_values(m, UNFOLDED_FIELDS) for m in orm_tail.order_by("seq")],
         },
+    )
+    # A fold's first read: the chat and the same snapshot, in one statement on PostgreSQL.
+    pair = read_chat_and_snapshot(chat_id)
+    assert pair is not None
+    compare("fold's chat", field_values(pair[0]), field_values(Chat.objects.get(pk=chat_id)))
+    compare(
+        "fold's snapshot",
+        {**pair[1].__dict__, "unfolded": [field_values(m) for m in pair[1].unfolded]},
+        {**snapshot.__dict__, "unfolded": [field_values(m) for m in snapshot.unfolded]},
     )
     user, token = TokenAuthentication().authenticate_credentials(token_key)
     expected = Token.objects.select_related("user").get(key=token_key)
