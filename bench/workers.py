@@ -1,7 +1,7 @@
 """Consolidation workers scale (issue 6): folds per second with 1 and with 2 worker processes,
 and a worker's resident memory over many folds.
 
-    python -m bench.workers [--chats 300] [--folds-per-chat 25] [--seconds 30]
+    python -m bench.workers [--chats 500] [--folds-per-chat 25] [--seconds 30]
                             [--database-url postgres://postgres@127.0.0.1:5432/chatmem_bench]
                             [--redis-url redis://127.0.0.1:6379/8]
                             [--out bench/results/workers.json]
@@ -174,7 +174,7 @@ def measure_rss(owner: Any, args: argparse.Namespace) -> dict[str, Any]:
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bench.workers")
-    parser.add_argument("--chats", type=int, default=300)
+    parser.add_argument("--chats", type=int, default=500)
     parser.add_argument("--folds-per-chat", type=int, default=25)
     parser.add_argument("--seconds", type=float, default=30.0)
     parser.add_argument("--rss-folds", type=int, default=10_000)
