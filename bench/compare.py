@@ -191,20 +191,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     if not args.base:
         raise SystemExit("--base <git ref> is required")
-    revision = subprocess.run(
-        ["git", "rev-parse", "--short", args.base],
-        cwd=ROOT,
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout.strip()
-    head = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"],
-        cwd=ROOT,
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout.strip()
+    revision = git_output("rev-parse", "--short", args.base)
+    head = git_output("rev-parse", "--short", "HEAD")
     with tempfile.TemporaryDirectory(prefix="chatmem-compare-") as scratch:
         checkout = Path(scratch) / "base"
         git = ["git", "-C", str(ROOT), "worktree"]
@@ -230,14 +218,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def dirty() -> bool:
-    status = subprocess.run(
-        ["git", "status", "--porcelain", "--untracked-files=no"],
-        cwd=ROOT,
-        check=True,
-        capture_output=True,
-        text=True,
-    )
-    return bool(status.stdout.strip())
+    return bool(git_output("status", "--porcelain", "--untracked-files=no"))
+
+
+def git_output(*args: str) -> str:
+    found = subprocess.run(["git", *args], cwd=ROOT, check=True, capture_output=True, text=True)
+    return found.stdout.strip()
 
 
 if __name__ == "__main__":

@@ -72,13 +72,20 @@ def test_sliding_window_folds_twelve_beyond_the_tail(api) -> None:  # type: igno
     )
 
 
-def test_stale_fold_is_superseded_and_writes_nothing(api) -> None:  # type: ignore[no-untyped-def]
+def chat_with_a_fold_due(api):  # type: ignore[no-untyped-def]
+    """A sliding-window chat whose first fold is due: the chat, its snapshot, the decision."""
     chat_id = new_chat(api)
     turns(api, chat_id, 26)
     chat = Chat.objects.get(pk=chat_id)
-    stale = load_snapshot(chat_id)
-    decision = consolidation.decide_for_chat(chat, stale, "turn", timezone.now())
+    snapshot = load_snapshot(chat_id)
+    decision = consolidation.decide_for_chat(chat, snapshot, "turn", timezone.now())
     assert decision is not None
+    return chat, snapshot, decision
+
+
+def test_stale_fold_is_superseded_and_writes_nothing(api) -> None:  # type: ignore[no-untyped-def]
+    chat, stale, decision = chat_with_a_fold_due(api)
+    chat_id = chat.pk
     first = consolidation.execute_fold(chat, stale, decision, now=timezone.now())
     assert first.status == "succeeded"
     before = Brief.objects.get(chat_id=chat_id)
@@ -340,16 +347,11 @@ def fold_twice_with(api, write, monkeypatch):  # type: ignore[no-untyped-def]
     """A new chat's first fold committed through ``write``, then the same fold again (stale)."""
     monkeypatch.setattr(consolidation, "commit_in_one_statement", write)
     monkeypatch.setattr(consolidation, "commit_in_transaction", write)
-    chat_id = new_chat(api)
-    turns(api, chat_id, 26)
-    chat = Chat.objects.get(pk=chat_id)
-    stale = load_snapshot(chat_id)
-    decision = consolidation.decide_for_chat(chat, stale, "turn", timezone.now())
-    assert decision is not None
+    chat, stale, decision = chat_with_a_fold_due(api)
     first = consolidation.execute_fold(chat, stale, decision, now=timezone.now())
     second = consolidation.execute_fold(chat, stale, decision, now=timezone.now())
     assert (first.status, second.status) == ("succeeded", "superseded")
-    return committed_rows(chat_id)
+    return committed_rows(chat.pk)
 
 
 def test_both_commit_paths_write_the_same(api, monkeypatch) -> None:  # type: ignore[no-untyped-def]
