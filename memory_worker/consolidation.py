@@ -171,28 +171,33 @@ def commit_fold(
 ) -> FoldOutcome:
     duration_ms = int((time.monotonic() - started) * 1000)
     finished_at = timezone.now()
-    # What the fold writes: the brief if it wins the fencing step, the ledger row either way.
-    brief_values = {
-        "summary": draft.text,
-        "summary_tokens": draft.tokens,
-        "last_consolidated": decision.to_seq,
-        "last_consolidated_at": now,
-        "turns_mark": snapshot.last_seq,
-        "consecutive_failures": 0,
-        "degraded": False,
-        "next_attempt_at": None,
-        "last_error": "",
-        "updated_at": timezone.now(),
-    }
-    ledger_values = {
-        "finished_at": finished_at,
-        "duration_ms": duration_ms,
-        "input_tokens": draft.input_tokens,
-        "output_tokens": draft.output_tokens,
-        "summarizer_calls": draft.calls,
-    }
-    write = commit_in_one_statement if connection.vendor == "postgresql" else commit_in_transaction
-    committed = write(chat_id, snapshot, ledger.pk, brief_values, ledger_values, draft.tokens)
+    write = FoldWrite(
+        chat_id=chat_id,
+        snapshot=snapshot,
+        ledger_id=ledger.pk,
+        summary_tokens=draft.tokens,
+        brief_values={
+            "summary": draft.text,
+            "summary_tokens": draft.tokens,
+            "last_consolidated": decision.to_seq,
+            "last_consolidated_at": now,
+            "turns_mark": snapshot.last_seq,
+            "consecutive_failures": 0,
+            "degraded": False,
+            "next_attempt_at": None,
+            "last_error": "",
+            "updated_at": timezone.now(),
+        },
+        ledger_values={
+            "finished_at": finished_at,
+            "duration_ms": duration_ms,
+            "input_tokens": draft.input_tokens,
+            "output_tokens": draft.output_tokens,
+            "summarizer_calls": draft.calls,
+        },
+    )
+    commit = commit_in_one_statement if connection.vendor == "postgresql" else commit_in_transaction
+    committed = commit(write)
     status = ConsolidationStatus.SUCCEEDED if committed else ConsolidationStatus.SUPERSEDED
     if committed:
         # After the commit: at once outside a transaction, else when the caller's ends.
@@ -231,48 +236,49 @@ def commit_fold(
     return FoldOutcome(str(status), decision, ledger.pk)
 
 
-def commit_in_transaction(
-    chat_id: int,
-    snapshot: MemorySnapshot,
-    ledger_id: int,
-    brief_values: dict[str, Any],
-    ledger_values: dict[str, Any],
-    summary_tokens: int,
-) -> bool:
+@dataclass(frozen=True)
+class FoldWrite:
+    """What committing a fold writes: the brief (``brief_values``, and its version advanced) if
+    it wins the fencing step, the ledger row's outcome either way."""
+
+    chat_id: int
+    snapshot: MemorySnapshot  # what the fold read: the fencing step's version and W
+    ledger_id: int
+    summary_tokens: int  # the new summary's
+    brief_values: dict[str, Any]
+    ledger_values: dict[str, Any]
+
+
+def commit_in_transaction(write: FoldWrite) -> bool:
     """The fencing step and the ledger's outcome, in one transaction. Returns whether this fold
     advanced W."""
+    snapshot = write.snapshot
     with transaction.atomic():
         # The fencing step: only the fold that read this exact version may advance W.
         committed = bool(
             Brief.objects.filter(
-                chat_id=chat_id,
+                chat_id=write.chat_id,
                 version=snapshot.version,
                 last_consolidated=snapshot.last_consolidated,
-            ).update(version=F("version") + 1, **brief_values)
+            ).update(version=F("version") + 1, **write.brief_values)
         )
         status = ConsolidationStatus.SUCCEEDED if committed else ConsolidationStatus.SUPERSEDED
-        Consolidation.objects.filter(pk=ledger_id).update(
+        Consolidation.objects.filter(pk=write.ledger_id).update(
             status=status,
-            summary_tokens_after=summary_tokens if committed else snapshot.summary_tokens,
-            **ledger_values,
+            summary_tokens_after=write.summary_tokens if committed else snapshot.summary_tokens,
+            **write.ledger_values,
         )
     return committed
 
 
-def commit_in_one_statement(
-    chat_id: int,
-    snapshot: MemorySnapshot,
-    ledger_id: int,
-    brief_values: dict[str, Any],
-    ledger_values: dict[str, Any],
-    summary_tokens: int,
-) -> bool:
+def commit_in_one_statement(write: FoldWrite) -> bool:
     """PostgreSQL: ``commit_in_transaction`` as one statement, atomic on its own (no BEGIN and
     COMMIT round trips): the brief's conditional UPDATE in a data-modifying CTE, and the ledger
     row's UPDATE reading whether it changed a row. A CTE's UPDATE runs exactly once, however
     often the statement refers to it."""
-    brief_sets, params = assignments(Brief, brief_values)
-    ledger_sets, ledger_params = assignments(Consolidation, ledger_values)
+    snapshot = write.snapshot
+    brief_sets, params = assignments(Brief, write.brief_values)
+    ledger_sets, ledger_params = assignments(Consolidation, write.ledger_values)
     version = column(Brief, "version")
     won = "EXISTS (SELECT 1 FROM folded)"
     sql = (
@@ -285,9 +291,9 @@ def commit_in_one_statement(
         f"{column(Consolidation, 'summary_tokens_after')} = CASE WHEN {won} THEN %s ELSE %s END "
         f"WHERE {column(Consolidation, 'id')} = %s RETURNING {won}"
     )
-    params += [chat_id, snapshot.version, snapshot.last_consolidated, *ledger_params]
+    params += [write.chat_id, snapshot.version, snapshot.last_consolidated, *ledger_params]
     params += [ConsolidationStatus.SUCCEEDED.value, ConsolidationStatus.SUPERSEDED.value]
-    params += [summary_tokens, snapshot.summary_tokens, ledger_id]
+    params += [write.summary_tokens, snapshot.summary_tokens, write.ledger_id]
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         found = cursor.fetchone()

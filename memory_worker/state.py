@@ -106,22 +106,38 @@ def read_chat_and_snapshot(chat_id: int) -> tuple[Chat, MemorySnapshot] | None:
     if connection.vendor != "postgresql":
         chat = read_chat(chat_id)
         return (chat, load_snapshot(chat_id)) if chat is not None else None
-    fields = rows.selected_fields(Chat)
-    found = rows.fetch_instances(
-        Chat,
-        fields,
-        f"SELECT {rows.column_list(fields, 'chat')}, snapshot.* "
-        f"FROM {rows.quoted_table(Chat)} chat LEFT JOIN LATERAL ({snapshot_query('chat.id')}) "
-        "snapshot ON true WHERE chat.id = %s",
-        [chat_id],
+    found = fetch_chat_with_snapshot(
+        f"{chat_with_snapshot_query(rows.quoted_table(Chat))} WHERE chat.id = %s", [chat_id]
     )
-    if not found:
+    if found is None:
         return None
-    chat, snapshot_values = found[0]
-    snapshot = snapshot_from_values(chat_id, snapshot_values)
+    chat, snapshot = found
     if snapshot is None:
         raise Brief.DoesNotExist(f"chat {chat_id} has no brief")
     return chat, snapshot
+
+
+def chat_with_snapshot_query(chats: str) -> str:
+    """PostgreSQL: a SELECT of the chat rows of ``chats`` (a table, or a CTE's name), aliased
+    ``chat``, each with its snapshot_query row alongside (fetch_chat_with_snapshot reads it).
+    LEFT JOIN: a chat comes back even without a brief."""
+    fields = rows.selected_fields(Chat)
+    return (
+        f"SELECT {rows.column_list(fields, 'chat')}, snapshot.* FROM {chats} chat "
+        f"LEFT JOIN LATERAL ({snapshot_query('chat.id')}) snapshot ON true"
+    )
+
+
+def fetch_chat_with_snapshot(
+    sql: str, params: Sequence[Any]
+) -> tuple[Chat, MemorySnapshot | None] | None:
+    """The first row of a chat_with_snapshot_query statement: the chat and its snapshot (None if
+    it has no brief); None when there is no row."""
+    found = rows.fetch_instances(Chat, rows.selected_fields(Chat), sql, params)
+    if not found:
+        return None
+    chat, snapshot_values = found[0]
+    return chat, snapshot_from_values(chat.pk, snapshot_values)
 
 
 def read_brief(chat_id: int) -> tuple[Brief, tuple[Any, ...]]:

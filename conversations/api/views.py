@@ -79,12 +79,7 @@ class ChatViewSet(
         with errors.turn_refusals():
             claimed = self.claim_chat(pk)
             result = turn_service.run_turn(
-                claimed.chat,
-                content,
-                variant,
-                metadata,
-                token=claimed.token,
-                snapshot=claimed.snapshot,
+                claimed.chat, content, variant, metadata, claimed=claimed
             )
         body = turn_response_body(result.user_message, result.assistant_message)
         return Response(body, status=status.HTTP_201_CREATED)
@@ -112,12 +107,7 @@ class ChatViewSet(
         with errors.turn_refusals():
             claimed = self.claim_chat(pk)
             turn = turn_service.start_streamed_turn(
-                claimed.chat,
-                content,
-                variant,
-                metadata,
-                token=claimed.token,
-                snapshot=claimed.snapshot,
+                claimed.chat, content, variant, metadata, claimed=claimed
             )
         # The request's own connection is not needed while the stream is open (under ASGI it
         # would otherwise be held until the last event).

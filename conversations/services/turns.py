@@ -40,10 +40,10 @@ from memory_worker.dispatch import request_consolidation
 from memory_worker.policies import policy_for_chat
 from memory_worker.state import (
     MemorySnapshot,
+    chat_with_snapshot_query,
     engine_state,
+    fetch_chat_with_snapshot,
     load_snapshot,
-    snapshot_from_values,
-    snapshot_query,
     with_appended,
 )
 from memory_worker.tokens import count_tokens
@@ -107,35 +107,30 @@ def claim_owned_chat(owner_id: int, chat_id: int) -> Claimed:
     now = timezone.now()
     stale_before = now - timedelta(seconds=settings.TURN_SLOT_STALE_SECONDS)
     adapt_time = connection.ops.adapt_datetimefield_value
-    fields = rows.selected_fields(Chat)
     claim = (
         f"UPDATE {rows.quoted_table(Chat)} "
         "SET turn_token = %s, turn_started_at = %s WHERE id = %s AND owner_id = %s "
-        f"AND (turn_token IS NULL OR turn_started_at < %s) RETURNING {rows.column_list(fields)}"
+        "AND (turn_token IS NULL OR turn_started_at < %s) "
+        f"RETURNING {rows.column_list(rows.selected_fields(Chat))}"
     )
-    with_snapshot = connection.vendor == "postgresql"
-    if with_snapshot:
-        # LEFT JOIN: a claimed chat comes back even without a brief (its turn then fails, and
-        # releases the slot, when it reads the snapshot).
-        claim = (
-            f"WITH claimed AS ({claim}) SELECT {rows.column_list(fields, 'claimed')}, snapshot.* "
-            f"FROM claimed LEFT JOIN LATERAL ({snapshot_query('claimed.id')}) snapshot ON true"
+    params = [
+        Chat._meta.get_field("turn_token").get_db_prep_value(token, connection),
+        adapt_time(now),
+        chat_id,
+        owner_id,
+        adapt_time(stale_before),
+    ]
+    if connection.vendor == "postgresql":
+        # A chat without a brief still comes back: its turn then fails, and releases the slot,
+        # when it reads the snapshot.
+        found = fetch_chat_with_snapshot(
+            f"WITH claimed AS ({claim}) {chat_with_snapshot_query('claimed')}", params
         )
-    claimed = rows.fetch_instances(
-        Chat,
-        fields,
-        claim,
-        [
-            Chat._meta.get_field("turn_token").get_db_prep_value(token, connection),
-            adapt_time(now),
-            chat_id,
-            owner_id,
-            adapt_time(stale_before),
-        ],
-    )
-    if claimed:
-        chat, snapshot_values = claimed[0]
-        snapshot = snapshot_from_values(chat.pk, snapshot_values) if with_snapshot else None
+    else:
+        claimed = rows.fetch_instances(Chat, rows.selected_fields(Chat), claim, params)
+        found = (claimed[0][0], None) if claimed else None
+    if found is not None:
+        chat, snapshot = found
         if snapshot is not None and snapshot.last_seq != chat.last_seq:
             snapshot = None  # it predates a turn stored while the claim waited: read it again
         return Claimed(chat, token, snapshot)
@@ -178,13 +173,12 @@ def run_turn(
     variant_name: str | None = None,
     metadata: dict | None = None,
     *,
-    token: uuid.UUID | None = None,
-    snapshot: MemorySnapshot | None = None,
+    claimed: Claimed | None = None,
 ) -> TurnResult:
-    """``token``: the chat's turn slot when the caller has claimed it, and ``snapshot`` the
-    memory snapshot if the claim read it (claim_owned_chat)."""
-    with turn_slot(chat, token) as slot:
+    """``claimed``: the chat's claim when the caller has made it (claim_owned_chat)."""
+    with turn_slot(chat, claimed.token if claimed else None) as slot:
         variant, user_tokens = turn_input(chat, variant_name, content)
+        snapshot = claimed.snapshot if claimed else None
         return complete_turn(
             chat,
             slot,
@@ -540,10 +534,9 @@ def start_streamed_turn(
     variant_name: str | None = None,
     metadata: dict | None = None,
     *,
-    token: uuid.UUID | None = None,
-    snapshot: MemorySnapshot | None = None,
+    claimed: Claimed | None = None,
 ) -> StreamedTurn:
-    """Claim the slot (unless the caller did: ``token``) and resolve the variant here, so
+    """Claim the slot (unless the caller did: ``claimed``) and resolve the variant here, so
     TurnInProgress and UnknownVariant raise before any response has started (plain 4xx), then
     run the rest of the turn on its own thread.
 
@@ -551,7 +544,7 @@ def start_streamed_turn(
     the generator when the client disconnects (WSGI: close() -> GeneratorExit at the pending
     yield; ASGI: the task is cancelled). A turn the server accepted must still complete and be
     stored (DESIGN §3.6), so nothing the turn does may depend on the client still reading."""
-    with turn_slot(chat, token) as slot:
+    with turn_slot(chat, claimed.token if claimed else None) as slot:
         variant, user_tokens = turn_input(chat, variant_name, content)
         events = TurnEvents()
         thread = threading.Thread(
@@ -566,7 +559,7 @@ def start_streamed_turn(
                 user_tokens,
                 metadata,
                 events,
-                snapshot,
+                claimed.snapshot if claimed else None,
             ),
             name=f"chatmem-turn-{chat.pk}",
             # Not a daemon: a graceful shutdown waits for accepted turns to be stored.
