@@ -17,9 +17,12 @@ Vocabulary:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from bisect import bisect_right
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from functools import cached_property
+from typing import NamedTuple
 
 ROLE_OVERHEAD_TOKENS = 4  # per chat message: role and separators
 PROMPT_PRIMING_TOKENS = 3  # every reply is primed with a few tokens
@@ -37,8 +40,9 @@ TRIGGER_PRIORITY = (
 )
 
 
-@dataclass(frozen=True, slots=True)
-class Msg:
+class Msg(NamedTuple):
+    # A tuple, not a dataclass: a turn and a fold build one per unfolded message, and a frozen
+    # dataclass's __init__ (object.__setattr__ per field) cost several times as much.
     seq: int
     role: str
     tokens: int
@@ -71,7 +75,7 @@ class Policy:
     summary_token_cap: int = 500
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class ChatState:
     last_consolidated: int
     last_seq: int
@@ -81,6 +85,23 @@ class ChatState:
     turns_mark: int
     last_consolidated_at: datetime | None
     model_context_tokens: int
+
+    @cached_property
+    def boundary_table(self) -> Mapping[int, After]:
+        """after_boundaries, computed once per state: one decision consults it from several
+        places (backlog, each trigger's range, the turn limit), and the state never changes."""
+        return _after_boundaries(self)
+
+    @cached_property
+    def suffix_sums(self) -> tuple[list[int], list[int]]:
+        """The unfolded seqs ascending, and for each index i the tokens of messages i and after
+        (one more entry: 0): what remains after any boundary, by bisection, when the request
+        path tries boundary after boundary."""
+        ordered = sorted(self.unfolded, key=lambda m: m.seq)
+        suffix = [0] * (len(ordered) + 1)
+        for index in range(len(ordered) - 1, -1, -1):
+            suffix[index] = suffix[index + 1] + ordered[index].tokens
+        return [m.seq for m in ordered], suffix
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,29 +131,40 @@ def history_tokens(state: ChatState) -> int:
 def prompt_tokens(state: ChatState, new_message_tokens: int = 0) -> int:
     """The whole prompt: system prompt, summary, unfolded messages and the new message, each
     with its role overhead, plus the reply priming."""
-    total = PROMPT_PRIMING_TOKENS
-    if state.system_tokens:
-        total += state.system_tokens + ROLE_OVERHEAD_TOKENS
-    if state.summary_tokens:
-        total += state.summary_tokens + ROLE_OVERHEAD_TOKENS
-    total += sum(m.tokens + ROLE_OVERHEAD_TOKENS for m in state.unfolded)
-    if new_message_tokens:
-        total += new_message_tokens + ROLE_OVERHEAD_TOKENS
+    return _prompt_total(
+        state.system_tokens,
+        state.summary_tokens,
+        len(state.unfolded),
+        sum(m.tokens for m in state.unfolded),
+        new_message_tokens,
+    )
+
+
+def _prompt_total(system: int, summary: int, messages: int, tokens: int, new: int) -> int:
+    """prompt_tokens from its parts: ``messages`` unfolded messages of ``tokens`` in all."""
+    total = PROMPT_PRIMING_TOKENS + tokens + messages * ROLE_OVERHEAD_TOKENS
+    for part in (system, summary, new):
+        if part:
+            total += part + ROLE_OVERHEAD_TOKENS
     return total
 
 
-@dataclass(frozen=True, slots=True)
-class After:
+class After(NamedTuple):
     """What lies after a boundary: the unfolded user messages and tokens with a greater seq."""
 
     users: int
     tokens: int
 
 
-def after_boundaries(state: ChatState) -> dict[int, After]:
-    """Every boundary b >= W (ascending, see boundaries) with what lies after it, in one pass
-    from the newest message: the folding decisions look at every boundary, and recounting the
-    messages after each one was quadratic in the backlog (a chat whose workers were down)."""
+def after_boundaries(state: ChatState) -> Mapping[int, After]:
+    """Every boundary b >= W (ascending, see boundaries) with what lies after it."""
+    return state.boundary_table
+
+
+def _after_boundaries(state: ChatState) -> Mapping[int, After]:
+    """In one pass from the newest message: the folding decisions look at every boundary, and
+    recounting the messages after each one was quadratic in the backlog (a chat whose workers
+    were down)."""
     watermark = state.last_consolidated
     users = tokens = 0
     found: dict[int, After] = {}
@@ -285,23 +317,18 @@ def decide_manual(state: ChatState, policy: Policy) -> Decision | None:
 def _within_bound(
     state: ChatState, policy: Policy, boundary: int, summary_tokens: int, new_tokens: int
 ) -> bool:
-    remaining = [m for m in state.unfolded if m.seq > boundary]
-    if policy.context_size is not None and len(remaining) > policy.context_size:
+    seqs, suffix_tokens = state.suffix_sums
+    first_after = bisect_right(seqs, boundary)
+    remaining, remaining_tokens = len(seqs) - first_after, suffix_tokens[first_after]
+    if policy.context_size is not None and remaining > policy.context_size:
         return False
-    history = summary_tokens + sum(m.tokens for m in remaining)
+    history = summary_tokens + remaining_tokens
     if policy.max_memory_tokens is not None and history > policy.max_memory_tokens:
         return False
-    after = ChatState(
-        last_consolidated=boundary,
-        last_seq=state.last_seq,
-        unfolded=tuple(remaining),
-        summary_tokens=summary_tokens,
-        system_tokens=state.system_tokens,
-        turns_mark=state.turns_mark,
-        last_consolidated_at=state.last_consolidated_at,
-        model_context_tokens=state.model_context_tokens,
+    prompt = _prompt_total(
+        state.system_tokens, summary_tokens, remaining, remaining_tokens, new_tokens
     )
-    return prompt_tokens(after, new_tokens) <= PROMPT_WINDOW_SHARE * state.model_context_tokens
+    return prompt <= PROMPT_WINDOW_SHARE * state.model_context_tokens
 
 
 def decide_before_turn(state: ChatState, policy: Policy, new_message_tokens: int) -> PreTurn:
