@@ -180,6 +180,10 @@ CACHES = {
 }
 
 LLM_TIMEOUT_SECONDS = env.float("LLM_TIMEOUT_SECONDS", default=60.0)
+# A turn's non-streamed model request goes over the worker thread's own keep-alive connection
+# (conversations.model_http) rather than the SDK's shared pool; false: the SDK sends it. With an
+# HTTP(S) proxy in the environment the SDK always sends it.
+CHAT_DIRECT_HTTP = env.bool("CHAT_DIRECT_HTTP", default=True)
 MEMORY_LLM_TIMEOUT_SECONDS = env.float("MEMORY_LLM_TIMEOUT_SECONDS", default=60.0)
 # Ordered deadlines (DESIGN §6): LLM < soft < hard < lock TTL < broker visibility timeout.
 MEMORY_TASK_SOFT_TIME_LIMIT = env.int("MEMORY_TASK_SOFT_TIME_LIMIT", default=240)

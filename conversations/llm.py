@@ -25,11 +25,14 @@ from typing import Any, Protocol, Self
 
 import openai
 
-from memory_worker.summarizers import (
-    OFFLINE_MODEL_MARKER,
-    create_chat_completion,
-    stream_chat_completion,
+from conversations.model_http import (
+    DirectConnectionError,
+    DirectInvalidResponse,
+    DirectStatusError,
+    DirectTimeout,
+    direct_client,
 )
+from memory_worker.summarizers import OFFLINE_MODEL_MARKER, stream_chat_completion
 from memory_worker.tokens import count_tokens
 
 log = logging.getLogger(__name__)
@@ -109,37 +112,53 @@ class ChatModel(Protocol):
 
 
 class OpenAIChatModel:
-    def __init__(self, client: openai.OpenAI, timeout: float) -> None:
+    """``direct``: send the non-streamed request over the thread's own connection
+    (conversations.model_http) unless a proxy applies; otherwise the SDK sends it."""
+
+    def __init__(self, client: openai.OpenAI, timeout: float, direct: bool = True) -> None:
         self.client = client
         self.timeout = timeout
+        self.direct = direct_client(client, timeout) if direct else None
 
     def complete(
         self, messages: ModelMessages, model: str, tools: ToolOptions | None = None
     ) -> ChatCompletion:
+        body = {"model": model, "messages": list(messages), **tool_kwargs(tools)}
+        data = self._post_direct(body, model) if self.direct else self._post_sdk(body, model)
+        return completion_from_json(data, messages, model)
+
+    def _post_direct(self, body: Mapping[str, Any], model: str) -> Any:
+        assert self.direct is not None
         try:
-            response = create_chat_completion(
-                self.client,
-                {"model": model, "messages": list(messages), **tool_kwargs(tools)},
-                self.timeout,
+            return self.direct.create(body)
+        except DirectTimeout as error:
+            raise self._failed(error, model, timeout_error(self.timeout)) from error
+        except DirectConnectionError as error:
+            raise self._failed(error, model, connection_error()) from error
+        except DirectStatusError as error:
+            raise self._failed(error, model, status_error(error.status, error.code)) from error
+        except DirectInvalidResponse as error:
+            raise self._failed(error, model, invalid_response_error()) from error
+
+    def _post_sdk(self, body: Mapping[str, Any], model: str) -> Any:
+        """``chat.completions.create`` without the SDK's parameter transform (see
+        memory_worker.summarizers.create_chat_completion) and without its typed parsing: the
+        decoded JSON, read by completion_from_json as the direct path's."""
+        try:
+            return self.client.post(
+                "/chat/completions",
+                body=dict(body),
+                cast_to=object,
+                options={"timeout": self.timeout},
             )
         except openai.OpenAIError as error:
             raise self._model_error(error, model) from error
-        if not response.choices:
-            raise ModelError("The model returned no reply.")
-        choice = response.choices[0]
-        content = reply_text(choice.message.content, getattr(choice.message, "refusal", None))
-        require_reply(content, bool(choice.message.tool_calls), choice.finish_reason)
-        usage = response.usage
-        return ChatCompletion(
-            content=content,
-            finish_reason=choice.finish_reason or "stop",
-            prompt_tokens=usage.prompt_tokens if usage else count_messages(messages, model),
-            completion_tokens=usage.completion_tokens if usage else count_tokens(content, model),
-            model=response.model or model,
-            tool_calls=tuple(
-                call.model_dump(exclude_none=True) for call in choice.message.tool_calls or ()
-            ),
-        )
+        except ValueError as error:  # a JSON content type with a body that is not JSON
+            raise self._failed(error, model, invalid_response_error()) from error
+
+    def _failed(self, error: Exception, model: str, model_error: ModelError) -> ModelError:
+        log.warning("model call failed: %s", error, extra={"model": model})
+        return model_error
 
     def stream(
         self, messages: ModelMessages, model: str, tools: ToolOptions | None = None
@@ -273,23 +292,95 @@ def model_error_from(
     error: openai.OpenAIError, timeout: float, mid_stream: bool = False
 ) -> ModelError:
     if isinstance(error, openai.APITimeoutError):
-        return ModelError(f"The model did not answer within {timeout:g} seconds.", UPSTREAM_TIMEOUT)
+        return timeout_error(timeout)
     if isinstance(error, openai.APIConnectionError):
-        if mid_stream:
-            return ModelError("The connection to the model endpoint broke during the reply.")
-        return ModelError("Could not connect to the model endpoint.")
+        return connection_error(mid_stream)
     if isinstance(error, openai.APIStatusError):
-        code = f", {error.code}" if error.code else ""
-        if error.status_code == 408:
-            return ModelError(f"The model endpoint timed out (HTTP 408{code}).", UPSTREAM_TIMEOUT)
-        return ModelError(f"The model endpoint returned an error (HTTP {error.status_code}{code}).")
+        return status_error(error.status_code, error.code)
     if isinstance(error, openai.APIError) and not isinstance(
         error, openai.APIResponseValidationError
     ):
         # An error event in the middle of a streamed reply.
         code = f" ({error.code})" if error.code else ""
         return ModelError(f"The model endpoint reported an error during the reply{code}.")
+    return invalid_response_error()
+
+
+def timeout_error(timeout: float) -> ModelError:
+    return ModelError(f"The model did not answer within {timeout:g} seconds.", UPSTREAM_TIMEOUT)
+
+
+def connection_error(mid_stream: bool = False) -> ModelError:
+    if mid_stream:
+        return ModelError("The connection to the model endpoint broke during the reply.")
+    return ModelError("Could not connect to the model endpoint.")
+
+
+def status_error(status: int, code: object) -> ModelError:
+    detail = f", {code}" if code else ""
+    if status == 408:
+        return ModelError(f"The model endpoint timed out (HTTP 408{detail}).", UPSTREAM_TIMEOUT)
+    return ModelError(f"The model endpoint returned an error (HTTP {status}{detail}).")
+
+
+def invalid_response_error() -> ModelError:
     return ModelError("The model endpoint returned an invalid response.")
+
+
+def completion_from_json(data: Any, messages: ModelMessages, model: str) -> ChatCompletion:
+    """The ChatCompletion of a Chat Completions answer, as JSON. A body of any other shape is
+    an invalid response (502), never an exception the view did not expect."""
+    if not isinstance(data, dict):
+        raise invalid_response_error()
+    choices = data.get("choices")
+    if not choices:
+        raise ModelError("The model returned no reply.")
+    choice = choices[0] if isinstance(choices, list) else None
+    message = choice.get("message") if isinstance(choice, dict) else None
+    if not isinstance(message, dict):
+        raise invalid_response_error()
+    content, refusal = message.get("content"), message.get("refusal")
+    tool_calls = message.get("tool_calls") or []
+    if not (
+        isinstance(content, str | None)
+        and isinstance(refusal, str | None)
+        and isinstance(tool_calls, list)
+        and all(isinstance(call, dict) for call in tool_calls)
+    ):
+        raise invalid_response_error()
+    assert isinstance(choice, dict)
+    finish_reason = text_or_none(choice.get("finish_reason"))
+    reply = reply_text(content, refusal)
+    require_reply(reply, bool(tool_calls), finish_reason)
+    usage = data.get("usage")
+    if not isinstance(usage, dict):
+        usage = {}
+    prompt_tokens, completion_tokens = usage.get("prompt_tokens"), usage.get("completion_tokens")
+    return ChatCompletion(
+        content=reply,
+        finish_reason=finish_reason or "stop",
+        prompt_tokens=(
+            prompt_tokens if isinstance(prompt_tokens, int) else count_messages(messages, model)
+        ),
+        completion_tokens=(
+            completion_tokens if isinstance(completion_tokens, int) else count_tokens(reply, model)
+        ),
+        model=text_or_none(data.get("model")) or model,
+        tool_calls=tuple(without_none(call) for call in tool_calls),
+    )
+
+
+def text_or_none(value: object) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def without_none(value: Any) -> Any:
+    """What the SDK's ``model_dump(exclude_none=True)`` stored: no null fields, at any depth."""
+    if isinstance(value, dict):
+        return {key: without_none(item) for key, item in value.items() if item is not None}
+    if isinstance(value, list):
+        return [without_none(item) for item in value]
+    return value
 
 
 def count_messages(messages: ModelMessages, model: str) -> int:

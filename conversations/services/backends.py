@@ -17,13 +17,15 @@ def chat_backend_name() -> str:
 
 
 @lru_cache(maxsize=4)
-def _chat_model(backend: str, base_url: str | None, api_key: str, timeout: float) -> ChatModel:
+def _chat_model(
+    backend: str, base_url: str | None, api_key: str, timeout: float, direct: bool
+) -> ChatModel:
     if backend == "offline":
         return TimedChatModel(OfflineChatModel())
     if backend != "openai":
         raise ValueError(f'CHAT_BACKEND must be "openai" or "offline", got "{backend}"')
     client = make_openai_client(base_url=base_url, api_key=api_key, timeout=timeout, max_retries=0)
-    return TimedChatModel(OpenAIChatModel(client=client, timeout=timeout))
+    return TimedChatModel(OpenAIChatModel(client=client, timeout=timeout, direct=direct))
 
 
 def get_chat_model() -> ChatModel:
@@ -33,4 +35,5 @@ def get_chat_model() -> ChatModel:
         settings.OPENAI_BASE_URL,
         settings.OPENAI_API_KEY,
         settings.LLM_TIMEOUT_SECONDS,
+        settings.CHAT_DIRECT_HTTP,
     )
