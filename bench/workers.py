@@ -1,7 +1,7 @@
 """Consolidation workers scale (issue 6): folds per second with 1 and with 2 worker processes,
 and a worker's resident memory over many folds.
 
-    python -m bench.workers [--chats 500] [--folds-per-chat 25] [--seconds 30]
+    python -m bench.workers [--chats 500] [--folds-per-chat 25] [--seconds 20] [--rounds 3]
                             [--database-url postgres://postgres@127.0.0.1:5432/chatmem_bench]
                             [--redis-url redis://127.0.0.1:6379/8]
                             [--out bench/results/workers.json]
@@ -12,13 +12,17 @@ chat is queued and real ``celery worker`` processes (prefork, one child each) dr
 offline summarizer (no network: an instant summarizer). A task folds, re-judges and chains
 reruns as in production. Folds per second are counted from the ledger (succeeded rows) over the
 steady part of the phase; the worker children's resident memory (VmRSS) is sampled as folds
-accumulate. Phases: 1 worker, then 2 workers, then 1 worker until ``--rss-folds`` folds for the
-memory figure.
+accumulate. Phases: ``--rounds`` rounds of a 1-worker and a 2-worker phase, in alternating
+order (1-2, 2-1, 1-2...), each round giving one ratio; the scaling figure is the median of those
+ratios. This machine's speed drifts by tens of percent within minutes, and phases run one after
+the other took that drift for scaling (one phase order gave 1.28 to 2.07 on the same code). Then
+1 worker until ``--rss-folds`` folds for the memory figure.
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import time
 import uuid
@@ -161,6 +165,23 @@ def measure_phase(owner: Any, workers: int, args: argparse.Namespace) -> dict[st
     }
 
 
+def measure_round(owner: Any, args: argparse.Namespace, two_first: bool) -> dict[str, Any]:
+    """One 1-worker and one 2-worker phase, back to back (in the order given), and their ratio."""
+    if two_first:
+        two = measure_phase(owner, 2, args)
+        one = measure_phase(owner, 1, args)
+    else:
+        one = measure_phase(owner, 1, args)
+        two = measure_phase(owner, 2, args)
+    ratio = two["folds_per_second"] / one["folds_per_second"] if one["folds_per_second"] else 0.0
+    return {
+        "order": "2-1" if two_first else "1-2",
+        "one_worker": one,
+        "two_workers": two,
+        "ratio": round(ratio, 3),
+    }
+
+
 def measure_rss(owner: Any, args: argparse.Namespace) -> dict[str, Any]:
     per_chat = 25
     empty_broker(args.redis_url)
@@ -195,7 +216,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bench.workers")
     parser.add_argument("--chats", type=int, default=500)
     parser.add_argument("--folds-per-chat", type=int, default=25)
-    parser.add_argument("--seconds", type=float, default=30.0)
+    parser.add_argument("--seconds", type=float, default=20.0, help="measured, per phase")
+    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--rss-folds", type=int, default=10_000)
     parser.add_argument("--rss-timeout", type=float, default=300.0)
     parser.add_argument("--database-url", default=DEFAULT_DATABASE_URL)
@@ -221,18 +243,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     from django.contrib.auth import get_user_model
 
     owner = get_user_model().objects.create_user(username=f"bench-{uuid.uuid4().hex[:8]}")
-    one = measure_phase(owner, 1, args)
-    two = measure_phase(owner, 2, args)
+    rounds = [measure_round(owner, args, two_first=index % 2 == 1) for index in range(args.rounds)]
     memory = measure_rss(owner, args)
     empty_broker(args.redis_url)
-    scaling = two["folds_per_second"] / one["folds_per_second"] if one["folds_per_second"] else 0
+    ratios = [one_round["ratio"] for one_round in rounds]
+    scaling = statistics.median(ratios)
     report = {
         "command": "python -m bench.workers " + " ".join(sys.argv[1:] if argv is None else argv),
         "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "machine": machine_line(),
-        "one_worker": one,
-        "two_workers": two,
+        "one_worker_folds_per_second_median": statistics.median(
+            r["one_worker"]["folds_per_second"] for r in rounds
+        ),
+        "two_workers_folds_per_second_median": statistics.median(
+            r["two_workers"]["folds_per_second"] for r in rounds
+        ),
         "scaling": round(scaling, 2),
+        "scaling_per_round": ratios,
+        "rounds": rounds,
         "memory": memory,
         "goals": {
             "2 workers >= 1.7 x 1 worker": scaling >= 1.7,
