@@ -143,8 +143,14 @@ def closed_by_peer(connection: http.client.HTTPConnection) -> bool:
     sock = connection.sock
     if sock is None:
         return False  # not connected yet: request() connects
-    readable, _, _ = select.select([sock], [], [], 0)
-    return bool(readable)
+    # poll, not select: select fails on descriptors above 1023, which a process with hundreds
+    # of threads, each with its client, database and model connections, can reach.
+    if not hasattr(select, "poll"):  # Windows
+        readable, _, _ = select.select([sock], [], [], 0)
+        return bool(readable)
+    poller = select.poll()
+    poller.register(sock, select.POLLIN)
+    return bool(poller.poll(0))
 
 
 def error_code(data: bytes) -> object:
