@@ -108,7 +108,7 @@ def execute_fold(
     due_at: datetime | None = None,
 ) -> FoldOutcome:
     started = time.monotonic()
-    ledger = Consolidation.objects.create(
+    ledger = Consolidation(
         chat=chat,
         due_at=due_at,
         trigger=decision.trigger,
@@ -119,6 +119,7 @@ def execute_fold(
         summary_tokens_before=snapshot.summary_tokens,
         worker=WORKER_NAME,
     )
+    record_running(ledger)
     to_fold = [m for m in snapshot.unfolded if decision.from_seq <= m.seq <= decision.to_seq]
     # turn-digest (seed 004): replies with a response summary are folded from that summary.
     to_fold = digest_fold_messages(chat, to_fold)
@@ -140,6 +141,16 @@ def execute_fold(
         record_failure(chat.pk, snapshot, ledger, repr(error), CRASH_KIND, now, started)
         raise
     return commit_fold(chat.pk, snapshot, decision, ledger, draft, now, started)
+
+
+def record_running(ledger: Consolidation) -> None:
+    """The fold's "running" ledger row. On PostgreSQL its commit does not wait for a disk flush:
+    if the database crashes before the fold's own (synchronous) commit, the fold is lost with
+    it and there is nothing for the row to record."""
+    if connection.vendor == "postgresql":
+        rows.insert_without_flush_wait(ledger)
+    else:
+        ledger.save(force_insert=True)
 
 
 def summarize_in_chunks(summary: str, to_fold: list[Message]) -> SummaryDraft:
