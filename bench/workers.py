@@ -12,11 +12,13 @@ chat is queued and real ``celery worker`` processes (prefork, one child each) dr
 offline summarizer (no network: an instant summarizer). A task folds, re-judges and chains
 reruns as in production. Folds per second are counted from the ledger (succeeded rows) over the
 steady part of the phase; the worker children's resident memory (VmRSS) is sampled as folds
-accumulate. Phases: ``--rounds`` rounds of a 1-worker and a 2-worker phase, in alternating
-order (1-2, 2-1, 1-2...), each round giving one ratio; the scaling figure is the median of those
-ratios. This machine's speed drifts by tens of percent within minutes, and phases run one after
-the other took that drift for scaling (one phase order gave 1.28 to 2.07 on the same code). Then
-1 worker until ``--rss-folds`` folds for the memory figure.
+accumulate. Phases alternate 1 worker, 2 workers, 1 worker, ... and start and end with 1 worker
+(``--rounds`` 2-worker phases): each 2-worker phase is compared with the mean of the 1-worker
+phases just before and after it, which cancels a drift of the machine's speed that is steady
+over the three, and the scaling figure is the median of those ratios. This machine's speed
+drifts by tens of percent within minutes: two phases one after the other took that drift for
+scaling (1.28 to 2.07 on the same code). Then 1 worker until ``--rss-folds`` folds for the
+memory figure.
 """
 
 from __future__ import annotations
@@ -165,21 +167,25 @@ def measure_phase(owner: Any, workers: int, args: argparse.Namespace) -> dict[st
     }
 
 
-def measure_round(owner: Any, args: argparse.Namespace, two_first: bool) -> dict[str, Any]:
-    """One 1-worker and one 2-worker phase, back to back (in the order given), and their ratio."""
-    if two_first:
+def measure_sandwiched(owner: Any, args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Phases 1, 2, 1, 2, ..., 1 worker(s) (``args.rounds`` 2-worker phases); for each 2-worker
+    phase, its ratio to the mean of its two 1-worker neighbours."""
+    ones = [measure_phase(owner, 1, args)]
+    rounds = []
+    for _ in range(args.rounds):
         two = measure_phase(owner, 2, args)
-        one = measure_phase(owner, 1, args)
-    else:
-        one = measure_phase(owner, 1, args)
-        two = measure_phase(owner, 2, args)
-    ratio = two["folds_per_second"] / one["folds_per_second"] if one["folds_per_second"] else 0.0
-    return {
-        "order": "2-1" if two_first else "1-2",
-        "one_worker": one,
-        "two_workers": two,
-        "ratio": round(ratio, 3),
-    }
+        ones.append(measure_phase(owner, 1, args))
+        before, after = ones[-2]["folds_per_second"], ones[-1]["folds_per_second"]
+        baseline = (before + after) / 2
+        rounds.append(
+            {
+                "one_worker_before": ones[-2],
+                "two_workers": two,
+                "one_worker_after": ones[-1],
+                "ratio": round(two["folds_per_second"] / baseline, 3) if baseline else 0.0,
+            }
+        )
+    return rounds
 
 
 def measure_rss(owner: Any, args: argparse.Namespace) -> dict[str, Any]:
@@ -243,7 +249,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from django.contrib.auth import get_user_model
 
     owner = get_user_model().objects.create_user(username=f"bench-{uuid.uuid4().hex[:8]}")
-    rounds = [measure_round(owner, args, two_first=index % 2 == 1) for index in range(args.rounds)]
+    rounds = measure_sandwiched(owner, args)
     memory = measure_rss(owner, args)
     empty_broker(args.redis_url)
     ratios = [one_round["ratio"] for one_round in rounds]
@@ -253,7 +259,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "machine": machine_line(),
         "one_worker_folds_per_second_median": statistics.median(
-            r["one_worker"]["folds_per_second"] for r in rounds
+            phase["folds_per_second"]
+            for phase in [rounds[0]["one_worker_before"], *(r["one_worker_after"] for r in rounds)]
         ),
         "two_workers_folds_per_second_median": statistics.median(
             r["two_workers"]["folds_per_second"] for r in rounds
