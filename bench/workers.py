@@ -258,12 +258,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         "command": "python -m bench.workers " + " ".join(sys.argv[1:] if argv is None else argv),
         "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "machine": machine_line(),
-        "one_worker_folds_per_second_median": statistics.median(
-            phase["folds_per_second"]
-            for phase in [rounds[0]["one_worker_before"], *(r["one_worker_after"] for r in rounds)]
+        "one_worker_folds_per_second_median": round(
+            statistics.median(
+                phase["folds_per_second"]
+                for phase in [
+                    rounds[0]["one_worker_before"],
+                    *(r["one_worker_after"] for r in rounds),
+                ]
+            ),
+            1,
         ),
-        "two_workers_folds_per_second_median": statistics.median(
-            r["two_workers"]["folds_per_second"] for r in rounds
+        "two_workers_folds_per_second_median": round(
+            statistics.median(r["two_workers"]["folds_per_second"] for r in rounds), 1
         ),
         "scaling": round(scaling, 2),
         "scaling_per_round": ratios,
