@@ -31,6 +31,8 @@ from urllib.parse import urlsplit
 
 import openai
 
+from memory_worker.summarizers import SECRET_PATTERN
+
 KEEPALIVE_EXPIRY_SECONDS = 5.0  # the SDK's (openai DEFAULT_CONNECTION_LIMITS)
 MAX_LOGGED_BODY = 500
 
@@ -48,7 +50,8 @@ class DirectStatusError(Exception):
 
     def __init__(self, status: int, data: bytes) -> None:
         detail = data[:MAX_LOGGED_BODY].decode("utf-8", errors="replace")
-        super().__init__(f"HTTP {status}: {detail}")
+        # Providers echo (masked) keys in auth errors: none reaches the log either.
+        super().__init__(f"HTTP {status}: {SECRET_PATTERN.sub('[redacted]', detail)}")
         self.status = status
         self.code = error_code(data)
 

@@ -271,3 +271,15 @@ def test_a_2xx_answer_that_is_not_json_is_a_502(keep_alive: KeepAliveServer) -> 
             model.complete(MESSAGES, "m")
         assert caught.value.status == 502
         assert str(caught.value) == "The model endpoint returned an invalid response."
+
+
+def test_the_log_of_a_refused_key_does_not_carry_the_key(
+    server: ScriptedServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    server.script(error_reply(401, f"Incorrect API key provided: {API_KEY}", "invalid"))
+    client = make_openai_client(server.base_url, API_KEY, timeout=5.0)
+    with pytest.raises(ModelError):
+        OpenAIChatModel(client, timeout=5.0).complete(MESSAGES, "m")
+    assert "HTTP 401" in caplog.text
+    assert API_KEY not in caplog.text
+    assert "[redacted]" in caplog.text
