@@ -26,13 +26,18 @@ from typing import Any, Protocol, Self
 import openai
 
 from conversations.model_http import (
+    DirectChatCompletions,
     DirectConnectionError,
     DirectInvalidResponse,
     DirectStatusError,
     DirectTimeout,
     direct_client,
 )
-from memory_worker.summarizers import OFFLINE_MODEL_MARKER, stream_chat_completion
+from memory_worker.summarizers import (
+    OFFLINE_MODEL_MARKER,
+    chat_completion_json,
+    stream_chat_completion,
+)
 from memory_worker.tokens import count_tokens
 
 log = logging.getLogger(__name__)
@@ -124,13 +129,15 @@ class OpenAIChatModel:
         self, messages: ModelMessages, model: str, tools: ToolOptions | None = None
     ) -> ChatCompletion:
         body = {"model": model, "messages": list(messages), **tool_kwargs(tools)}
-        data = self._post_direct(body, model) if self.direct else self._post_sdk(body, model)
+        direct = self.direct
+        data = self._post_direct(direct, body, model) if direct else self._post_sdk(body, model)
         return completion_from_json(data, messages, model)
 
-    def _post_direct(self, body: Mapping[str, Any], model: str) -> Any:
-        assert self.direct is not None
+    def _post_direct(
+        self, direct: DirectChatCompletions, body: Mapping[str, Any], model: str
+    ) -> Any:
         try:
-            return self.direct.create(body)
+            return direct.create(body)
         except DirectTimeout as error:
             raise self._failed(error, model, timeout_error(self.timeout)) from error
         except DirectConnectionError as error:
@@ -141,16 +148,8 @@ class OpenAIChatModel:
             raise self._failed(error, model, invalid_response_error()) from error
 
     def _post_sdk(self, body: Mapping[str, Any], model: str) -> Any:
-        """``chat.completions.create`` without the SDK's parameter transform (see
-        memory_worker.summarizers.create_chat_completion) and without its typed parsing: the
-        decoded JSON, read by completion_from_json as the direct path's."""
         try:
-            return self.client.post(
-                "/chat/completions",
-                body=dict(body),
-                cast_to=object,
-                options={"timeout": self.timeout},
-            )
+            return chat_completion_json(self.client, body, self.timeout)
         except openai.OpenAIError as error:
             raise self._model_error(error, model) from error
         except ValueError as error:  # a JSON content type with a body that is not JSON
@@ -336,9 +335,9 @@ def completion_from_json(data: Any, messages: ModelMessages, model: str) -> Chat
     if not choices:
         raise ModelError("The model returned no reply.")
     choice = choices[0] if isinstance(choices, list) else None
-    message = choice.get("message") if isinstance(choice, dict) else None
-    if not isinstance(message, dict):
+    if not isinstance(choice, dict) or not isinstance(choice.get("message"), dict):
         raise invalid_response_error()
+    message = choice["message"]
     content, refusal = message.get("content"), message.get("refusal")
     tool_calls = message.get("tool_calls") or []
     if not (
@@ -348,7 +347,6 @@ def completion_from_json(data: Any, messages: ModelMessages, model: str) -> Chat
         and all(isinstance(call, dict) for call in tool_calls)
     ):
         raise invalid_response_error()
-    assert isinstance(choice, dict)
     finish_reason = text_or_none(choice.get("finish_reason"))
     reply = reply_text(content, refusal)
     require_reply(reply, bool(tool_calls), finish_reason)

@@ -1,11 +1,12 @@
 """The turn's one non-streamed Chat Completions request, sent over a plain keep-alive connection
 of the calling thread instead of through the ``openai`` SDK's HTTP stack. Plain Python, no Django.
 
-Why: with a gunicorn process of 200 threads waiting on a slow model, the SDK's request took
-2.5 ms of CPU per call against 0.4 ms for the same request on a thread's own ``http.client``
-connection (docs/benchmarks.md, "The model call"): its shared connection pool is scanned and
-locked on every request, and every response is parsed into typed models. Per turn, that was
-about a quarter of the web process's CPU.
+Why: with 200 threads of a process waiting on a slow model, the SDK's request took 1.8 ms of
+CPU per call against 0.44 ms for the same request on a thread's own ``http.client`` connection
+(``python -m bench.model_call``, docs/benchmarks.md): its connection pool, shared by the threads,
+is locked and scanned on every request and answer (2.5 ms when the answer was also parsed into
+the SDK's typed models). In the slow-model run that was about a quarter of the web processes'
+CPU.
 
 What stays the SDK's: the endpoint, key, organization and project it resolved (from our settings
 or its own environment variables), and everything else the model is asked — streamed turns, the

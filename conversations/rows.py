@@ -110,6 +110,17 @@ def _json_exact(field: Field) -> bool:
     return kind in JSON_EXACT_TYPES and not converters + field.get_db_converters(connection)
 
 
+def insert_fields(model: type[Model]) -> list[Field]:
+    """The columns an INSERT of ``model`` writes: every concrete field but the primary key."""
+    return [field for field in model._meta.concrete_fields if not field.primary_key]
+
+
+def insert_values(instance: Model, fields: Sequence[Field]) -> list[Any]:
+    """The values the ORM's insert would send for ``fields`` (``pre_save`` fills auto_now_add
+    and the like on the instance first)."""
+    return [field.get_db_prep_save(field.pre_save(instance, True), connection) for field in fields]
+
+
 def insert_without_flush_wait(instance: Model) -> None:
     """PostgreSQL: INSERT ``instance`` (every concrete field but the auto primary key, values
     as the ORM's insert prepares them) in one statement whose commit does not wait for the WAL
@@ -122,10 +133,8 @@ def insert_without_flush_wait(instance: Model) -> None:
     workers those waits left the 2 cores idle a sixth of the time (docs/benchmarks.md)."""
     model = type(instance)
     quote = connection.ops.quote_name
-    fields = [field for field in model._meta.concrete_fields if not field.primary_key]
-    values = [
-        field.get_db_prep_save(field.pre_save(instance, True), connection) for field in fields
-    ]
+    fields = insert_fields(model)
+    values = insert_values(instance, fields)
     # Each value cast to its column's type: in INSERT ... SELECT a NULL or a bare string would
     # otherwise be text, which a timestamp or integer column does not take.
     selected = ", ".join(f"%s::{field.db_type(connection)}" for field in fields)

@@ -310,6 +310,15 @@ def create_chat_completion(
     )
 
 
+def chat_completion_json(client: openai.OpenAI, body: Mapping[str, Any], timeout: float) -> Any:
+    """``create_chat_completion``'s request, answered with the decoded JSON instead of the SDK's
+    typed models (the turn reads it with ``conversations.llm.completion_from_json``). A JSON
+    content type whose body is not JSON raises ValueError."""
+    return client.post(
+        "/chat/completions", body=dict(body), cast_to=object, options={"timeout": timeout}
+    )
+
+
 def stream_chat_completion(
     client: openai.OpenAI, body: Mapping[str, Any], timeout: float
 ) -> openai.Stream[ChatCompletionChunk]:

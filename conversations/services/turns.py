@@ -375,22 +375,20 @@ def advance_counter(chat_id: int, count: int) -> tuple[str, list[Any]]:
     return sql, [count, connection.ops.adapt_datetimefield_value(timezone.now()), chat_id]
 
 
-def append_in_one_statement(chat_id: int, rows: list[Message]) -> list[Message]:
+def append_in_one_statement(chat_id: int, messages: list[Message]) -> list[Message]:
     """PostgreSQL: the counter UPDATE in a data-modifying CTE feeding the INSERT, so one
-    statement (atomic on its own) both reserves the seqs and stores the rows. Under READ
+    statement (atomic on its own) both reserves the seqs and stores the messages. Under READ
     COMMITTED a concurrent append blocks on the chat row and, once it is free, re-reads the
     advanced counter before inserting. The columns come from the model, so a new field cannot be
     left out; each row's ``seq`` is sent as its offset (1, 2, ...) and added to the counter."""
     quote = connection.ops.quote_name
-    fields = [field for field in Message._meta.concrete_fields if not field.primary_key]
+    fields = rows.insert_fields(Message)
     columns = [quote(str(field.column)) for field in fields]
-    advance, params = advance_counter(chat_id, len(rows))
-    params.append(len(rows))  # the SELECT's "counter.last_seq - %s": the seq before the rows
-    for offset, row in enumerate(rows, start=1):
+    advance, params = advance_counter(chat_id, len(messages))
+    params.append(len(messages))  # the SELECT's "counter.last_seq - %s": the seq before them
+    for offset, row in enumerate(messages, start=1):
         row.seq = offset
-        params.extend(
-            field.get_db_prep_save(field.pre_save(row, True), connection) for field in fields
-        )
+        params.extend(rows.insert_values(row, fields))
     select = ", ".join(
         f"counter.last_seq - %s + new.{column}" if field.name == "seq" else f"new.{column}"
         for field, column in zip(fields, columns, strict=True)
@@ -399,7 +397,7 @@ def append_in_one_statement(chat_id: int, rows: list[Message]) -> list[Message]:
     sql = (
         f"WITH counter AS ({advance}) "
         f"INSERT INTO {quote(Message._meta.db_table)} ({', '.join(columns)}) "
-        f"SELECT {select} FROM counter, (VALUES {', '.join([one_row] * len(rows))}) "
+        f"SELECT {select} FROM counter, (VALUES {', '.join([one_row] * len(messages))}) "
         f"AS new ({', '.join(columns)}) "
         f"RETURNING {quote(str(Message._meta.get_field('id').column))}, {quote('seq')}"
     )
@@ -409,12 +407,12 @@ def append_in_one_statement(chat_id: int, rows: list[Message]) -> list[Message]:
     if not stored:
         raise Chat.DoesNotExist(f"chat {chat_id} was deleted during the turn")
     base = min(stored) - 1
-    for offset, row in enumerate(rows, start=1):
+    for offset, row in enumerate(messages, start=1):
         row.seq = base + offset
         row.pk = stored[row.seq]
         row._state.adding = False
         row._state.db = connection.alias
-    return rows
+    return messages
 
 
 def queue_consolidation_if_due(chat: Chat, snapshot: MemorySnapshot) -> None:
