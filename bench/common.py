@@ -3,10 +3,12 @@ client with a fresh user's token, the machine line, and writing the report."""
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import platform
 import sys
+import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -103,3 +105,16 @@ def insert_history(
             batch = []
     Message.objects.bulk_create(batch)
     Chat.objects.filter(pk__in=chat_ids).update(last_seq=messages)
+
+
+def wait_for(port: int, path: str, seconds: float = 30) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            connection = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+            connection.request("GET", path)
+            connection.getresponse().read()
+            return
+        except OSError:
+            time.sleep(0.2)  # still starting: poll until the deadline
+    raise SystemExit(f"nothing answered on port {port} within {seconds} s")

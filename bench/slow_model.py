@@ -41,9 +41,10 @@ from bench.common import (
     ensure_database,
     insert_history,
     machine_line,
+    wait_for,
     write_report,
 )
-from bench.streams import start_fake_model, wait_for
+from bench.streams import start_fake_model
 from bench.throughput import Phase, free_port, percentile, run_phase, start_server
 from bench.turn_overhead import DEFAULT_DATABASE_URL
 from tests.workers import Worker

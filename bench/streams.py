@@ -35,7 +35,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bench.common import ensure_database, machine_line, write_report
+from bench.common import ensure_database, machine_line, wait_for, write_report
 from bench.throughput import free_port, percentile, prepare
 from bench.turn_overhead import DEFAULT_DATABASE_URL
 
@@ -49,19 +49,6 @@ class StreamResult:
     first_delta: float | None = None
     done: float | None = None
     error: str = ""
-
-
-def wait_for(port: int, path: str, seconds: float = 30) -> None:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        try:
-            connection = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
-            connection.request("GET", path)
-            connection.getresponse().read()
-            return
-        except OSError:
-            time.sleep(0.2)  # still starting: poll until the deadline
-    raise SystemExit(f"nothing answered on port {port} within {seconds} s")
 
 
 def start(command: list[str], env: dict[str, str], log_name: str) -> subprocess.Popen:

@@ -33,7 +33,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bench.common import ensure_database, machine_line, write_report
+from bench.common import ensure_database, machine_line, wait_for, write_report
 from bench.turn_overhead import DEFAULT_DATABASE_URL
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -59,14 +59,27 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def server_env(database_url: str, redis_url: str) -> dict[str, str]:
+def model_env(model_port: int | None) -> dict[str, str]:
+    """Where both sides' model (and the turns' synchronous folds' summarizer) lives: in process
+    (``offline``), or the fake OpenAI-compatible server on ``model_port``."""
+    if model_port is None:
+        return {"CHAT_BACKEND": "offline", "MEMORY_SUMMARIZER_BACKEND": "offline"}
+    return {
+        "CHAT_BACKEND": "openai",
+        "MEMORY_SUMMARIZER_BACKEND": "chat",
+        "OPENAI_API_KEY": "bench",
+        "OPENAI_BASE_URL": f"http://127.0.0.1:{model_port}/v1",
+        "CHAT_MODEL": "fake-chat",
+    }
+
+
+def server_env(database_url: str, redis_url: str, model_port: int | None = None) -> dict[str, str]:
     return {
         **os.environ,
         "DJANGO_SETTINGS_MODULE": "bench.settings_proxy",
         "DATABASE_URL": database_url,
         "REDIS_URL": redis_url,
-        "CHAT_BACKEND": "offline",
-        "MEMORY_SUMMARIZER_BACKEND": "offline",
+        **model_env(model_port),
         "LOG_LEVEL": "WARNING",
         # The throttle stays on (its cost, two Redis calls, is part of a turn), never reached.
         "TURN_RATE_LIMIT": "100000000/min",
@@ -93,6 +106,16 @@ def prepare(env: dict[str, str], clients: int) -> tuple[str, list[int]]:
     )
     made = json.loads(out.stdout.strip().splitlines()[-1])
     return made["token"], made["chats"]
+
+
+def start_instant_model(port: int, env: dict[str, str]) -> subprocess.Popen:
+    """The fake OpenAI-compatible server (tests/fake_openai.py) in its own process, answering
+    chat and summarize requests at once."""
+    command = [sys.executable, "-m", "tests.fake_openai", "--port", str(port), "--latency", "0"]
+    log = open(ROOT / "artifacts" / "bench-throughput-model.log", "w")  # noqa: SIM115
+    model = subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=log)
+    wait_for(port, "/v1/models")
+    return model
 
 
 def start_server(env: dict[str, str], port: int, workers: int, threads: int) -> subprocess.Popen:
@@ -201,6 +224,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=8)
     parser.add_argument("--database-url", default=DEFAULT_DATABASE_URL)
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/9")
+    parser.add_argument(
+        "--model",
+        choices=["offline", "fake-server"],
+        default="offline",
+        help="offline: in process (the strictest reading: the proxy does next to nothing); "
+        "fake-server: the fake OpenAI-compatible server in its own process, answering at once",
+    )
     parser.add_argument("--out", default="bench/results/throughput.json")
     return parser.parse_args(argv)
 
@@ -226,8 +256,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     ensure_database(args.database_url)
     (ROOT / "artifacts").mkdir(exist_ok=True)
-    env = server_env(args.database_url, args.redis_url)
+    model_port = free_port() if args.model == "fake-server" else None
+    env = server_env(args.database_url, args.redis_url, model_port)
     token, chats = prepare(env, args.concurrency)
+    model = None if model_port is None else start_instant_model(model_port, env)
     port = free_port()
     server = start_server(env, port, args.workers, args.threads)
     proxy_paths = ["/bench/proxy"] * args.concurrency
@@ -240,8 +272,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             results["proxy"].append(run_phase("proxy", port, proxy_paths, token, args.seconds))
             results["chatmem"].append(run_phase("chatmem", port, turn_paths, token, args.seconds))
     finally:
-        server.terminate()
-        server.wait(timeout=30)
+        for process in (server, model):
+            if process is not None:
+                process.terminate()
+                process.wait(timeout=30)
         import redis
 
         redis.Redis.from_url(args.redis_url).flushdb()  # the folds nobody consumed
@@ -253,6 +287,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "machine": machine_line(),
         "server": f"gunicorn --workers {args.workers} --threads {args.threads}",
+        "model": args.model,
         "concurrency": args.concurrency,
         "proxy": proxy,
         "chatmem": chatmem,
