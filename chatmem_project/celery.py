@@ -9,6 +9,7 @@ from celery.signals import (
     task_postrun,
     task_prerun,
     worker_init,
+    worker_process_init,
     worker_process_shutdown,
 )
 
@@ -59,6 +60,15 @@ def close_old_connections(sender: Any = None, **_: object) -> None:
     from django.db import close_old_connections as close
 
     close()
+
+
+@worker_process_init.connect
+def freeze_startup_objects(**_: object) -> None:
+    """Each pool process keeps the collector off what it inherited and imported at start
+    (chatmem_project.gc_tuning)."""
+    from chatmem_project.gc_tuning import freeze_startup_objects as freeze
+
+    freeze()
 
 
 @worker_process_shutdown.connect

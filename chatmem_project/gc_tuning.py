@@ -1,0 +1,35 @@
+"""Keep the cyclic garbage collector off the objects a server process builds once.
+
+A gunicorn worker or a Celery pool process holds about 160,000 container objects from its
+imports (Django, DRF, the URLconf, the openai SDK's pydantic models) for as long as it lives. A
+full collection walks every one of them while holding the interpreter lock, so every request
+thread stops meanwhile: in ``python -m bench.throughput`` each web process ran 6 to 11 full
+collections per 20 s, 0.7 to 1.0 s of CPU in all, and the turns' p99 latency carried those
+pauses (docs/benchmarks.md). ``gc.freeze()`` moves the objects that exist at that point to a
+generation the collector never scans, as CPython's documentation suggests for servers that fork
+workers. Objects created later, per request or per fold, are collected as before."""
+
+import gc
+import importlib
+
+from django.urls import get_resolver
+
+# What a request or a fold imports lazily, beyond the URLconf: loaded before the freeze so that
+# their module-level objects are frozen with the rest.
+LAZY_MODULES = (
+    "conversations.services.turns",
+    "memory_worker.consolidation",
+    "memory_worker.summarizers",
+    "memory_worker.tasks",
+)
+
+
+def freeze_startup_objects() -> int:
+    """Import what serving loads lazily, collect what start-up left as garbage (so no garbage
+    is frozen for good), then freeze everything alive. Returns how many objects are frozen."""
+    get_resolver().url_patterns  # noqa: B018 (the property imports every view and serializer)
+    for name in LAZY_MODULES:
+        importlib.import_module(name)
+    gc.collect()
+    gc.freeze()
+    return gc.get_freeze_count()
