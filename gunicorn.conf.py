@@ -1,6 +1,7 @@
 """Gunicorn hooks (gunicorn reads ./gunicorn.conf.py by itself): Prometheus multiprocess mode
 needs a clean sample directory at start and each dead worker's live gauges dropped; each worker
-freezes its start-up objects out of the garbage collector's reach (chatmem_project.gc_tuning)."""
+runs the start-up checks and freezes its start-up objects out of the garbage collector's reach
+(chatmem_project.boot, chatmem_project.gc_tuning)."""
 
 import os
 import shutil
@@ -15,9 +16,12 @@ def on_starting(server: Any) -> None:
 
 
 def post_worker_init(worker: Any) -> None:
-    # Runs in the worker after it loaded the application (and, for gevent, after patching).
+    """Runs in each worker once it has loaded the application (for gevent, after patching).
+    A check error stops the worker, and gunicorn halts ("Worker failed to boot")."""
+    from chatmem_project.boot import refuse_misconfigured_start
     from chatmem_project.gc_tuning import freeze_startup_objects
 
+    refuse_misconfigured_start()
     freeze_startup_objects()
 
 

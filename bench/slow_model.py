@@ -3,18 +3,20 @@ clients get 0.9 x 400 turns/s for 60 s with no errors, and does consolidation ke
 (lag from a fold becoming due to its commit, p95 < 5 s, no synchronous fold)?
 
     python -m bench.slow_model [--clients 400] [--model-latency 1.0] [--seconds 60]
-                               [--workers 2] [--threads 200] [--celery-workers 2]
+                               [--workers 2] [--threads 200] [--worker-class gthread]
+                               [--celery-workers 2]
                                [--database-url postgres://postgres@127.0.0.1:5432/chatmem_bench]
                                [--out bench/results/slow_model.json]
 
 Runs, as subprocesses on this machine: the fake OpenAI-compatible server (chat replies after
 ``--model-latency`` seconds; summaries at once), chatmem under gunicorn (``--workers`` processes
-of ``--threads`` threads; a pooled database connection per process that a turn hands back while
-the model talks) and ``--celery-workers`` real Celery workers folding with the Chat Completions
-summarizer against the fake server. Every chat is on ``sliding-window``. Each of ``--clients``
-client threads owns a chat and sends JSON turns back to back on a keep-alive connection for
-``--warmup`` + ``--seconds`` seconds; turns/s and latency are counted over the last
-``--seconds``. Each chat starts ``--history`` messages long, so folds fall due during the run.
+of ``--threads`` threads, or with ``--worker-class gevent`` as many greenlets; a pooled database
+connection per process that a turn hands back while the model talks) and ``--celery-workers``
+real Celery workers folding with the Chat Completions summarizer against the fake server. Every
+chat is on ``sliding-window``. Each of ``--clients`` client threads owns a chat and sends JSON
+turns back to back on a keep-alive connection for ``--warmup`` + ``--seconds`` seconds; turns/s
+and latency are counted over the last ``--seconds``. Each chat starts ``--history`` messages
+long, so folds fall due during the run.
 Consolidation lag comes from the ledger: ``finished_at - due_at`` of every fold a
 turn asked for that committed during the measured window.
 
@@ -45,7 +47,15 @@ from bench.common import (
     write_report,
 )
 from bench.streams import start_fake_model
-from bench.throughput import Phase, free_port, percentile, run_phase, start_server
+from bench.throughput import (
+    WORKER_CLASSES,
+    Phase,
+    free_port,
+    percentile,
+    run_phase,
+    server_description,
+    start_server,
+)
 from bench.turn_overhead import DEFAULT_DATABASE_URL
 from tests.workers import Worker
 
@@ -59,7 +69,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--warmup", type=float, default=10.0)
     parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--threads", type=int, default=200)
+    parser.add_argument("--threads", type=int, default=200, help="requests in flight per process")
+    parser.add_argument("--worker-class", choices=WORKER_CLASSES, default="gthread")
     parser.add_argument("--celery-workers", type=int, default=2)
     parser.add_argument(
         "--history", type=int, default=40, help="messages each chat holds before the run"
@@ -193,7 +204,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     server = None
     try:
         wait_for(model_port, "/v1/models")
-        server = start_server(server_env, server_port, args.workers, args.threads)
+        server = start_server(
+            server_env, server_port, args.workers, args.threads, args.worker_class
+        )
         for worker in workers:
             worker.wait_ready()
         paths = [f"/api/v1/chats/{chat_id}/turns/" for chat_id in chats]
@@ -224,7 +237,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "command": "python -m bench.slow_model " + " ".join(sys.argv[1:] if argv is None else argv),
         "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "machine": machine_line(),
-        "server": f"gunicorn --workers {args.workers} --threads {args.threads} (gthread)",
+        "server": server_description(args.workers, args.threads, args.worker_class),
         "celery_workers": args.celery_workers,
         "clients": args.clients,
         "model_latency_s": args.model_latency,

@@ -2,16 +2,19 @@
 beside a minimal stateless view on the same stack that only forwards the message to the model.
 
     python -m bench.throughput [--concurrency 16] [--seconds 10] [--rounds 3]
+                               [--model offline|fake-server] [--worker-class gthread|gevent]
                                [--database-url postgres://postgres@127.0.0.1:5432/chatmem_bench]
                                [--out bench/results/throughput.json]
 
 One gunicorn server (``--workers`` processes of ``--threads`` threads, as docs/operations.md
 runs it) serves both ``POST /api/v1/chats/{id}/turns/`` and ``POST /bench/proxy`` (see
-``bench/proxy_urls.py``), with the offline model (instant, in process) behind both, PostgreSQL,
-and Redis as the broker (turns enqueue folds; no worker consumes them during the run). The load
-comes from ``--concurrency`` client threads of this process, each with its own keep-alive
-connection and, for chatmem, its own chat (a chat takes one turn at a time). Phases alternate
-proxy, chatmem, proxy, chatmem... so both see the same machine; figures are medians over rounds.
+``bench/proxy_urls.py``), on PostgreSQL and Redis as the broker (turns enqueue folds; no worker
+consumes them during the run). Behind both: the offline model (instant, in process), or with
+``--model fake-server`` the fake OpenAI-compatible server in its own process, answering at once.
+The load comes from ``--concurrency`` client threads of this process, each with its own
+keep-alive connection and, for chatmem, its own chat (a chat takes one turn at a time). Phases
+alternate proxy, chatmem, proxy, chatmem... so both see the same machine; figures are medians
+over rounds.
 """
 
 from __future__ import annotations
@@ -118,7 +121,25 @@ def start_instant_model(port: int, env: dict[str, str]) -> subprocess.Popen:
     return model
 
 
-def start_server(env: dict[str, str], port: int, workers: int, threads: int) -> subprocess.Popen:
+WORKER_CLASSES = ("gthread", "gevent")
+
+
+def concurrency_options(worker_class: str, threads: int) -> list[str]:
+    """gunicorn's options for ``threads`` requests in flight per process: threads (gthread) or
+    greenlets (gevent: ``--worker-connections``)."""
+    if worker_class == "gevent":
+        return ["--worker-class", "gevent", "--worker-connections", str(threads)]
+    return ["--worker-class", "gthread", "--threads", str(threads)]
+
+
+def server_description(workers: int, threads: int, worker_class: str) -> str:
+    options = concurrency_options(worker_class, threads)
+    return " ".join(["gunicorn --workers", str(workers), *options])
+
+
+def start_server(
+    env: dict[str, str], port: int, workers: int, threads: int, worker_class: str = "gthread"
+) -> subprocess.Popen:
     command = [
         str(Path(sys.executable).parent / "gunicorn"),
         "chatmem_project.wsgi:application",
@@ -126,8 +147,7 @@ def start_server(env: dict[str, str], port: int, workers: int, threads: int) -> 
         f"127.0.0.1:{port}",
         "--workers",
         str(workers),
-        "--threads",
-        str(threads),
+        *concurrency_options(worker_class, threads),
         "--log-level",
         "warning",
     ]
@@ -221,7 +241,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--seconds", type=float, default=10.0, help="per phase")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--threads", type=int, default=8)
+    parser.add_argument("--threads", type=int, default=8, help="requests in flight per process")
+    parser.add_argument("--worker-class", choices=WORKER_CLASSES, default="gthread")
     parser.add_argument("--database-url", default=DEFAULT_DATABASE_URL)
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/9")
     parser.add_argument(
@@ -261,7 +282,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     token, chats = prepare(env, args.concurrency)
     model = None if model_port is None else start_instant_model(model_port, env)
     port = free_port()
-    server = start_server(env, port, args.workers, args.threads)
+    server = start_server(env, port, args.workers, args.threads, args.worker_class)
     proxy_paths = ["/bench/proxy"] * args.concurrency
     turn_paths = [f"/api/v1/chats/{chat}/turns/" for chat in chats]
     results: dict[str, list[Phase]] = {"proxy": [], "chatmem": []}
@@ -286,7 +307,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "command": "python -m bench.throughput " + " ".join(sys.argv[1:] if argv is None else argv),
         "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "machine": machine_line(),
-        "server": f"gunicorn --workers {args.workers} --threads {args.threads}",
+        "server": server_description(args.workers, args.threads, args.worker_class),
         "model": args.model,
         "concurrency": args.concurrency,
         "proxy": proxy,

@@ -25,12 +25,9 @@ app.autodiscover_tasks(["memory_worker"])
 def refuse_misconfigured_start(**_: object) -> None:
     """Workers and beat run Django's checks at start-up: misordered deadlines stop them with
     the reason instead of surfacing later as expired locks or redelivered tasks."""
-    from django.core.checks import run_checks
-    from django.core.exceptions import ImproperlyConfigured
+    from chatmem_project.boot import refuse_misconfigured_start as refuse
 
-    serious = [error for error in run_checks() if error.is_serious()]
-    if serious:
-        raise ImproperlyConfigured("\n".join(str(error) for error in serious))
+    refuse()
 
 
 @worker_init.connect
