@@ -5,9 +5,10 @@ imports (Django, DRF, the URLconf, the openai SDK's pydantic models) for as long
 full collection walks every one of them while holding the interpreter lock, so every request
 thread stops meanwhile: in ``python -m bench.throughput`` each web process ran 6 to 8 full
 collections in a 20 s chatmem phase, 0.7 to 1.0 s of CPU in all, and the turns' p99 latency
-carried those pauses (docs/benchmarks.md: about a third of it). ``gc.freeze()`` moves the objects that exist at that point to a
-generation the collector never scans, as CPython's documentation suggests for servers that fork
-workers. Objects created later, per request or per fold, are collected as before."""
+carried those pauses (docs/benchmarks.md: about a third of it). ``gc.freeze()`` moves the
+objects that exist at that point to a generation the collector never scans, as CPython's
+documentation suggests for servers that fork workers. Objects created later, per request or per
+fold, are collected as before."""
 
 import gc
 import importlib
