@@ -151,10 +151,14 @@ def start_server(
         "--log-level",
         "warning",
     ]
-    log = open(ROOT / "artifacts" / "bench-throughput-gunicorn.log", "w")  # noqa: SIM115
+    log_path = ROOT / "artifacts" / "bench-throughput-gunicorn.log"
+    log = open(log_path, "w")  # noqa: SIM115
     server = subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=log)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
+        if server.poll() is not None:  # it refused to start (a check error, a bad option...)
+            tail = log_path.read_text().strip().splitlines()[-5:]
+            raise SystemExit("gunicorn exited at start:\n" + "\n".join(tail))
         try:
             connection = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
             connection.request("GET", "/healthz")
@@ -279,6 +283,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     (ROOT / "artifacts").mkdir(exist_ok=True)
     model_port = free_port() if args.model == "fake-server" else None
     env = server_env(args.database_url, args.redis_url, model_port)
+    if args.worker_class == "gevent":
+        # Required under gevent (chatmem.E005): as many connections as gthread's threads hold.
+        env["DB_POOL_MAX_SIZE"] = str(args.threads)
     token, chats = prepare(env, args.concurrency)
     model = None if model_port is None else start_instant_model(model_port, env)
     port = free_port()
