@@ -8,6 +8,7 @@ import http.client
 import json
 import os
 import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -197,6 +198,41 @@ def test_a_streamed_turn_is_served_and_stored(
     assert [m.role for m in stored] == ["user", "assistant"]
     assert done["assistant_message"]["content"] == stored[1].content
     assert len(stored[1].content.split()) == 12
+
+
+def test_a_client_that_hangs_up_mid_stream_still_gets_its_turn_stored(
+    gevent_url: tuple[str, int], token: str, fake_openai: FakeOpenAI
+) -> None:
+    # The turn runs in its own greenlet (a patched thread): the request's greenlet ending when
+    # its write fails must not end the turn.
+    fake_openai.reply_words = 40
+    fake_openai.chunk_delay = 0.05  # 20 chunks: about a second of streaming
+    (chat_id,) = new_chats(token, 1)
+    client = http.client.HTTPConnection(*gevent_url, timeout=DEADLINE)
+    client.request(
+        "POST",
+        f"/api/v1/chats/{chat_id}/turns/",
+        body=json.dumps({"content": "a long answer please", "stream": True}),
+        headers={"Authorization": f"Token {token}", "Content-Type": "application/json"},
+    )
+    response = client.getresponse()
+    assert response.status == 200
+    while not response.readline().startswith(b"event: delta"):
+        pass
+    # Linger 0: a reset, so the server's next write fails at once.
+    assert client.sock is not None
+    client.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    client.sock.close()
+    response.close()
+
+    deadline = time.monotonic() + DEADLINE
+    while Chat.objects.get(pk=chat_id).turn_token is not None:
+        assert time.monotonic() < deadline, "the turn did not finish"
+        time.sleep(0.1)  # the turn streams on in the server: poll until the deadline
+    stored = list(Message.objects.filter(chat_id=chat_id).order_by("seq"))
+    assert [(m.seq, m.role) for m in stored] == [(1, "user"), (2, "assistant")]
+    assert len(stored[1].content.split()) == 40
+    assert stored[1].metadata["finish_reason"] == "stop"
 
 
 def test_a_gevent_server_without_a_pool_refuses_to_start(
