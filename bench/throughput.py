@@ -137,10 +137,9 @@ def server_description(workers: int, threads: int, worker_class: str) -> str:
     return " ".join(["gunicorn --workers", str(workers), *options])
 
 
-def start_server(
-    env: dict[str, str], port: int, workers: int, threads: int, worker_class: str = "gthread"
-) -> subprocess.Popen:
-    command = [
+def gunicorn_command(port: int, workers: int, threads: int, worker_class: str) -> list[str]:
+    """This virtualenv's gunicorn serving chatmem on 127.0.0.1:``port``."""
+    return [
         str(Path(sys.executable).parent / "gunicorn"),
         "chatmem_project.wsgi:application",
         "--bind",
@@ -148,9 +147,13 @@ def start_server(
         "--workers",
         str(workers),
         *concurrency_options(worker_class, threads),
-        "--log-level",
-        "warning",
     ]
+
+
+def start_server(
+    env: dict[str, str], port: int, workers: int, threads: int, worker_class: str = "gthread"
+) -> subprocess.Popen:
+    command = [*gunicorn_command(port, workers, threads, worker_class), "--log-level", "warning"]
     log_path = ROOT / "artifacts" / "bench-throughput-gunicorn.log"
     log = open(log_path, "w")  # noqa: SIM115
     server = subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=log)

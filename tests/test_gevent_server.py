@@ -10,7 +10,6 @@ import os
 import socket
 import struct
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -22,15 +21,18 @@ from django.contrib.auth import get_user_model
 from django.db import connection
 from rest_framework.authtoken.models import Token
 
+from bench.throughput import gunicorn_command
 from conversations.models import Chat, Message
 from conversations.services.chats import create_chat
 from tests.conftest import require
 from tests.fake_openai import FakeOpenAI
+from tests.http_turns import send_turn
 
 ROOT = Path(__file__).resolve().parent.parent
 DEADLINE = 30.0  # seconds; every wait below polls up to this and then fails
 POOL_SIZE = 3
 CLIENTS = 12
+GREENLETS = 100  # requests in flight per process (--worker-connections)
 
 
 def free_port() -> int:
@@ -69,18 +71,7 @@ def server_env(model_url: str, pool_size: int | None) -> dict[str, str]:
 
 
 def gunicorn(port: int, env: dict[str, str]) -> subprocess.Popen:
-    command = [
-        str(Path(sys.executable).parent / "gunicorn"),
-        "chatmem_project.wsgi:application",
-        "--bind",
-        f"127.0.0.1:{port}",
-        "--workers",
-        "1",
-        "--worker-class",
-        "gevent",
-        "--worker-connections",
-        "100",
-    ]
+    command = gunicorn_command(port, workers=1, threads=GREENLETS, worker_class="gevent")
     return subprocess.Popen(
         command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
@@ -131,16 +122,7 @@ def post(
     address: tuple[str, int], token: str, chat_id: int, body: dict[str, Any], accept: str
 ) -> tuple[int, bytes]:
     client = http.client.HTTPConnection(*address, timeout=DEADLINE)
-    client.request(
-        "POST",
-        f"/api/v1/chats/{chat_id}/turns/",
-        body=json.dumps(body),
-        headers={
-            "Authorization": f"Token {token}",
-            "Content-Type": "application/json",
-            "Accept": accept,
-        },
-    )
+    send_turn(client, token, chat_id, body, accept)
     response = client.getresponse()
     return response.status, response.read()
 
@@ -209,12 +191,8 @@ def test_a_client_that_hangs_up_mid_stream_still_gets_its_turn_stored(
     fake_openai.chunk_delay = 0.05  # 20 chunks: about a second of streaming
     (chat_id,) = new_chats(token, 1)
     client = http.client.HTTPConnection(*gevent_url, timeout=DEADLINE)
-    client.request(
-        "POST",
-        f"/api/v1/chats/{chat_id}/turns/",
-        body=json.dumps({"content": "a long answer please", "stream": True}),
-        headers={"Authorization": f"Token {token}", "Content-Type": "application/json"},
-    )
+    body = {"content": "a long answer please", "stream": True}
+    send_turn(client, token, chat_id, body, "text/event-stream")
     response = client.getresponse()
     assert response.status == 200
     while not response.readline().startswith(b"event: delta"):

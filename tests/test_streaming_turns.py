@@ -24,6 +24,7 @@ from conversations.api.serializers import MessageSerializer
 from conversations.models import Chat, Message
 from tests.conftest import require
 from tests.fake_openai import FakeOpenAI
+from tests.http_turns import send_turn
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -144,16 +145,7 @@ def post_turn(server_url: str, token: str) -> Callable[..., Stream]:
 
     def post(chat_id: int, body: dict[str, Any], accept: str = "text/event-stream") -> Stream:
         connection = http.client.HTTPConnection(url.hostname or "", url.port, timeout=DEADLINE)
-        connection.request(
-            "POST",
-            f"/api/v1/chats/{chat_id}/turns/",
-            body=json.dumps(body),
-            headers={
-                "Authorization": f"Token {token}",
-                "Content-Type": "application/json",
-                "Accept": accept,
-            },
-        )
+        send_turn(connection, token, chat_id, body, accept)
         return Stream(connection)
 
     return post
