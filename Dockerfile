@@ -5,8 +5,8 @@ COPY pyproject.toml README.md ./
 COPY chatmem_project ./chatmem_project
 COPY conversations ./conversations
 COPY memory_worker ./memory_worker
-COPY manage.py ./
-RUN pip install --no-cache-dir . && python manage.py collectstatic --noinput
+COPY manage.py gunicorn.conf.py ./
+RUN pip install --no-cache-dir ".[gevent]" && python manage.py collectstatic --noinput
 RUN useradd --create-home chatmem
 USER chatmem
 EXPOSE 8000

@@ -28,7 +28,7 @@ def check_greenlet_server_has_a_pool(app_configs: Any = None, **kwargs: Any) -> 
         Error(
             "A gevent server needs DB_POOL_MAX_SIZE on PostgreSQL: without a pool every "
             "request in flight holds its own connection (up to gunicorn's worker_connections "
-            "per process). Set DB_POOL_MAX_SIZE (docs/operations.md, Serving).",
+            "per process). Set DB_POOL_MAX_SIZE (docs/operations.md, gevent workers).",
             id="chatmem.E005",
         )
     ]

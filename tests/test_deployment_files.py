@@ -47,9 +47,16 @@ def test_compose_commands_exist(argv: list[str]) -> None:
 def test_compose_files_and_env_exist() -> None:
     assert "build: ." in COMPOSE
     dockerfile = (ROOT / "Dockerfile").read_text()
-    for copied in re.findall(r"^COPY (\S+)", dockerfile, re.M):
-        assert (ROOT / copied).exists(), copied
+    copied = [
+        name for line in re.findall(r"^COPY (.+) \S+$", dockerfile, re.M) for name in line.split()
+    ]
+    for name in copied:
+        assert (ROOT / name).exists(), name
     assert (ROOT / ".env.example").exists()
+    # gunicorn reads ./gunicorn.conf.py from where it starts (WORKDIR): its hooks (start-up
+    # checks, the collector's freeze, Prometheus' directory) are in the image only if copied.
+    assert "gunicorn.conf.py" in copied
+    assert re.search(r"^WORKDIR /app$", dockerfile, re.M)
 
 
 def test_env_example_lists_every_setting_read_from_the_environment() -> None:
