@@ -7,6 +7,7 @@ import http.client
 import json
 import os
 import platform
+import subprocess
 import sys
 import time
 import uuid
@@ -118,3 +119,24 @@ def wait_for(port: int, path: str, seconds: float = 30) -> None:
         except OSError:
             time.sleep(0.2)  # still starting: poll until the deadline
     raise SystemExit(f"nothing answered on port {port} within {seconds} s")
+
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def start(command: list[str], env: dict[str, str], log_name: str) -> subprocess.Popen:
+    """``command`` from the project's root, its output in ``artifacts/<log_name>``."""
+    log = open(ROOT / "artifacts" / log_name, "w")  # noqa: SIM115
+    return subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=log)
+
+
+def start_fake_model(
+    port: int, latency: float, reply_words: int | None, env: dict[str, str], log_name: str
+) -> subprocess.Popen:
+    """The fake OpenAI-compatible server in its own process: chat replies after ``latency``
+    seconds, ``reply_words`` long (None: its own short replies); summaries at once."""
+    command = [sys.executable, "-m", "tests.fake_openai", "--port", str(port)]
+    command += ["--latency", str(latency)]
+    if reply_words is not None:
+        command += ["--reply-words", str(reply_words)]
+    return start(command, env, log_name)

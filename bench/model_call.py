@@ -27,8 +27,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bench.common import machine_line, wait_for, write_report
-from bench.streams import start_fake_model
+from bench.common import machine_line, start_fake_model, wait_for, write_report
 from bench.throughput import free_port
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -43,10 +43,10 @@ from bench.common import (
     ensure_database,
     insert_history,
     machine_line,
+    start_fake_model,
     wait_for,
     write_report,
 )
-from bench.streams import start_fake_model
 from bench.throughput import (
     WORKER_CLASSES,
     Phase,

@@ -25,7 +25,6 @@ import http.client
 import json
 import os
 import statistics
-import subprocess
 import sys
 import threading
 import time
@@ -35,7 +34,14 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bench.common import ensure_database, machine_line, wait_for, write_report
+from bench.common import (
+    ensure_database,
+    machine_line,
+    start,
+    start_fake_model,
+    wait_for,
+    write_report,
+)
 from bench.throughput import free_port, percentile, prepare
 from bench.turn_overhead import DEFAULT_DATABASE_URL
 
@@ -49,21 +55,6 @@ class StreamResult:
     first_delta: float | None = None
     done: float | None = None
     error: str = ""
-
-
-def start(command: list[str], env: dict[str, str], log_name: str) -> subprocess.Popen:
-    log = open(ROOT / "artifacts" / log_name, "w")  # noqa: SIM115
-    return subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=log)
-
-
-def start_fake_model(
-    port: int, latency: float, reply_words: int, env: dict[str, str], log_name: str
-) -> subprocess.Popen:
-    """The fake OpenAI-compatible server in its own process: chat replies after ``latency``
-    seconds, ``reply_words`` long; summaries at once."""
-    command = [sys.executable, "-m", "tests.fake_openai", "--port", str(port)]
-    command += ["--latency", str(latency), "--reply-words", str(reply_words)]
-    return start(command, env, log_name)
 
 
 def one_stream(

@@ -36,7 +36,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bench.common import ensure_database, machine_line, wait_for, write_report
+from bench.common import (
+    ensure_database,
+    machine_line,
+    start_fake_model,
+    wait_for,
+    write_report,
+)
 from bench.turn_overhead import DEFAULT_DATABASE_URL
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -109,16 +115,6 @@ def prepare(env: dict[str, str], clients: int) -> tuple[str, list[int]]:
     )
     made = json.loads(out.stdout.strip().splitlines()[-1])
     return made["token"], made["chats"]
-
-
-def start_instant_model(port: int, env: dict[str, str]) -> subprocess.Popen:
-    """The fake OpenAI-compatible server (tests/fake_openai.py) in its own process, answering
-    chat and summarize requests at once."""
-    command = [sys.executable, "-m", "tests.fake_openai", "--port", str(port), "--latency", "0"]
-    log = open(ROOT / "artifacts" / "bench-throughput-model.log", "w")  # noqa: SIM115
-    model = subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=log)
-    wait_for(port, "/v1/models")
-    return model
 
 
 WORKER_CLASSES = ("gthread", "gevent")
@@ -290,7 +286,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         # Required under gevent (chatmem.E005): as many connections as gthread's threads hold.
         env["DB_POOL_MAX_SIZE"] = str(args.threads)
     token, chats = prepare(env, args.concurrency)
-    model = None if model_port is None else start_instant_model(model_port, env)
+    model = None
+    if model_port is not None:  # answering at once, replies of its own length
+        model = start_fake_model(model_port, 0, None, env, "bench-throughput-model.log")
+        wait_for(model_port, "/v1/models")
     port = free_port()
     server = start_server(env, port, args.workers, args.threads, args.worker_class)
     proxy_paths = ["/bench/proxy"] * args.concurrency

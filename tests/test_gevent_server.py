@@ -21,7 +21,7 @@ from django.contrib.auth import get_user_model
 from django.db import connection
 from rest_framework.authtoken.models import Token
 
-from bench.throughput import gunicorn_command
+from bench.throughput import free_port, gunicorn_command
 from conversations.models import Chat, Message
 from conversations.services.chats import create_chat
 from tests.conftest import require
@@ -33,12 +33,6 @@ DEADLINE = 30.0  # seconds; every wait below polls up to this and then fails
 POOL_SIZE = 3
 CLIENTS = 12
 GREENLETS = 100  # requests in flight per process (--worker-connections)
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def url_of_the_test_database() -> str:
