@@ -34,6 +34,7 @@ from memory_worker.policies import policy_for_chat, variant_context_tokens
 from memory_worker.signals import messages_folded
 from memory_worker.state import (
     MemorySnapshot,
+    after_fold,
     engine_state,
     load_snapshot,
     read_chat_and_snapshot,
@@ -55,6 +56,9 @@ class FoldOutcome:
     transient: bool = False
     kind: str = ""  # the summarizer's error kind when failed ("crash" for anything else)
     retry_in: float | None = None  # seconds until the worker's own retry; None: no fast retry
+    # Succeeded: whether the state this fold committed, judged on the messages it read, still
+    # has a fold due (one fold per cycle: a long backlog takes several).
+    more_due: bool = False
 
 
 @dataclass(frozen=True)
@@ -140,7 +144,7 @@ def execute_fold(
         # Includes Celery's soft time limit: the ledger must not stay "running".
         record_failure(chat.pk, snapshot, ledger, repr(error), CRASH_KIND, now, started)
         raise
-    return commit_fold(chat.pk, snapshot, decision, ledger, draft, now, started)
+    return commit_fold(chat, snapshot, decision, ledger, draft, now, started)
 
 
 def record_running(ledger: Consolidation) -> None:
@@ -172,7 +176,7 @@ def summarize_in_chunks(summary: str, to_fold: list[Message]) -> SummaryDraft:
 
 
 def commit_fold(
-    chat_id: int,
+    chat: Chat,
     snapshot: MemorySnapshot,
     decision: engine.Decision,
     ledger: Consolidation,
@@ -182,6 +186,7 @@ def commit_fold(
 ) -> FoldOutcome:
     duration_ms = int((time.monotonic() - started) * 1000)
     finished_at = timezone.now()
+    chat_id = chat.pk
     write = FoldWrite(
         chat_id=chat_id,
         snapshot=snapshot,
@@ -244,7 +249,16 @@ def commit_fold(
             "outcome": str(status),
         },
     )
-    return FoldOutcome(str(status), decision, ledger.pk)
+    more_due = committed and still_due(chat, after_fold(snapshot, write.brief_values), now)
+    return FoldOutcome(str(status), decision, ledger.pk, more_due=more_due)
+
+
+def still_due(chat: Chat, folded: MemorySnapshot, now: datetime) -> bool:
+    """Whether the state a fold just committed has another fold due. Judged on the messages the
+    fold read, with no fresh read: a message stored since then was checked by its own turn after
+    its commit, and a fold it found due reaches this task as a rerun (the queued marker is
+    cleared before the fold reads, and the lock turns that task into a pending flag)."""
+    return decide_for_chat(chat, folded, "rerun", now) is not None
 
 
 @dataclass(frozen=True)
@@ -492,8 +506,8 @@ def consolidate_with_lock(
         while True:
             outcome = consolidate_once(chat_id, trigger, due_at=due_at)
             outcomes.append(outcome)
-            if outcome.status == ConsolidationStatus.SUCCEEDED:
-                # One fold per cycle; a backlog may still leave another due: re-judge.
+            if outcome.more_due:
+                # One fold per cycle; the backlog left another due: run again, on a fresh read.
                 lock.mark_pending(chat_id)
             if len(outcomes) >= max_runs:
                 break

@@ -7,8 +7,8 @@ PostgreSQL reads both in one statement (one snapshot, one round trip); other dat
 brief first, then the tail.
 """
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
@@ -198,6 +198,29 @@ def snapshot_from_values(chat_id: int, values: Sequence[Any]) -> MemorySnapshot 
 def with_appended(snapshot: MemorySnapshot, messages: list[Message]) -> MemorySnapshot:
     """The snapshot after a turn stored ``messages`` (no re-read needed)."""
     return MemorySnapshot(**{**snapshot.__dict__, "unfolded": snapshot.unfolded + tuple(messages)})
+
+
+# What a fold's commit sets on the brief that the snapshot also holds.
+FOLD_SNAPSHOT_FIELDS = (
+    "summary",
+    "summary_tokens",
+    "last_consolidated",
+    "turns_mark",
+    "last_consolidated_at",
+    "next_attempt_at",
+)
+
+
+def after_fold(snapshot: MemorySnapshot, brief_values: Mapping[str, Any]) -> MemorySnapshot:
+    """The snapshot after a fold committed ``brief_values`` (the brief's new values) over it: the
+    same messages read, those up to the new watermark folded (no re-read needed)."""
+    watermark = brief_values["last_consolidated"]
+    return replace(
+        snapshot,
+        **{name: brief_values[name] for name in FOLD_SNAPSHOT_FIELDS},
+        version=snapshot.version + 1,
+        unfolded=tuple(m for m in snapshot.unfolded if m.seq > watermark),
+    )
 
 
 def engine_state(chat: Chat, snapshot: MemorySnapshot, context_tokens: int) -> engine.ChatState:

@@ -370,3 +370,73 @@ def test_both_commit_paths_write_the_same(api, monkeypatch) -> None:  # type: ig
         ("superseded", 0),
     ]
     assert fold_twice_with(api, in_transaction, monkeypatch) == (brief, ledger)
+
+
+# --- A task's reruns: judged on the state the fold committed, a fresh read only when needed ---
+
+
+def task_run(chat_id: int, lock: object) -> tuple[list[str], list[str]]:
+    """One consolidation task's outcomes, and the first word of each SQL statement it sent."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    with CaptureQueriesContext(connection) as captured:
+        outcomes = consolidation.consolidate_with_lock(chat_id, "turn", lock)  # type: ignore[arg-type]
+    return [o.status for o in outcomes], [q["sql"].split()[0] for q in captured.captured_queries]
+
+
+def test_a_task_whose_fold_leaves_nothing_due_reads_once_and_releases(api) -> None:  # type: ignore[no-untyped-def]
+    from django.db import connection
+
+    from memory_worker.locks import LocalChatLock
+
+    chat_id = new_chat(api)
+    turns(api, chat_id, 26)  # 52 messages: one window of 12 beyond the tail
+    lock = LocalChatLock(ttl_seconds=60)
+    statuses, statements = task_run(chat_id, lock)
+    assert statuses == ["succeeded"]
+    if connection.vendor == "postgresql":  # no second snapshot read after the fold
+        assert statements == ["SELECT", "INSERT", "WITH"], statements
+    assert not lock.is_pending(chat_id)
+    assert lock.acquire_or_mark_pending(chat_id, "next")  # released
+    assert Brief.objects.get(chat_id=chat_id).last_consolidated == 12
+
+
+def test_a_backlog_of_several_folds_is_folded_by_the_same_task(api) -> None:  # type: ignore[no-untyped-def]
+    from memory_worker.locks import LocalChatLock
+
+    chat_id = new_chat(api, policy_overrides={"max_fold_turns": 6})
+    turns(api, chat_id, 38)  # 76 messages: 36 beyond the tail, three folds of 12
+    lock = LocalChatLock(ttl_seconds=60)
+    statuses, _ = task_run(chat_id, lock)
+    assert statuses == ["succeeded", "succeeded", "succeeded"]
+    assert Brief.objects.get(chat_id=chat_id).last_consolidated == 36
+    assert not lock.is_pending(chat_id)
+
+
+def test_a_fold_made_due_during_a_fold_runs_as_a_rerun(api, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Six turns stored while the summarizer works make another window due; the fold judged on
+    what it read finds nothing more, but the turns' own trigger (a task that met the held lock,
+    so a pending flag) makes the same task read again and fold them."""
+    from memory_worker.locks import LocalChatLock
+
+    chat_id = new_chat(api)
+    turns(api, chat_id, 26)
+    lock = LocalChatLock(ttl_seconds=60)
+    real = consolidation.get_summarizer()
+    arrived: list[bool] = []
+
+    class TurnsMeanwhile:
+        def summarize(self, summary, messages):  # type: ignore[no-untyped-def]
+            if not arrived:
+                arrived.append(True)
+                turns(api, chat_id, 6, start=26)
+                # What the task those turns queued does when it finds the lock held:
+                assert not lock.acquire_or_mark_pending(chat_id, "their task")
+            return real.summarize(summary, messages)
+
+    monkeypatch.setattr(consolidation, "get_summarizer", TurnsMeanwhile)
+    statuses, _ = task_run(chat_id, lock)
+    assert statuses == ["succeeded", "succeeded"]
+    assert Brief.objects.get(chat_id=chat_id).last_consolidated == 24
+    assert not lock.is_pending(chat_id)
