@@ -20,6 +20,9 @@ long, so folds fall due during the run.
 Consolidation lag comes from the ledger: ``finished_at - due_at`` of every fold a
 turn asked for that committed during the measured window.
 
+Each phase also reports where the machine's CPU went during its measured window, per process
+group, in cores and in milliseconds per turn (``bench/cpu.py``).
+
 Then, on the same server and model (unless ``--no-proxy``), the same clients run the same time
 against ``/bench/proxy`` (``bench/proxy_urls.py``): a stateless view that only forwards the
 message to the model. It is what this stack does on this machine with no memory at all, the
@@ -31,6 +34,7 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import subprocess
 import sys
 import uuid
 from collections.abc import Sequence
@@ -47,6 +51,7 @@ from bench.common import (
     wait_for,
     write_report,
 )
+from bench.cpu import Groups, WindowSampler
 from bench.throughput import (
     WORKER_CLASSES,
     Phase,
@@ -180,7 +185,34 @@ def proxy_figures(proxy: Phase, args: argparse.Namespace) -> dict[str, Any]:
         "latency_p50_ms": round(percentile(measured, 0.50), 1),
         "latency_p99_ms": round(percentile(measured, 0.99), 1),
         "errors": proxy.errors,
+        "cpu": proxy.cpu,
     }
+
+
+def process_groups(
+    server: subprocess.Popen, workers: Sequence[Worker], model: subprocess.Popen
+) -> Groups:
+    """The run's processes by role; the clients are this process (its children are claimed by
+    the groups before it)."""
+    return Groups(
+        trees={
+            "web": [server.pid],
+            "celery workers": [worker.process.pid for worker in workers],
+            "fake model": [model.pid],
+            "clients": [os.getpid()],
+        },
+        names={"postgresql": "postgres", "redis": "redis-server"},
+    )
+
+
+def measured_phase(
+    name: str, port: int, paths: list[str], token: str, args: argparse.Namespace, groups: Groups
+) -> Phase:
+    """A phase, with the CPU its measured window (after the warm-up) took."""
+    sampler = WindowSampler(groups, args.warmup, args.seconds).start()
+    phase = run_phase(name, port, paths, token, args.warmup + args.seconds)
+    phase.cpu = sampler.result(len(after_warmup(phase, args.warmup)))
+    return phase
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -212,8 +244,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         paths = [f"/api/v1/chats/{chat_id}/turns/" for chat_id in chats]
         # One run: the warm-up part (connections, first tokenizer use, the initial burst of
         # 400 clients) is discarded by counting only the turns that finished after it.
+        groups = process_groups(server, workers, model)
         phase_started = datetime.now(UTC)
-        phase = run_phase("chatmem", server_port, paths, token, args.warmup + args.seconds)
+        phase = measured_phase("chatmem", server_port, paths, token, args, groups)
         phase_ended = datetime.now(UTC)
         window_start = phase_started + timedelta(seconds=args.warmup)
         folds = fold_figures(chats, window_start, phase_ended)
@@ -221,7 +254,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         proxy = None
         if not args.no_proxy:
             proxy_paths = ["/bench/proxy"] * args.clients
-            proxy = run_phase("proxy", server_port, proxy_paths, token, args.warmup + args.seconds)
+            proxy = measured_phase("proxy", server_port, proxy_paths, token, args, groups)
     finally:
         if server is not None:
             server.terminate()
@@ -247,6 +280,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "turn_latency_p99_ms": round(percentile(measured, 0.99), 1),
         "overhead_p50_ms": round(percentile(measured, 0.50) - args.model_latency * 1000, 1),
         "errors": phase.errors,
+        "cpu": phase.cpu,
         "stateless_proxy": proxy_figures(proxy, args) if proxy else None,
         "ratio_to_proxy": (
             round(len(measured) / len(after_warmup(proxy, args.warmup)), 3)

@@ -43,6 +43,7 @@ from bench.common import (
     wait_for,
     write_report,
 )
+from bench.cpu import Groups, WindowSampler, median_usage
 from bench.turn_overhead import DEFAULT_DATABASE_URL
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -56,6 +57,7 @@ class Phase:
     # Seconds from the phase's start at which each counted request finished (same order).
     finished_at: list[float] = field(default_factory=list)
     errors: int = 0
+    cpu: dict[str, Any] | None = None  # where the machine's CPU went (bench.cpu), if sampled
 
     @property
     def per_second(self) -> float:
@@ -221,6 +223,24 @@ def run_phase(name: str, port: int, paths: Sequence[str], token: str, seconds: f
     return phase
 
 
+def sampled_phase(
+    name: str, port: int, paths: Sequence[str], token: str, seconds: float, groups: Groups
+) -> Phase:
+    """run_phase, with the CPU each process group took during it (per request: bench.cpu)."""
+    sampler = WindowSampler(groups, 0, seconds).start()
+    phase = run_phase(name, port, paths, token, seconds)
+    phase.cpu = sampler.result(len(phase.latencies_ms))
+    return phase
+
+
+def process_groups(server: subprocess.Popen, model: subprocess.Popen | None) -> Groups:
+    trees = {"web": [server.pid]}
+    if model is not None:
+        trees["fake model"] = [model.pid]
+    trees["clients"] = [os.getpid()]  # this process; its children are claimed above
+    return Groups(trees=trees, names={"postgresql": "postgres", "redis": "redis-server"})
+
+
 def percentile(values: Sequence[float], share: float) -> float:
     ordered = sorted(values)
     return ordered[min(int(share * len(ordered)), len(ordered) - 1)] if ordered else 0.0
@@ -235,6 +255,7 @@ def describe(phases: Sequence[Phase]) -> dict[str, Any]:
         "p99_ms": round(percentile(latencies, 0.99), 2),
         "requests": len(latencies),
         "errors": sum(p.errors for p in phases),
+        "cpu": median_usage([p.cpu for p in phases if p.cpu is not None]),
     }
 
 
@@ -298,9 +319,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         run_phase("warmup", port, proxy_paths, token, 2)
         run_phase("warmup", port, turn_paths, token, 2)
+        groups = process_groups(server, model)
         for _ in range(args.rounds):
-            results["proxy"].append(run_phase("proxy", port, proxy_paths, token, args.seconds))
-            results["chatmem"].append(run_phase("chatmem", port, turn_paths, token, args.seconds))
+            for side, paths in (("proxy", proxy_paths), ("chatmem", turn_paths)):
+                phase = sampled_phase(side, port, paths, token, args.seconds, groups)
+                results[side].append(phase)
     finally:
         for process in (server, model):
             if process is not None:
