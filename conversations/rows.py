@@ -121,6 +121,12 @@ def insert_values(instance: Model, fields: Sequence[Field]) -> list[Any]:
     return [field.get_db_prep_save(field.pre_save(instance, True), connection) for field in fields]
 
 
+# A one-row subquery whose evaluation turns ``synchronous_commit`` off for the statement's own
+# transaction (``set_config(..., is_local => true)``): joined into a write's FROM, its commit
+# does not wait for the WAL to reach the disk. PostgreSQL only.
+NO_FLUSH_WAIT = "(SELECT set_config('synchronous_commit', 'off', true)) AS no_flush_wait"
+
+
 def insert_without_flush_wait(instance: Model) -> None:
     """PostgreSQL: INSERT ``instance`` (every concrete field but the auto primary key, values
     as the ORM's insert prepares them) in one statement whose commit does not wait for the WAL
@@ -142,7 +148,7 @@ def insert_without_flush_wait(instance: Model) -> None:
     assert primary_key is not None
     sql = (
         f"INSERT INTO {quoted_table(model)} ({column_list(fields)}) SELECT {selected} "
-        "FROM (SELECT set_config('synchronous_commit', 'off', true)) AS no_flush_wait "
+        f"FROM {NO_FLUSH_WAIT} "
         f"RETURNING {quote(str(primary_key.column))}"
     )
     with connection.cursor() as cursor:

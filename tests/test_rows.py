@@ -301,3 +301,27 @@ def test_the_running_ledger_row_does_not_wait_for_a_flush(api) -> None:  # type:
     without_wait = wal_flushes() - before
     assert by_orm >= 20
     assert without_wait <= 3, without_wait
+
+
+@pytest.mark.usefixtures("require_postgres")
+def test_a_turns_claim_does_not_wait_for_a_flush(api, user) -> None:  # type: ignore[no-untyped-def]
+    """The claim of a turn's slot commits without waiting for a WAL flush (the append's commit
+    flushes it); freeing the slots through the ORM waits at every commit, which shows the count
+    sees flushes."""
+    from conversations.models import Chat
+    from conversations.services.turns import claim_owned_chat, release_turn_slot
+
+    chats = [
+        api.post("/api/v1/chats/", {"title": f"claim {n}"}, format="json").json()["id"]
+        for n in range(20)
+    ]
+    before = wal_flushes()
+    claimed = [claim_owned_chat(user.pk, chat_id) for chat_id in chats]
+    claims = wal_flushes() - before
+    assert all(Chat.objects.get(pk=c.chat.pk).turn_token == c.token for c in claimed)
+    before = wal_flushes()
+    for claim in claimed:
+        release_turn_slot(claim.chat, claim.token)
+    releases = wal_flushes() - before
+    assert releases >= 20
+    assert claims <= 3, claims

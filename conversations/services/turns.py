@@ -99,7 +99,12 @@ def claim_owned_chat(owner_id: int, chat_id: int) -> Claimed:
     slot, while this claim waits: the claim then succeeds on the counter that turn advanced,
     with a snapshot older than its messages. So the snapshot is kept only if its newest message
     is the counter's ``last_seq``: messages commit with the counter, in seq order, so then it
-    holds every stored message."""
+    holds every stored message.
+
+    On PostgreSQL the claim's commit does not wait for a disk flush (rows.NO_FLUSH_WAIT): a claim
+    lost in a database crash loses nothing (the turn's connection breaks with it, so its append
+    fails and stores nothing), and the append's own synchronous commit flushes the WAL up to
+    its record, the claim's included."""
     low, high = connection.ops.integer_field_range(Chat._meta.pk.get_internal_type())  # type: ignore[union-attr]
     if not low <= chat_id <= high:
         raise Chat.DoesNotExist(f"no chat {chat_id}")
@@ -107,9 +112,11 @@ def claim_owned_chat(owner_id: int, chat_id: int) -> Claimed:
     now = timezone.now()
     stale_before = now - timedelta(seconds=settings.TURN_SLOT_STALE_SECONDS)
     adapt_time = connection.ops.adapt_datetimefield_value
+    postgresql = connection.vendor == "postgresql"
     claim = (
-        f"UPDATE {rows.quoted_table(Chat)} "
-        "SET turn_token = %s, turn_started_at = %s WHERE id = %s AND owner_id = %s "
+        f"UPDATE {rows.quoted_table(Chat)} SET turn_token = %s, turn_started_at = %s "
+        + (f"FROM {rows.NO_FLUSH_WAIT} " if postgresql else "")
+        + "WHERE id = %s AND owner_id = %s "
         "AND (turn_token IS NULL OR turn_started_at < %s) "
         f"RETURNING {rows.column_list(rows.selected_fields(Chat))}"
     )
@@ -120,7 +127,7 @@ def claim_owned_chat(owner_id: int, chat_id: int) -> Claimed:
         owner_id,
         adapt_time(stale_before),
     ]
-    if connection.vendor == "postgresql":
+    if postgresql:
         # A chat without a brief still comes back: its turn then fails, and releases the slot,
         # when it reads the snapshot.
         found = fetch_chat_with_snapshot(
