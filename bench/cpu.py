@@ -103,6 +103,19 @@ class Groups:
         return per_group
 
 
+def service_groups(web: int, *, workers: Sequence[int] = (), model: int | None = None) -> Groups:
+    """A benchmark's groups: the web server's tree, the Celery workers' trees, the fake model's,
+    the benchmark process itself (its client threads; its children are claimed by the groups
+    before it), and every PostgreSQL and Redis process."""
+    trees = {"web": [web]}
+    if workers:
+        trees["celery workers"] = list(workers)
+    if model is not None:
+        trees["fake model"] = [model]
+    trees["clients"] = [os.getpid()]
+    return Groups(trees=trees, names={"postgresql": "postgres", "redis": "redis-server"})
+
+
 @dataclass(frozen=True)
 class Reading:
     at: float  # time.monotonic()
@@ -173,7 +186,8 @@ class WindowSampler:
         self.readings.append(take_reading(self.groups))
 
     def result(self, requests: int) -> dict[str, Any] | None:
-        self.thread.join(timeout=5) if self.thread.is_alive() else None
+        if self.thread.is_alive():
+            self.thread.join(timeout=5)
         if len(self.readings) < 2:
             return None
         return usage_between(self.readings[0], self.readings[1], requests)

@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import subprocess
 import sys
 import uuid
 from collections.abc import Sequence
@@ -51,13 +50,13 @@ from bench.common import (
     wait_for,
     write_report,
 )
-from bench.cpu import Groups, WindowSampler
+from bench.cpu import service_groups
 from bench.throughput import (
     WORKER_CLASSES,
     Phase,
     free_port,
     percentile,
-    run_phase,
+    sampled_phase,
     server_description,
     start_server,
 )
@@ -189,32 +188,6 @@ def proxy_figures(proxy: Phase, args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def process_groups(
-    server: subprocess.Popen, workers: Sequence[Worker], model: subprocess.Popen
-) -> Groups:
-    """The run's processes by role; the clients are this process (its children are claimed by
-    the groups before it)."""
-    return Groups(
-        trees={
-            "web": [server.pid],
-            "celery workers": [worker.process.pid for worker in workers],
-            "fake model": [model.pid],
-            "clients": [os.getpid()],
-        },
-        names={"postgresql": "postgres", "redis": "redis-server"},
-    )
-
-
-def measured_phase(
-    name: str, port: int, paths: list[str], token: str, args: argparse.Namespace, groups: Groups
-) -> Phase:
-    """A phase, with the CPU its measured window (after the warm-up) took."""
-    sampler = WindowSampler(groups, args.warmup, args.seconds).start()
-    phase = run_phase(name, port, paths, token, args.warmup + args.seconds)
-    phase.cpu = sampler.result(len(after_warmup(phase, args.warmup)))
-    return phase
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     ensure_database(args.database_url)
@@ -244,9 +217,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         paths = [f"/api/v1/chats/{chat_id}/turns/" for chat_id in chats]
         # One run: the warm-up part (connections, first tokenizer use, the initial burst of
         # 400 clients) is discarded by counting only the turns that finished after it.
-        groups = process_groups(server, workers, model)
+        groups = service_groups(
+            server.pid, workers=[worker.process.pid for worker in workers], model=model.pid
+        )
         phase_started = datetime.now(UTC)
-        phase = measured_phase("chatmem", server_port, paths, token, args, groups)
+        phase = sampled_phase(
+            "chatmem", server_port, paths, token, args.seconds, groups, args.warmup
+        )
         phase_ended = datetime.now(UTC)
         window_start = phase_started + timedelta(seconds=args.warmup)
         folds = fold_figures(chats, window_start, phase_ended)
@@ -254,7 +231,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         proxy = None
         if not args.no_proxy:
             proxy_paths = ["/bench/proxy"] * args.clients
-            proxy = measured_phase("proxy", server_port, proxy_paths, token, args, groups)
+            proxy = sampled_phase(
+                "proxy", server_port, proxy_paths, token, args.seconds, groups, args.warmup
+            )
     finally:
         if server is not None:
             server.terminate()

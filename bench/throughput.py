@@ -43,7 +43,7 @@ from bench.common import (
     wait_for,
     write_report,
 )
-from bench.cpu import Groups, WindowSampler, median_usage
+from bench.cpu import Groups, WindowSampler, median_usage, service_groups
 from bench.turn_overhead import DEFAULT_DATABASE_URL
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -224,21 +224,20 @@ def run_phase(name: str, port: int, paths: Sequence[str], token: str, seconds: f
 
 
 def sampled_phase(
-    name: str, port: int, paths: Sequence[str], token: str, seconds: float, groups: Groups
+    name: str,
+    port: int,
+    paths: Sequence[str],
+    token: str,
+    seconds: float,
+    groups: Groups,
+    warmup: float = 0.0,
 ) -> Phase:
-    """run_phase, with the CPU each process group took during it (per request: bench.cpu)."""
-    sampler = WindowSampler(groups, 0, seconds).start()
-    phase = run_phase(name, port, paths, token, seconds)
-    phase.cpu = sampler.result(len(phase.latencies_ms))
+    """run_phase for ``warmup`` + ``seconds``, with the CPU each process group took during the
+    last ``seconds`` per request finished in them (bench.cpu)."""
+    sampler = WindowSampler(groups, warmup, seconds).start()
+    phase = run_phase(name, port, paths, token, warmup + seconds)
+    phase.cpu = sampler.result(sum(1 for at in phase.finished_at if at >= warmup))
     return phase
-
-
-def process_groups(server: subprocess.Popen, model: subprocess.Popen | None) -> Groups:
-    trees = {"web": [server.pid]}
-    if model is not None:
-        trees["fake model"] = [model.pid]
-    trees["clients"] = [os.getpid()]  # this process; its children are claimed above
-    return Groups(trees=trees, names={"postgresql": "postgres", "redis": "redis-server"})
 
 
 def percentile(values: Sequence[float], share: float) -> float:
@@ -319,7 +318,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         run_phase("warmup", port, proxy_paths, token, 2)
         run_phase("warmup", port, turn_paths, token, 2)
-        groups = process_groups(server, model)
+        groups = service_groups(server.pid, model=model.pid if model is not None else None)
         for _ in range(args.rounds):
             for side, paths in (("proxy", proxy_paths), ("chatmem", turn_paths)):
                 phase = sampled_phase(side, port, paths, token, args.seconds, groups)
