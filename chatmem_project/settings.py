@@ -137,7 +137,7 @@ REST_FRAMEWORK = {
     "DEFAULT_PAGINATION_CLASS": "conversations.api.pagination.StandardPagination",
     "PAGE_SIZE": 50,
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
-    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    "DEFAULT_PARSER_CLASSES": ["conversations.api.parsers.StrictJSONParser"],
     "EXCEPTION_HANDLER": "conversations.api.errors.exception_handler",
     "DEFAULT_SCHEMA_CLASS": "conversations.api.schema.ChatmemAutoSchema",
 }

@@ -22,7 +22,8 @@ def summarizer_backend_name() -> str:
     return "chat" if settings.OPENAI_API_KEY else "offline"
 
 
-@lru_cache(maxsize=4)
+# One per cap in use (chats may override theirs): each holds its own HTTP client.
+@lru_cache(maxsize=16)
 def _summarizer(
     backend: str,
     base_url: str | None,
@@ -53,13 +54,15 @@ def _summarizer(
     return ChatCompletionsSummarizer(client, model=model, cap_tokens=cap, timeout=timeout)
 
 
-def get_summarizer() -> Summarizer:
+def get_summarizer(cap_tokens: int | None = None) -> Summarizer:
+    """``cap_tokens``: the chat's summary cap (its policy's ``summary_token_cap``, which a chat
+    may override); MEMORY_SUMMARY_TOKEN_CAP when not given."""
     return _summarizer(
         summarizer_backend_name(),
         settings.OPENAI_BASE_URL,
         settings.OPENAI_API_KEY,
         settings.MEMORY_SUMMARIZER_MODEL,
-        settings.MEMORY_SUMMARY_TOKEN_CAP,
+        cap_tokens or settings.MEMORY_SUMMARY_TOKEN_CAP,
         settings.MEMORY_LLM_TIMEOUT_SECONDS,
         settings.PROMPT_ID_SUMMARY_GLOBAL,
         settings.PROMPT_VERSION_SUMMARY_GLOBAL,

@@ -128,7 +128,9 @@ def execute_fold(
     # turn-digest (seed 004): replies with a response summary are folded from that summary.
     to_fold = digest_fold_messages(chat, to_fold)
     try:
-        draft = summarize_in_chunks(snapshot.summary, to_fold)
+        draft = summarize_in_chunks(
+            snapshot.summary, to_fold, policy_for_chat(chat).summary_token_cap
+        )
     except SummarizerError as error:
         plan = record_failure(chat.pk, snapshot, ledger, str(error), error.kind, now, started)
         return FoldOutcome(
@@ -157,10 +159,11 @@ def record_running(ledger: Consolidation) -> None:
         ledger.save(force_insert=True)
 
 
-def summarize_in_chunks(summary: str, to_fold: list[Message]) -> SummaryDraft:
+def summarize_in_chunks(summary: str, to_fold: list[Message], cap_tokens: int) -> SummaryDraft:
     """A fold larger than the summarizer's input budget runs chunk by chunk, each producing the
-    next summary version (DESIGN §5): never trimmed."""
-    summarizer = get_summarizer()
+    next summary version (DESIGN §5): never trimmed. ``cap_tokens``: the chat's summary cap,
+    which its policy's bound and the synchronous fold's plan count on."""
+    summarizer = get_summarizer(cap_tokens)
     chunks = engine.split_for_summarizer(
         [engine.Msg(m.seq, m.role, m.token_count) for m in to_fold],
         settings.MEMORY_SUMMARIZER_INPUT_BUDGET,

@@ -64,6 +64,12 @@ class PolicyError(ValueError):
 
 
 _FIELDS = {field.name: field for field in dataclasses.fields(Policy) if field.name != "name"}
+# No knob means anything beyond this (tokens, messages, turns, seconds: 31 years); a bound also
+# keeps every value a finite float and a plain jsonb number.
+MAX_KNOB = 10**9
+# Five headings with "- None" under each need about 30 tokens; below this, a cap leaves no room
+# (the offline summarizer refuses it).
+MIN_SUMMARY_TOKEN_CAP = 64
 _FLOAT_KNOBS = {"token_budget_fraction", "cooldown_seconds"}
 _AT_LEAST_ONE = {
     "tail_turns",
@@ -76,7 +82,6 @@ _AT_LEAST_ONE = {
     "max_fold_turns",
     "context_size",
     "max_memory_tokens",
-    "summary_token_cap",
 }
 
 
@@ -98,15 +103,24 @@ def _coerce(name: str, value: object) -> object:
     if name in _FLOAT_KNOBS:
         if not isinstance(value, int | float):
             raise PolicyError(f'Knob "{name}" must be a number, got {value!r}.')
-        number: float = float(value)
-        if number < 0:
-            raise PolicyError(f'Knob "{name}" must not be negative, got {value!r}.')
-        return number
+        # Also refuses NaN, 1e400 (parsed as inf, which jsonb cannot store) and 10**400 (no
+        # float at all).
+        if not 0 <= value <= MAX_KNOB:
+            raise PolicyError(
+                f'Knob "{name}" must be a number from 0 to {MAX_KNOB}, got {value!r}.'
+            )
+        return float(value)
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)  # 12.0 is an integer to JSON Schema, as the published schema says
     if not isinstance(value, int):
         raise PolicyError(f'Knob "{name}" must be an integer, got {value!r}.')
     minimum = 1 if name in _AT_LEAST_ONE else 0
+    if name == "summary_token_cap":
+        minimum = MIN_SUMMARY_TOKEN_CAP
     if value < minimum:
         raise PolicyError(f'Knob "{name}" must be at least {minimum}, got {value}.')
+    if value > MAX_KNOB:
+        raise PolicyError(f'Knob "{name}" must be at most {MAX_KNOB}, got {value}.')
     return value
 
 

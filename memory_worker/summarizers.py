@@ -25,6 +25,7 @@ import openai
 from openai.types.chat import ChatCompletion as ChatCompletionResponse
 from openai.types.chat import ChatCompletionChunk
 
+from memory_worker.presets import MIN_SUMMARY_TOKEN_CAP
 from memory_worker.tokens import count_tokens
 
 log = logging.getLogger(__name__)
@@ -646,8 +647,7 @@ HEADING_WORDS = {
 }
 HEADING_LINE = re.compile(r"^\s*#{1,6}\s*(?P<title>.+?)\s*$")
 MAX_BULLET_CHARS = 300
-# Five headings with "- None" under each need about 30 tokens; below this, a cap leaves no room.
-MIN_OFFLINE_CAP_TOKENS = 64
+MIN_OFFLINE_CAP_TOKENS = MIN_SUMMARY_TOKEN_CAP
 
 
 @dataclass(frozen=True)

@@ -427,6 +427,9 @@ def test_a_fold_made_due_during_a_fold_runs_as_a_rerun(api, monkeypatch) -> None
     arrived: list[bool] = []
 
     class TurnsMeanwhile:
+        def __init__(self, cap_tokens: int | None = None) -> None:
+            pass
+
         def summarize(self, summary, messages):  # type: ignore[no-untyped-def]
             if not arrived:
                 arrived.append(True)

@@ -78,7 +78,7 @@ if HAVE_LANGGRAPH:
         "max_tokens": 400,
         "max_summary_tokens": 60,
         "max_memory_tokens": 400,
-        "summary_token_cap": 50,
+        "summary_token_cap": 64,
     }
 
 

@@ -13,6 +13,7 @@ from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
 from conversations.llm import UPSTREAM_TIMEOUT, ModelError
+from conversations.models import Chat
 from conversations.services.turns import ContextOverBound, TurnInProgress
 from conversations.services.variants import UnknownVariant
 
@@ -50,8 +51,15 @@ class TurnServerError(exceptions.APIException):
     default_code = "server_error"
 
 
+class ChatDeletedDuringTurn(exceptions.NotFound):
+    default_detail = "The chat was deleted while its turn ran; nothing was stored."
+    default_code = "chat_deleted"
+
+
 def turn_error(error: Exception) -> exceptions.APIException:
     """The API error for a turn that failed after its slot was claimed (JSON and streamed)."""
+    if isinstance(error, Chat.DoesNotExist):  # the append found no chat to store into
+        return ChatDeletedDuringTurn()
     if isinstance(error, ContextOverBound):
         return MemoryUnavailable(str(error))
     if isinstance(error, ModelError):
@@ -63,14 +71,15 @@ def turn_error(error: Exception) -> exceptions.APIException:
 @contextlib.contextmanager
 def turn_refusals() -> Iterator[None]:
     """A turn service's exceptions as the API's errors (the JSON and streamed REST turns and the
-    OpenAI-compatible endpoint): 400 unknown variant, 409 busy chat, 502/503/504."""
+    OpenAI-compatible endpoint): 400 unknown variant, 404 chat deleted during the turn, 409
+    busy chat, 502/503/504."""
     try:
         yield
     except UnknownVariant as error:
         raise exceptions.ValidationError({"model_variant": [str(error)]}) from error
     except TurnInProgress as error:
         raise TurnConflict(str(error)) from error
-    except (ContextOverBound, ModelError) as error:
+    except (ContextOverBound, ModelError, Chat.DoesNotExist) as error:
         raise turn_error(error) from error
 
 

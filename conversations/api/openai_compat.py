@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from typing import Any
 
 from django.core.handlers.asgi import ASGIRequest
@@ -32,21 +32,47 @@ from conversations.throttling import TurnRateThrottle
 
 CHAT_ID_HEADER = "X-Chatmem-Chat-Id"
 MAX_CHAT_ID_CHARS = 200
-# Passed to the model as the client sent them: tools, and how to sample the reply.
-PASSTHROUGH_KEYS = (
-    "tools",
-    "tool_choice",
-    "parallel_tool_calls",
-    "temperature",
-    "top_p",
-    "max_tokens",
-    "max_completion_tokens",
-    "stop",
-    "seed",
-    "presence_penalty",
-    "frequency_penalty",
-    "response_format",
-)
+
+
+def _number(low: float, high: float) -> Callable[[Any], bool]:
+    return lambda value: (
+        isinstance(value, int | float) and not isinstance(value, bool) and low <= value <= high
+    )
+
+
+def _positive_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+def _stop(value: Any) -> bool:
+    return isinstance(value, str) or (
+        isinstance(value, list) and len(value) <= 4 and all(isinstance(s, str) for s in value)
+    )
+
+
+# Passed to the model as the client sent them (tools, and how to sample the reply), each with
+# what it must be (OpenAI's API reference). Checked here so that a bad value is the client's 400,
+# not the model's refusal reported as chatmem's 502 (which SDKs retry).
+PASSTHROUGH_CHECKS: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "tools": (
+        lambda v: isinstance(v, list) and all(isinstance(t, dict) for t in v),
+        "an array of objects",
+    ),
+    "tool_choice": (
+        lambda v: v in ("none", "auto", "required") or isinstance(v, dict),
+        '"none", "auto", "required" or an object',
+    ),
+    "parallel_tool_calls": (lambda v: isinstance(v, bool), "a boolean"),
+    "temperature": (_number(0, 2), "a number from 0 to 2"),
+    "top_p": (_number(0, 1), "a number from 0 to 1"),
+    "max_tokens": (_positive_int, "a positive integer"),
+    "max_completion_tokens": (_positive_int, "a positive integer"),
+    "stop": (_stop, "a string or an array of at most 4 strings"),
+    "seed": (lambda v: isinstance(v, int) and not isinstance(v, bool), "an integer"),
+    "presence_penalty": (_number(-2, 2), "a number from -2 to 2"),
+    "frequency_penalty": (_number(-2, 2), "a number from -2 to 2"),
+    "response_format": (lambda v: isinstance(v, dict), "an object"),
+}
 # Parameters chatmem accepts and ignores (sampling is the model's business) vs. ones it cannot
 # honour and refuses rather than silently answering differently.
 UNSUPPORTED = {"n": 1, "functions": None, "function_call": None}
@@ -150,7 +176,7 @@ class ChatCompletionsView(OpenAICompatView):
         stream = body.get("stream", False)
         if not isinstance(stream, bool):
             raise OpenAIError("stream must be a boolean.", param="stream")
-        tools = {key: body[key] for key in PASSTHROUGH_KEYS if key in body}
+        tools = passthrough_options(body)
         try:
             incoming = exchanges.new_messages(messages)
             system_prompt = exchanges.instructions_of(messages)
@@ -217,6 +243,16 @@ def request_messages(body: Mapping[str, Any]) -> list[dict[str, Any]]:
         if not isinstance(message, dict) or not isinstance(message.get("role"), str):
             raise OpenAIError(f"messages[{index}] must be an object with a role.", param="messages")
     return messages
+
+
+def passthrough_options(body: Mapping[str, Any]) -> dict[str, Any]:
+    """The parameters passed to the model, each checked (null: the model's default)."""
+    options = {key: body[key] for key in PASSTHROUGH_CHECKS if key in body}
+    for key, value in options.items():
+        valid, expected = PASSTHROUGH_CHECKS[key]
+        if value is not None and not valid(value):
+            raise OpenAIError(f"{key} must be {expected}.", param=key)
+    return options
 
 
 def check_unsupported(body: Mapping[str, Any]) -> None:

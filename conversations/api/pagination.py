@@ -8,11 +8,16 @@ from rest_framework.pagination import PageNumberPagination
 from rest_framework.request import Request
 
 
+def is_decimal(raw: str) -> bool:
+    """Only ASCII digits: ``str.isdigit`` also accepts "²", which ``int`` refuses."""
+    return raw.isascii() and raw.isdigit()
+
+
 def positive_int(request: Request, name: str, maximum: int | None = None) -> int | None:
     raw = request.query_params.get(name)
     if raw is None:
         return None
-    if not raw.isdigit() or int(raw) < 1 or (maximum is not None and int(raw) > maximum):
+    if not is_decimal(raw) or int(raw) < 1 or (maximum is not None and int(raw) > maximum):
         bound = f" from 1 to {maximum}" if maximum is not None else " of at least 1"
         raise ValidationError({name: [f"Must be an integer{bound}."]})
     return int(raw)

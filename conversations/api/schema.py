@@ -105,6 +105,11 @@ class ConsolidateSerializer(serializers.Serializer):
     chat_id = serializers.IntegerField()
 
 
+class NotQueuedSerializer(ConsolidateSerializer):
+    detail = serializers.CharField()
+    code = serializers.CharField()
+
+
 class PolicySerializer(serializers.Serializer):
     name = serializers.CharField()
     parameters = serializers.DictField(help_text="The preset's knobs and their values.")
@@ -247,7 +252,7 @@ chat_schema = extend_schema_view(
         responses={
             202: ConsolidateSerializer,
             503: OpenApiResponse(
-                ConsolidateSerializer, description="The broker is unavailable; not queued."
+                NotQueuedSerializer, description="The broker is unavailable; not queued."
             ),
         },
     ),

@@ -7,6 +7,7 @@ from rest_framework import serializers
 
 from conversations.api.agent_serializers import AgentContextSerializer
 from conversations.models import Brief, Chat, Consolidation, DailyNote, Message, Role
+from conversations.services import chats as chat_service
 from memory_worker.policies import effective_policy
 from memory_worker.presets import PRESETS, PolicyError, policy_parameters
 
@@ -23,7 +24,10 @@ class StrictCharField(serializers.CharField):
 class ChatSerializer(serializers.ModelSerializer):
     title = StrictCharField(max_length=200, required=False, allow_blank=True, trim_whitespace=False)
     system_prompt = StrictCharField(
-        required=False, allow_blank=True, trim_whitespace=False, max_length=20000
+        required=False,
+        allow_blank=True,
+        trim_whitespace=False,
+        max_length=chat_service.MAX_SYSTEM_PROMPT_CHARS,
     )
     policy = serializers.ChoiceField(choices=sorted(PRESETS), required=False)
     policy_overrides = serializers.DictField(required=False)

@@ -14,6 +14,7 @@ from rest_framework.views import APIView
 
 from conversations.api import errors, streaming
 from conversations.api.agent_serializers import AgentStateSerializer
+from conversations.api.pagination import is_decimal
 from conversations.api.schema import chat_schema, policy_schema
 from conversations.api.serializers import (
     BriefSerializer,
@@ -32,6 +33,11 @@ from conversations.services.variants import UnknownVariant
 from conversations.throttling import TurnRateThrottle
 from memory_worker.dispatch import request_consolidation
 from memory_worker.presets import PRESETS, policy_parameters
+
+NOT_QUEUED = (
+    "The fold could not be queued (the task broker is unavailable); nothing changed. Retry "
+    "later: the cooldown sweep also folds whatever falls due."
+)
 
 
 @chat_schema
@@ -120,7 +126,7 @@ class ChatViewSet(
         queryset = chat.messages.order_by("seq")
         after_seq = request.query_params.get("after_seq")
         if after_seq is not None:
-            if not after_seq.isdigit():
+            if not is_decimal(after_seq):
                 raise ValidationError({"after_seq": ["Must be a non-negative integer."]})
             queryset = queryset.filter(seq__gt=int(after_seq))
         page = self.paginate_queryset(queryset)
@@ -151,10 +157,17 @@ class ChatViewSet(
     @action(detail=True, methods=["post"])
     def consolidate(self, request: Request, pk: str | None = None) -> Response:
         chat = self.get_object()
-        queued = request_consolidation(chat.pk, "manual")
+        if request_consolidation(chat.pk, "manual"):
+            return Response({"queued": True, "chat_id": chat.pk}, status=status.HTTP_202_ACCEPTED)
+        # The error shape every other error has (DESIGN §7), with the 202's fields beside it.
         return Response(
-            {"queued": queued, "chat_id": chat.pk},
-            status=status.HTTP_202_ACCEPTED if queued else status.HTTP_503_SERVICE_UNAVAILABLE,
+            {
+                "detail": NOT_QUEUED,
+                "code": "not_queued",
+                "queued": False,
+                "chat_id": chat.pk,
+            },
+            status=status.HTTP_503_SERVICE_UNAVAILABLE,
         )
 
     @action(detail=True, methods=["get"], serializer_class=DailyNoteSerializer)

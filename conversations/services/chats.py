@@ -19,6 +19,8 @@ from memory_worker.tokens import count_tokens
 
 log = logging.getLogger("chatmem.chats")
 
+MAX_SYSTEM_PROMPT_CHARS = 20000
+
 
 def create_chat(
     owner: User,

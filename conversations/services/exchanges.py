@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
+from django.conf import settings
 from django.contrib.auth.models import User
 from django.db import IntegrityError, connections, transaction
 
@@ -100,7 +101,16 @@ def instructions_of(messages: Sequence[Mapping[str, Any]]) -> str | None:
         if message.get("role") not in INSTRUCTION_ROLES:
             break
         parts.append(text_of(message.get("content")))
-    return "\n\n".join(parts) if parts else None
+    if not parts:
+        return None
+    prompt = "\n\n".join(parts)
+    limit = chat_service.MAX_SYSTEM_PROMPT_CHARS
+    if len(prompt) > limit:
+        raise BadExchange(
+            f"The system messages are {len(prompt)} characters; the limit is {limit}.",
+            "messages.content",
+        )
+    return prompt
 
 
 def new_messages(messages: Sequence[Mapping[str, Any]]) -> list[Incoming]:
@@ -121,6 +131,12 @@ def incoming_of(message: Mapping[str, Any]) -> Incoming:
     if role not in CLIENT_ROLES:
         raise BadExchange(f'A new message must be a user or tool message, not "{role}".')
     content = text_of(message.get("content"))
+    limit = settings.CHATMEM_MAX_MESSAGE_CHARS
+    if len(content) > limit:
+        raise BadExchange(
+            f"A {role} message is {len(content)} characters; the limit is {limit}.",
+            "messages.content",
+        )
     if role == "tool":
         call_id = message.get("tool_call_id")
         if not isinstance(call_id, str) or not call_id:
@@ -138,10 +154,14 @@ def text_of(content: Any) -> str:
     if isinstance(content, str):
         return content
     if isinstance(content, list) and all(
-        isinstance(part, dict) and part.get("type") == "text" for part in content
+        isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)
+        for part in content
     ):
-        return "".join(str(part.get("text", "")) for part in content)
-    raise BadExchange("Content must be a string or a list of text parts.", "messages.content")
+        return "".join(part["text"] for part in content)
+    raise BadExchange(
+        'Content must be a string or a list of text parts ({"type": "text", "text": "..."}).',
+        "messages.content",
+    )
 
 
 # --- the exchange -----------------------------------------------------------------------------
