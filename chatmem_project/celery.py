@@ -1,6 +1,7 @@
 """The Celery application: consolidation workers (queue ``memory``) and the beat sweep."""
 
 import os
+import sys
 from typing import Any
 
 from celery import Celery
@@ -15,6 +16,8 @@ from celery.signals import (
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "chatmem_project.settings")
 
+EX_CONFIG = 78  # sysexits.h: configuration error
+
 app = Celery("chatmem")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks(["memory_worker"])
@@ -24,10 +27,20 @@ app.autodiscover_tasks(["memory_worker"])
 @beat_init.connect
 def refuse_misconfigured_start(**_: object) -> None:
     """Workers and beat run Django's checks at start-up: misordered deadlines stop them with
-    the reason instead of surfacing later as expired locks or redelivered tasks."""
+    the reason instead of surfacing later as expired locks or redelivered tasks.
+
+    Celery's signal dispatch catches what a receiver raises and only logs it, so raising would
+    not stop the process: it exits here, with EX_CONFIG, before any task is consumed."""
+    from django.core.exceptions import ImproperlyConfigured
+
     from chatmem_project.boot import refuse_misconfigured_start as refuse
 
-    refuse()
+    try:
+        refuse()
+    except ImproperlyConfigured as error:
+        sys.stderr.write(f"chatmem: refusing to start, misconfigured:\n{error}\n")
+        sys.stderr.flush()
+        os._exit(EX_CONFIG)
 
 
 @worker_init.connect

@@ -5,11 +5,35 @@ are the embedded mode: SQLite, consolidation in-process, the offline model, no A
 from pathlib import Path
 
 import environ
+from django.core.exceptions import ImproperlyConfigured
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
 env = environ.Env()
 environ.Env.read_env(BASE_DIR / ".env", overwrite=False)
+
+
+def env_number(name: str, default: float, kind: type[int] | type[float]) -> float:
+    """A number from the environment, or a start-up error naming the variable. Not django-
+    environ's: its float() drops every character but digits, "," "." and "-" ("1e3" is 13.0),
+    and its int() error does not say which variable. Empty means the default."""
+    raw = env.str(name, default="").strip()
+    if not raw:
+        return default
+    try:
+        return kind(raw)
+    except ValueError:
+        what = "an integer" if kind is int else "a number"
+        raise ImproperlyConfigured(f"{name} must be {what}, got {raw!r}") from None
+
+
+def env_int(name: str, default: int) -> int:
+    return int(env_number(name, default, int))
+
+
+def env_float(name: str, default: float) -> float:
+    return float(env_number(name, default, float))
+
 
 DEBUG = env.bool("DEBUG", default=False)
 SECRET_KEY = env("SECRET_KEY", default="django-insecure-chatmem-local-only-set-SECRET_KEY")
@@ -21,7 +45,7 @@ CSRF_TRUSTED_ORIGINS = env.list("CSRF_TRUSTED_ORIGINS", default=[])
 SECURE_SSL_REDIRECT = env.bool("SECURE_SSL_REDIRECT", default=False)
 # Health probes come over plain HTTP from inside the container or the orchestrator.
 SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^readyz$"]
-SECURE_HSTS_SECONDS = env.int("SECURE_HSTS_SECONDS", default=0)
+SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 0)
 SECURE_HSTS_INCLUDE_SUBDOMAINS = env.bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", default=False)
 SECURE_HSTS_PRELOAD = env.bool("SECURE_HSTS_PRELOAD", default=False)
 SESSION_COOKIE_SECURE = env.bool("SESSION_COOKIE_SECURE", default=False)
@@ -79,9 +103,11 @@ TEMPLATES = [
 ]
 
 # --- Database -------------------------------------------------------------------------------
-DATABASES = {"default": env.db("DATABASE_URL", default=f"sqlite:///{BASE_DIR / 'db.sqlite3'}")}
+# Empty means the default (embedded SQLite), as for every other variable.
+DATABASE_URL = env("DATABASE_URL", default="") or f"sqlite:///{BASE_DIR / 'db.sqlite3'}"
+DATABASES = {"default": environ.Env.db_url_config(DATABASE_URL)}
 # Persistent connections: a turn should not pay for a new PostgreSQL connection.
-DATABASES["default"]["CONN_MAX_AGE"] = env.int("DB_CONN_MAX_AGE", default=60)
+DATABASES["default"]["CONN_MAX_AGE"] = env_int("DB_CONN_MAX_AGE", 60)
 # Off by default (Django's default): a health check is a `SELECT 1` round trip at the start of
 # every request, about a tenth of a turn's time under load. Without it a connection PostgreSQL
 # dropped fails the one request that finds it, and Django replaces it for the next.
@@ -89,10 +115,10 @@ DATABASES["default"]["CONN_HEALTH_CHECKS"] = env.bool("DB_CONN_HEALTH_CHECKS", d
 # A bounded connection pool per process (PostgreSQL; psycopg_pool), for servers that hold many
 # requests open at once (ASGI, many slow streams): a burst waits for a free connection instead
 # of failing with "too many clients". Pooled connections replace persistent ones.
-DB_POOL_MAX_SIZE = env.int("DB_POOL_MAX_SIZE", default=0)
+DB_POOL_MAX_SIZE = env_int("DB_POOL_MAX_SIZE", 0)
 # Connections the pool opens at start and keeps: a burst then finds them ready instead of waiting
 # while PostgreSQL forks a backend for each new one.
-DB_POOL_MIN_SIZE = min(env.int("DB_POOL_MIN_SIZE", default=1), DB_POOL_MAX_SIZE)
+DB_POOL_MIN_SIZE = min(env_int("DB_POOL_MIN_SIZE", 1), DB_POOL_MAX_SIZE)
 if DB_POOL_MAX_SIZE and DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
     DATABASES["default"]["CONN_MAX_AGE"] = 0
     DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
@@ -166,36 +192,37 @@ SPECTACULAR_SETTINGS = {
 REDIS_URL = env("REDIS_URL", default="")
 # The shared cache (turn throttling): Redis when configured, with short timeouts because a turn
 # must never wait on it (the throttle lets requests through when the cache is down).
+CACHE_URL = env("CACHE_URL", default="") or REDIS_URL
 CACHES = {
     "default": (
         {
             "BACKEND": "django.core.cache.backends.redis.RedisCache",
-            "LOCATION": env("CACHE_URL", default="") or REDIS_URL,
+            "LOCATION": CACHE_URL,
             "KEY_PREFIX": "chatmem-cache",
             "OPTIONS": {"socket_connect_timeout": 0.5, "socket_timeout": 0.5},
         }
-        if REDIS_URL
+        if CACHE_URL
         else {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}
     )
 }
 
-LLM_TIMEOUT_SECONDS = env.float("LLM_TIMEOUT_SECONDS", default=60.0)
+LLM_TIMEOUT_SECONDS = env_float("LLM_TIMEOUT_SECONDS", 60.0)
 # A turn's non-streamed model request goes over the worker thread's own keep-alive connection
 # (conversations.model_http) rather than the SDK's shared pool; false: the SDK sends it. With an
 # HTTP(S) proxy in the environment the SDK always sends it.
 CHAT_DIRECT_HTTP = env.bool("CHAT_DIRECT_HTTP", default=True)
-MEMORY_LLM_TIMEOUT_SECONDS = env.float("MEMORY_LLM_TIMEOUT_SECONDS", default=60.0)
+MEMORY_LLM_TIMEOUT_SECONDS = env_float("MEMORY_LLM_TIMEOUT_SECONDS", 60.0)
 # Ordered deadlines (DESIGN §6): LLM < soft < hard < lock TTL < broker visibility timeout.
-MEMORY_TASK_SOFT_TIME_LIMIT = env.int("MEMORY_TASK_SOFT_TIME_LIMIT", default=240)
-MEMORY_TASK_TIME_LIMIT = env.int("MEMORY_TASK_TIME_LIMIT", default=300)
-MEMORY_LOCK_TTL_SECONDS = env.int("MEMORY_LOCK_TTL_SECONDS", default=360)
-BROKER_VISIBILITY_TIMEOUT = env.int("BROKER_VISIBILITY_TIMEOUT", default=3600)
-MEMORY_SWEEP_INTERVAL_SECONDS = env.float("MEMORY_SWEEP_INTERVAL_SECONDS", default=60.0)
+MEMORY_TASK_SOFT_TIME_LIMIT = env_int("MEMORY_TASK_SOFT_TIME_LIMIT", 240)
+MEMORY_TASK_TIME_LIMIT = env_int("MEMORY_TASK_TIME_LIMIT", 300)
+MEMORY_LOCK_TTL_SECONDS = env_int("MEMORY_LOCK_TTL_SECONDS", 360)
+BROKER_VISIBILITY_TIMEOUT = env_int("BROKER_VISIBILITY_TIMEOUT", 3600)
+MEMORY_SWEEP_INTERVAL_SECONDS = env_float("MEMORY_SWEEP_INTERVAL_SECONDS", 60.0)
 # A turn queues no consolidation task for a chat that has one queued and not started yet
 # (memory_worker.dispatch); a marker older than this no longer counts (0: no deduplication).
-MEMORY_ENQUEUE_DEDUP_SECONDS = env.float("MEMORY_ENQUEUE_DEDUP_SECONDS", default=60.0)
+MEMORY_ENQUEUE_DEDUP_SECONDS = env_float("MEMORY_ENQUEUE_DEDUP_SECONDS", 60.0)
 # How many policy re-evaluations one task runs while holding the lock before handing on.
-MEMORY_MAX_RERUNS_PER_TASK = env.int("MEMORY_MAX_RERUNS_PER_TASK", default=5)
+MEMORY_MAX_RERUNS_PER_TASK = env_int("MEMORY_MAX_RERUNS_PER_TASK", 5)
 
 CELERY_BROKER_URL = REDIS_URL or "memory://"
 CELERY_RESULT_BACKEND = None
@@ -236,7 +263,7 @@ CELERY_BEAT_SCHEDULE = {
 OPENAI_BASE_URL = env("OPENAI_BASE_URL", default="") or None
 OPENAI_API_KEY = env("OPENAI_API_KEY", default="")
 CHAT_MODEL = env("CHAT_MODEL", default="gpt-4o-mini")
-CHAT_MODEL_CONTEXT_TOKENS = env.int("CHAT_MODEL_CONTEXT_TOKENS", default=128000)
+CHAT_MODEL_CONTEXT_TOKENS = env_int("CHAT_MODEL_CONTEXT_TOKENS", 128000)
 # Extra variants a turn may pick: "name=model:context_tokens,..." (seed 003 §6).
 MODEL_VARIANTS = env("MODEL_VARIANTS", default="")
 # "openai" or "offline"; empty = openai when OPENAI_API_KEY is set, else offline.
@@ -248,27 +275,27 @@ MEMORY_SUMMARIZER_MODEL = env("MEMORY_SUMMARIZER_MODEL", default="gpt-4o-mini")
 # "chat" (Chat Completions), "responses" (hosted prompt, seed 003), "offline";
 # empty = chat when OPENAI_API_KEY is set, else offline.
 MEMORY_SUMMARIZER_BACKEND = env("MEMORY_SUMMARIZER_BACKEND", default="")
-MEMORY_SUMMARY_TOKEN_CAP = env.int("MEMORY_SUMMARY_TOKEN_CAP", default=500)
-MEMORY_SUMMARIZER_INPUT_BUDGET = env.int("MEMORY_SUMMARIZER_INPUT_BUDGET", default=12000)
+MEMORY_SUMMARY_TOKEN_CAP = env_int("MEMORY_SUMMARY_TOKEN_CAP", 500)
+MEMORY_SUMMARIZER_INPUT_BUDGET = env_int("MEMORY_SUMMARIZER_INPUT_BUDGET", 12000)
 PROMPT_ID_SUMMARY_GLOBAL = env(
     "PROMPT_ID_SUMMARY_GLOBAL", default="pmpt_6917ebe9367c819396fe4840cf0f0e050c18a965a3366120"
 )
 PROMPT_VERSION_SUMMARY_GLOBAL = env("PROMPT_VERSION_SUMMARY_GLOBAL", default="") or None
 
 # --- Turns ----------------------------------------------------------------------------------
-CHATMEM_MAX_MESSAGE_CHARS = env.int("CHATMEM_MAX_MESSAGE_CHARS", default=32000)
+CHATMEM_MAX_MESSAGE_CHARS = env_int("CHATMEM_MAX_MESSAGE_CHARS", 32000)
 # Turns cost model calls: limited per user ("120/min"; empty = off), counted in the shared cache
 # (Redis when configured, so the limit holds across web processes). conversations/throttling.py
 TURN_RATE_LIMIT = env("TURN_RATE_LIMIT", default="120/min")
 # Requests with a larger body are refused with 413 before anything reads them.
-CHATMEM_MAX_BODY_BYTES = env.int("CHATMEM_MAX_BODY_BYTES", default=1024 * 1024)
+CHATMEM_MAX_BODY_BYTES = env_int("CHATMEM_MAX_BODY_BYTES", 1024 * 1024)
 DATA_UPLOAD_MAX_MEMORY_SIZE = CHATMEM_MAX_BODY_BYTES
 CHATMEM_DEFAULT_SYSTEM_PROMPT = env(
     "CHATMEM_DEFAULT_SYSTEM_PROMPT", default="You are a helpful assistant."
 )
 # A turn slot older than this is taken to belong to a dead process; it must outlast the model
 # deadline so a live turn is never pre-empted.
-TURN_SLOT_STALE_SECONDS = env.float("TURN_SLOT_STALE_SECONDS", default=LLM_TIMEOUT_SECONDS + 30)
+TURN_SLOT_STALE_SECONDS = env_float("TURN_SLOT_STALE_SECONDS", LLM_TIMEOUT_SECONDS + 30)
 # A streamed turn sends an SSE comment after this many idle seconds (a synchronous fold, a slow
 # first token), so proxies do not drop the connection as idle. (Not an environment knob.)
 TURN_STREAM_HEARTBEAT_SECONDS = 15.0
@@ -278,7 +305,7 @@ LOG_LEVEL = env("LOG_LEVEL", default="INFO")
 # /metrics (Prometheus): open by default, like /healthz; set a token to require
 # "Authorization: Bearer <token>". WORKER_METRICS_PORT: Celery workers serve theirs there.
 METRICS_TOKEN = env("METRICS_TOKEN", default="")
-WORKER_METRICS_PORT = env.int("WORKER_METRICS_PORT", default=0)
+WORKER_METRICS_PORT = env_int("WORKER_METRICS_PORT", 0)
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
@@ -302,13 +329,14 @@ LOGGING = {
 
 # --- Consolidation ---------------------------------------------------------------------------
 # "celery" (REDIS_URL set), "inline" (embedded: an in-process background thread) or "off".
-MEMORY_DISPATCH = env("MEMORY_DISPATCH", default="celery" if REDIS_URL else "inline")
-MEMORY_FAILURE_BACKOFF_SECONDS = env.float("MEMORY_FAILURE_BACKOFF_SECONDS", default=30.0)
-MEMORY_FAILURE_BACKOFF_MAX_SECONDS = env.float("MEMORY_FAILURE_BACKOFF_MAX_SECONDS", default=3600.0)
-MEMORY_DEGRADED_AFTER_FAILURES = env.int("MEMORY_DEGRADED_AFTER_FAILURES", default=3)
+# Empty (as .env.example leaves it) means the default, not "no dispatch".
+MEMORY_DISPATCH = env("MEMORY_DISPATCH", default="") or ("celery" if REDIS_URL else "inline")
+MEMORY_FAILURE_BACKOFF_SECONDS = env_float("MEMORY_FAILURE_BACKOFF_SECONDS", 30.0)
+MEMORY_FAILURE_BACKOFF_MAX_SECONDS = env_float("MEMORY_FAILURE_BACKOFF_MAX_SECONDS", 3600.0)
+MEMORY_DEGRADED_AFTER_FAILURES = env_int("MEMORY_DEGRADED_AFTER_FAILURES", 3)
 # The sweep only looks at chats whose last fold is at least this old (the shortest cooldown).
-MEMORY_SWEEP_MIN_COOLDOWN_SECONDS = env.float("MEMORY_SWEEP_MIN_COOLDOWN_SECONDS", default=60.0)
-MEMORY_SWEEP_BATCH = env.int("MEMORY_SWEEP_BATCH", default=500)
+MEMORY_SWEEP_MIN_COOLDOWN_SECONDS = env_float("MEMORY_SWEEP_MIN_COOLDOWN_SECONDS", 60.0)
+MEMORY_SWEEP_BATCH = env_int("MEMORY_SWEEP_BATCH", 500)
 # Seed 002's flush hooks: dotted paths of callables hook(chat_id, messages, version), each run
 # as its own task after a fold commits.
 MEMORY_FLUSH_HOOKS = env.list("MEMORY_FLUSH_HOOKS", default=[])
@@ -322,13 +350,13 @@ if MEMORY_DAILY_NOTES and "memory_worker.daily_notes.extract_daily_notes" not in
 # --- Agent state (seed 004's Summarize node, docs/agent-state.md) ---------------------------
 # The seed's constants, under the seed's names. FULL_DETAIL_TURNS is the turn-digest preset's
 # tail_turns (memory_worker.env_knobs); it is read here too so the state endpoint can show it.
-SUMMARIZE_THRESHOLD = env.int("SUMMARIZE_THRESHOLD", default=400)
-FULL_DETAIL_TURNS = env.int("FULL_DETAIL_TURNS", default=3)
-FULL_DETAIL_STEPS = env.int("FULL_DETAIL_STEPS", default=3)
-PENDING_TTL_TURNS = env.int("PENDING_TTL_TURNS", default=3)
+SUMMARIZE_THRESHOLD = env_int("SUMMARIZE_THRESHOLD", 400)
+FULL_DETAIL_TURNS = env_int("FULL_DETAIL_TURNS", 3)
+FULL_DETAIL_STEPS = env_int("FULL_DETAIL_STEPS", 3)
+PENDING_TTL_TURNS = env_int("PENDING_TTL_TURNS", 3)
 # Bounds the seed leaves open: active entities go into every context, step summaries into a row.
-AGENT_MAX_ACTIVE_ENTITIES = env.int("AGENT_MAX_ACTIVE_ENTITIES", default=20)
-AGENT_MAX_STEP_SUMMARIES = env.int("AGENT_MAX_STEP_SUMMARIES", default=50)
+AGENT_MAX_ACTIVE_ENTITIES = env_int("AGENT_MAX_ACTIVE_ENTITIES", 20)
+AGENT_MAX_STEP_SUMMARIES = env_int("AGENT_MAX_STEP_SUMMARIES", 50)
 # "llm", "offline", or empty = the chat backend's choice (llm when an API key is configured).
 AGENT_SUMMARY_BACKEND = env("AGENT_SUMMARY_BACKEND", default="")
 AGENT_SUMMARY_MODEL = env("AGENT_SUMMARY_MODEL", default="")  # empty = CHAT_MODEL

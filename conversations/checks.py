@@ -32,3 +32,41 @@ def check_greenlet_server_has_a_pool(app_configs: Any = None, **kwargs: Any) -> 
             id="chatmem.E005",
         )
     ]
+
+
+CHAT_BACKENDS = ("openai", "offline")
+AGENT_SUMMARY_BACKENDS = ("llm", "offline")
+POSITIVE_WEB_SETTINGS = (
+    "LLM_TIMEOUT_SECONDS",
+    "CHATMEM_MAX_MESSAGE_CHARS",
+    "CHATMEM_MAX_BODY_BYTES",
+    "CHAT_MODEL_CONTEXT_TOKENS",
+)
+NON_NEGATIVE_WEB_SETTINGS = ("DB_POOL_MAX_SIZE", "DB_POOL_MIN_SIZE")
+
+
+@register()
+def check_web_settings(app_configs: Any = None, **kwargs: Any) -> list[Error]:
+    """Values that would otherwise pass start-up and fail every turn with a 500 (a backend
+    name's typo, a malformed MODEL_VARIANTS or TURN_RATE_LIMIT, a negative pool size)."""
+    from conversations.services.variants import model_variants
+    from conversations.throttling import rate_problem
+    from memory_worker.checks import out_of_range
+
+    problems = []
+    for name, choices in (
+        ("CHAT_BACKEND", CHAT_BACKENDS),
+        ("AGENT_SUMMARY_BACKEND", AGENT_SUMMARY_BACKENDS),
+    ):
+        value = getattr(settings, name)
+        if value and value not in choices:
+            problems.append(f'{name} "{value}" is not one of: {", ".join(choices)} (or empty).')
+    try:
+        model_variants()
+    except ValueError as error:
+        problems.append(str(error))
+    problem = rate_problem(settings.TURN_RATE_LIMIT)
+    if problem:
+        problems.append(problem)
+    problems += out_of_range(POSITIVE_WEB_SETTINGS, NON_NEGATIVE_WEB_SETTINGS)
+    return [Error(problem, id="chatmem.E007") for problem in problems]

@@ -25,6 +25,7 @@ goes through (and a warning is logged) rather than failing."""
 import functools
 import logging
 import math
+import re
 from typing import Any
 
 import redis
@@ -78,6 +79,23 @@ def redis_count_script() -> Any | None:
     return count_script(
         primary, options.get("socket_connect_timeout"), options.get("socket_timeout")
     )
+
+
+RATE = re.compile(r"^(?P<count>[0-9]+)/(?P<period>[smhd])[a-z]*$")  # as DRF's parse_rate reads it
+
+
+def rate_problem(rate: str) -> str | None:
+    """What is wrong with a TURN_RATE_LIMIT value ("120/min"; empty: no limit), or None. DRF
+    reads it at every request (the first character of the period: s, m, h or d), so a bad one
+    would fail every turn."""
+    if not rate:
+        return None
+    found = RATE.match(rate)
+    if found is None:
+        return f'TURN_RATE_LIMIT "{rate}" must look like 120/min: a count, then s, m, h or d.'
+    if int(found["count"]) < 1:
+        return f'TURN_RATE_LIMIT "{rate}" must allow at least 1 turn (empty: no limit).'
+    return None
 
 
 class TurnRateThrottle(UserRateThrottle):

@@ -74,3 +74,63 @@ def check_daily_notes_backend(app_configs: Any = None, **kwargs: Any) -> list[Er
             id="chatmem.E004",
         )
     ]
+
+
+DISPATCH_MODES = ("celery", "inline", "off")
+# Settings a value of zero or less breaks (a timeout that expires at once, a sweep that spins,
+# a budget that fits nothing), and settings that only make sense from zero up.
+POSITIVE_MEMORY_SETTINGS = (
+    "MEMORY_LLM_TIMEOUT_SECONDS",
+    "MEMORY_SWEEP_INTERVAL_SECONDS",
+    "MEMORY_SUMMARIZER_INPUT_BUDGET",
+    "MEMORY_SWEEP_BATCH",
+    "MEMORY_MAX_RERUNS_PER_TASK",
+    "MEMORY_FAILURE_BACKOFF_SECONDS",
+    "MEMORY_DEGRADED_AFTER_FAILURES",
+)
+NON_NEGATIVE_MEMORY_SETTINGS = (
+    "MEMORY_ENQUEUE_DEDUP_SECONDS",
+    "MEMORY_SWEEP_MIN_COOLDOWN_SECONDS",
+    "WORKER_METRICS_PORT",
+)
+
+
+@register()
+def check_memory_settings(app_configs: Any = None, **kwargs: Any) -> list[Error]:
+    """Values that would otherwise pass start-up and fail every fold, or quietly switch
+    consolidation off (an unknown dispatch mode dispatches nothing)."""
+    from memory_worker.backends import SUMMARIZER_BACKENDS
+
+    problems = []
+    if settings.MEMORY_DISPATCH not in DISPATCH_MODES:
+        problems.append(
+            f'MEMORY_DISPATCH "{settings.MEMORY_DISPATCH}" is not one of: '
+            f"{', '.join(DISPATCH_MODES)} (empty: celery with REDIS_URL, else inline)."
+        )
+    elif settings.MEMORY_DISPATCH == "celery" and not settings.REDIS_URL:
+        problems.append(
+            "MEMORY_DISPATCH is celery but REDIS_URL is not set: tasks would go to an "
+            "in-memory broker that no worker reads."
+        )
+    backend = settings.MEMORY_SUMMARIZER_BACKEND
+    if backend and backend not in SUMMARIZER_BACKENDS:
+        problems.append(
+            f'MEMORY_SUMMARIZER_BACKEND "{backend}" is not one of: '
+            f"{', '.join(SUMMARIZER_BACKENDS)} (empty: chat with OPENAI_API_KEY, else offline)."
+        )
+    problems += out_of_range(POSITIVE_MEMORY_SETTINGS, NON_NEGATIVE_MEMORY_SETTINGS)
+    return [Error(problem, id="chatmem.E006") for problem in problems]
+
+
+def out_of_range(positive: tuple[str, ...], non_negative: tuple[str, ...]) -> list[str]:
+    problems = [
+        f"{name} must be greater than 0, got {getattr(settings, name)}."
+        for name in positive
+        if not getattr(settings, name) > 0
+    ]
+    problems += [
+        f"{name} must not be negative, got {getattr(settings, name)}."
+        for name in non_negative
+        if getattr(settings, name) < 0
+    ]
+    return problems

@@ -359,7 +359,10 @@ def lag_ms(due_at: datetime | None, finished_at: datetime) -> int | None:
 
 def failure_backoff(consecutive_failures: int) -> timedelta:
     """Exponential with jitter, so a fleet of failing chats does not retry in lockstep."""
-    base = settings.MEMORY_FAILURE_BACKOFF_SECONDS * 2 ** max(consecutive_failures - 1, 0)
+    # The exponent is clamped: 2**1024 seconds overflows a float (and a timedelta far sooner),
+    # and the cap is reached long before.
+    doublings = min(max(consecutive_failures - 1, 0), 64)
+    base = settings.MEMORY_FAILURE_BACKOFF_SECONDS * 2**doublings
     return _jittered(min(base, settings.MEMORY_FAILURE_BACKOFF_MAX_SECONDS))
 
 

@@ -30,9 +30,19 @@ def _parse_variants(spec: str, default_model: str, default_context: int) -> dict
             raise ValueError(
                 f"MODEL_VARIANTS entry {item!r} must look like name=model[:context_tokens]"
             )
-        tokens = int(context) if context.strip() else default_context
+        tokens = context_tokens(item, context) if context.strip() else default_context
         variants[name.strip()] = ModelVariant(name.strip(), model.strip(), tokens)
     return variants
+
+
+def context_tokens(item: str, context: str) -> int:
+    tokens = int(context) if context.strip().isascii() and context.strip().isdigit() else 0
+    if tokens < 1:
+        raise ValueError(
+            f"MODEL_VARIANTS entry {item!r}: the context window after the colon must be a "
+            "positive number of tokens"
+        )
+    return tokens
 
 
 def model_variants() -> dict[str, ModelVariant]:

@@ -1,0 +1,172 @@
+"""Settings that would pass start-up and then fail every turn or fold, or quietly switch
+consolidation off, are refused at start-up with the variable's name (chatmem.E006, E007), and
+the processes that run the checks stop on them."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conversations.checks import check_web_settings
+from memory_worker.checks import check_memory_settings
+from tests.workers import worker_env
+
+ROOT = Path(__file__).resolve().parent.parent
+DEADLINE = 60
+
+
+def messages(errors: list[Any], code: str) -> str:
+    assert errors and {error.id for error in errors} == {code}, errors
+    return " ".join(error.msg for error in errors)
+
+
+def test_the_defaults_pass() -> None:
+    assert check_memory_settings() == []
+    assert check_web_settings() == []
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "says"),
+    [
+        ("MEMORY_DISPATCH", "celary", 'MEMORY_DISPATCH "celary"'),
+        ("MEMORY_DISPATCH", "celery", "REDIS_URL is not set"),
+        ("MEMORY_SUMMARIZER_BACKEND", "responce", 'MEMORY_SUMMARIZER_BACKEND "responce"'),
+        ("MEMORY_SWEEP_INTERVAL_SECONDS", 0.0, "MEMORY_SWEEP_INTERVAL_SECONDS must be greater"),
+        ("MEMORY_LLM_TIMEOUT_SECONDS", -1.0, "MEMORY_LLM_TIMEOUT_SECONDS must be greater"),
+        ("MEMORY_SWEEP_BATCH", 0, "MEMORY_SWEEP_BATCH must be greater"),
+        ("MEMORY_ENQUEUE_DEDUP_SECONDS", -5.0, "must not be negative"),
+    ],
+)
+def test_memory_settings_are_checked(settings: Any, name: str, value: Any, says: str) -> None:
+    setattr(settings, name, value)  # the unit tests' REDIS_URL is empty
+    assert says in messages(check_memory_settings(), "chatmem.E006")
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "says"),
+    [
+        ("CHAT_BACKEND", "opnai", 'CHAT_BACKEND "opnai"'),
+        ("AGENT_SUMMARY_BACKEND", "LLM", 'AGENT_SUMMARY_BACKEND "LLM"'),
+        ("MODEL_VARIANTS", '{"fast":"gpt-4o"}', "must look like name=model"),
+        ("MODEL_VARIANTS", "fast=gpt-4o:abc", "positive number of tokens"),
+        ("MODEL_VARIANTS", "fast=gpt-4o:0", "positive number of tokens"),
+        ("TURN_RATE_LIMIT", "120", 'TURN_RATE_LIMIT "120" must look like 120/min'),
+        ("TURN_RATE_LIMIT", "120/x", "must look like"),
+        ("TURN_RATE_LIMIT", "120 / min", "must look like"),
+        ("TURN_RATE_LIMIT", "0/min", "at least 1 turn"),
+        ("DB_POOL_MAX_SIZE", -1, "DB_POOL_MAX_SIZE must not be negative"),
+        ("LLM_TIMEOUT_SECONDS", 0.0, "LLM_TIMEOUT_SECONDS must be greater"),
+        ("CHATMEM_MAX_MESSAGE_CHARS", 0, "CHATMEM_MAX_MESSAGE_CHARS must be greater"),
+    ],
+)
+def test_web_settings_are_checked(settings: Any, name: str, value: Any, says: str) -> None:
+    setattr(settings, name, value)
+    assert says in messages(check_web_settings(), "chatmem.E007")
+
+
+@pytest.mark.parametrize("rate", ["120/min", "5/s", "1000/hour", "3/d", ""])
+def test_rates_drf_reads_pass(settings: Any, rate: str) -> None:
+    from conversations.throttling import TurnRateThrottle
+
+    settings.TURN_RATE_LIMIT = rate
+    assert check_web_settings() == []
+    TurnRateThrottle()  # DRF parses the rate here: it would raise on a bad one
+
+
+# --- how the environment is read: a separate interpreter per case -----------------------------
+
+
+def settings_in(env: dict[str, str], *names: str) -> Any:
+    code = (
+        "import json, django; from django.conf import settings; django.setup(); "
+        f"print(json.dumps({{n: getattr(settings, n) for n in {list(names)!r}}}, default=str))"
+    )
+    clean = {k: v for k, v in os.environ.items() if k not in env and k != "DATABASE_URL"}
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        env={**clean, "DJANGO_SETTINGS_MODULE": "chatmem_project.settings", **env},
+        capture_output=True,
+        text=True,
+        timeout=DEADLINE,
+    )
+    if result.returncode:
+        return result.stderr
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def test_an_empty_dispatch_mode_means_the_default() -> None:
+    """.env.example leaves MEMORY_DISPATCH empty: that switched dispatch off."""
+    found = settings_in(
+        {"MEMORY_DISPATCH": "", "REDIS_URL": "redis://127.0.0.1:6379/15"}, "MEMORY_DISPATCH"
+    )
+    assert found == {"MEMORY_DISPATCH": "celery"}
+    assert settings_in({"MEMORY_DISPATCH": ""}, "MEMORY_DISPATCH") == {"MEMORY_DISPATCH": "inline"}
+
+
+def test_numbers_are_read_as_written_or_refused_by_name() -> None:
+    found = settings_in(
+        {"LLM_TIMEOUT_SECONDS": "1e3", "MEMORY_SWEEP_BATCH": " 250 "},
+        "LLM_TIMEOUT_SECONDS",
+        "MEMORY_SWEEP_BATCH",
+    )
+    assert found == {"LLM_TIMEOUT_SECONDS": 1000.0, "MEMORY_SWEEP_BATCH": 250}  # was 13.0
+    error = settings_in({"MEMORY_TASK_TIME_LIMIT": "60.0"}, "MEMORY_TASK_TIME_LIMIT")
+    assert "MEMORY_TASK_TIME_LIMIT must be an integer, got '60.0'" in error
+    error = settings_in({"LLM_TIMEOUT_SECONDS": "3,600"}, "LLM_TIMEOUT_SECONDS")
+    assert "LLM_TIMEOUT_SECONDS must be a number, got '3,600'" in error  # was 3.6
+
+
+def test_an_empty_database_url_means_the_embedded_database() -> None:
+    found = settings_in({"DATABASE_URL": ""}, "DATABASES")
+    assert found["DATABASES"]["default"]["ENGINE"] == "django.db.backends.sqlite3"
+
+
+def test_cache_url_alone_gives_a_shared_cache() -> None:
+    """docs/operations.md: the turn limit holds across processes with REDIS_URL or CACHE_URL."""
+    found = settings_in({"CACHE_URL": "redis://127.0.0.1:6379/14", "REDIS_URL": ""}, "CACHES")
+    cache = found["CACHES"]["default"]
+    assert cache["BACKEND"] == "django.core.cache.backends.redis.RedisCache"
+    assert cache["LOCATION"] == "redis://127.0.0.1:6379/14"
+
+
+# --- the processes that run the checks stop on them --------------------------------------------
+
+
+@pytest.mark.parametrize("command", ["worker", "beat"])
+def test_celery_refuses_to_start_misconfigured(
+    redis_url: str, tmp_path: Path, command: str
+) -> None:
+    """Celery catches what a signal receiver raises and only logs it: the worker used to run
+    on with misordered deadlines."""
+    extra = (
+        ["-Q", "memory", "--pool", "solo"]
+        if command == "worker"
+        else ["--schedule", str(tmp_path / "schedule")]
+    )
+    process = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "chatmem_project",
+            command,
+            "--loglevel",
+            "INFO",
+            *extra,
+        ],
+        cwd=ROOT,
+        env=worker_env(redis_url, MEMORY_LOCK_TTL_SECONDS="100"),  # below the hard time limit
+        capture_output=True,
+        text=True,
+        timeout=DEADLINE,
+    )
+    assert process.returncode == 78, process.stdout + process.stderr
+    assert "chatmem.E001" in process.stderr and "MEMORY_LOCK_TTL_SECONDS" in process.stderr
