@@ -375,9 +375,9 @@ def _jittered(seconds: float) -> timedelta:
 # a database error) counts as transient: it says nothing about the request itself.
 CRASH_KIND = "crash"
 TRANSIENT = "transient"  # timeout, connection, 429 rate limit, 5xx: may work in a moment
-INVALID_OUTPUT = "invalid_output"  # empty, truncated, refused, over cap: the model answered
+INVALID_OUTPUT = "invalid_output"  # empty, truncated, refused, over cap, not a summary
 REJECTED = "rejected"  # exhausted quota, other 4xx: only a human (billing, config) fixes it
-INVALID_OUTPUT_KINDS = frozenset({"empty", "truncated", "refused", "over_cap"})
+INVALID_OUTPUT_KINDS = frozenset({"empty", "truncated", "refused", "over_cap", "malformed"})
 REJECTED_KINDS = frozenset({"quota", "client_error"})
 
 

@@ -205,7 +205,7 @@ class SummarizationNode(RunnableLambda):  # type: ignore[type-arg]
 
     def _validated(self, response: BaseMessage) -> str:
         finish = (response.response_metadata or {}).get("finish_reason")
-        return validate_summary(message_text(response), finish, self.cap, None)
+        return validate_summary(message_text(response), finish, self.cap, None, headings=True)
 
     def _output(
         self,

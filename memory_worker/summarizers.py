@@ -75,6 +75,7 @@ ErrorKind = Literal[
     "truncated",
     "refused",
     "over_cap",
+    "malformed",
 ]
 
 # Worth retrying with backoff: the same request may succeed later. Everything else (a rejected
@@ -180,6 +181,29 @@ def shorten_request(draft_tokens: int, cap_tokens: int) -> str:
 # ---------------------------------------------------------------------------------------------
 # Output validation
 
+# A heading line ("## Decisions", "**Open Items**", "# Facts and constraints") by the first word
+# of each of the five headings. Three of five allows for a model that merges or renames two.
+HEADING_LINE_START = re.compile(
+    r"^\s*(?:#{1,6}|\*\*)\s*(facts|goals|decisions|open|key)\b", re.IGNORECASE | re.MULTILINE
+)
+MIN_HEADINGS = 3
+# A refusal in plain words, from servers that fill no ``refusal`` field (vLLM, Ollama, most
+# non-OpenAI models): only when the text has no heading at all.
+REFUSAL_OPENING = re.compile(
+    r"^\W*(i'?m sorry|i am sorry|sorry\b|i can'?t\b|i cannot\b|i can not\b|i'?m unable|"
+    r"i am unable|i won'?t\b|i will not\b|as an ai\b)",
+    re.IGNORECASE,
+)
+
+
+def headings_found(summary: str) -> set[str]:
+    return {match.lower() for match in HEADING_LINE_START.findall(summary)}
+
+
+def clip_text(text: str, limit: int = 120) -> str:
+    flat = " ".join(text.split())
+    return flat if len(flat) <= limit else flat[: limit - 1] + "…"
+
 
 def validate_summary(
     text: str | None,
@@ -188,8 +212,14 @@ def validate_summary(
     model: str | None,
     *,
     refusal: str | None = None,
+    headings: bool = False,
 ) -> str:
-    """The stripped summary, or a non-transient SummarizerError when it must not be written."""
+    """The stripped summary, or a non-transient SummarizerError when it must not be written.
+
+    ``headings``: the model was asked for the five headings (our instructions; a hosted prompt
+    is the operator's): fewer than MIN_HEADINGS of them is not a summary but a reply (a refusal
+    in plain words, a question, a chat answer), and writing it would lose every message it
+    was meant to keep."""
     if refusal or finish_reason == "content_filter":
         raise SummarizerError("refused", "summarizer refused to summarize (refusal/content filter)")
     if finish_reason == "length":
@@ -201,6 +231,15 @@ def validate_summary(
     if tokens > cap_tokens:
         raise SummarizerError(
             "over_cap", f"summary is {tokens} tokens, over the cap of {cap_tokens}"
+        )
+    found = headings_found(summary)
+    if not found and REFUSAL_OPENING.match(summary):
+        raise SummarizerError("refused", f"summarizer refused in its text: {clip_text(summary)}")
+    if headings and len(found) < MIN_HEADINGS:
+        raise SummarizerError(
+            "malformed",
+            f"summarizer output has {len(found)} of the 5 headings (at least {MIN_HEADINGS} "
+            f"needed): {clip_text(summary)}",
         )
     return summary
 
@@ -435,7 +474,12 @@ class ChatCompletionsSummarizer:
 
     def _result(self, draft: Draft) -> SummaryResult:
         text = validate_summary(
-            draft.text, draft.finish_reason, self.cap_tokens, self.model, refusal=draft.refusal
+            draft.text,
+            draft.finish_reason,
+            self.cap_tokens,
+            self.model,
+            refusal=draft.refusal,
+            headings=True,
         )
         return SummaryResult(text, draft.input_tokens, draft.output_tokens, self.name)
 

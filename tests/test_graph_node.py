@@ -48,7 +48,10 @@ if HAVE_LANGGRAPH:
 
         def _generate(self, messages: list[BaseMessage], *args: Any, **kwargs: Any) -> ChatResult:
             self.prompts.append(list(messages))
-            text = f"## Facts / Constraints\n- fold {len(self.prompts)}"
+            text = (
+                f"## Facts / Constraints\n- fold {len(self.prompts)}\n"
+                "## Goals / Preferences\n- None\n## Decisions\n- None"
+            )
             return ChatResult(generations=[ChatGeneration(message=AIMessage(text))])
 
         @property

@@ -549,6 +549,12 @@ def test_chat_connection_refused_is_transient() -> None:
         (chat_reply(""), "empty"),
         (chat_reply(None, refusal="I can't help with that."), "refused"),
         (chat_reply("", finish_reason="content_filter"), "refused"),
+        # A refusal in plain words, as vLLM and Ollama send it: no refusal field.
+        (chat_reply("I'm sorry, but I can't help with that request."), "refused"),
+        (chat_reply("Sorry - I cannot summarize this conversation."), "refused"),
+        # Not a summary: a chat answer. Written, it would stand for everything it folds.
+        (chat_reply("Sure! The user practises scales and has a recital on 12 May."), "malformed"),
+        (chat_reply("## Facts / Constraints\n- Recital on 12 May."), "malformed"),
     ],
 )
 def test_chat_unusable_output_fails_without_retry(
@@ -562,7 +568,7 @@ def test_chat_unusable_output_fails_without_retry(
 
 
 LONG = "## Facts / Constraints\n" + "\n".join(f"- fact number {n} is here" for n in range(20))
-SHORT = "## Facts / Constraints\n- fact"
+SHORT = "## Facts / Constraints\n- fact\n## Goals / Preferences\n- None\n## Decisions\n- None"
 
 
 def test_chat_over_cap_retries_once_with_a_stricter_limit(server: ScriptedServer) -> None:
@@ -691,3 +697,23 @@ def test_offline_summary_leaves_out_the_offline_models_echoes() -> None:
     assert "We fly to Lisbon on May 3rd." in summary
     assert "Noted: your flight" in summary  # a real assistant message is kept
     assert "[offline model]" not in summary
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        SUMMARY,
+        "**Facts / Constraints**\n- a\n**Goals**\n- b\n**Decisions**\n- c",  # bold headings
+        "# Facts and constraints\n- a\n# Decisions\n- c\n# Open items\n- d",  # renamed, merged
+    ],
+)
+def test_a_summary_needs_three_of_the_five_headings_in_any_markup(text: str) -> None:
+    assert validate_summary(text, "stop", 500, None, headings=True) == text.strip()
+
+
+def test_a_hosted_prompt_need_not_ask_for_headings() -> None:
+    """The Responses backend's instructions are the operator's: only a plain refusal fails."""
+    assert validate_summary("The user plans a recital on 12 May.", "stop", 500, None)
+    with pytest.raises(SummarizerError) as caught:
+        validate_summary("I'm sorry, I can't do that.", "stop", 500, None)
+    assert caught.value.kind == "refused"
