@@ -1,7 +1,9 @@
 """Admin for inspecting chats: history is append-only, so messages and the ledger are read-only."""
 
 from collections.abc import Sequence
+from typing import Any
 
+from django import forms
 from django.contrib import admin, messages
 from django.db.models import F, QuerySet
 from django.http import HttpRequest
@@ -11,17 +13,52 @@ from django.utils.safestring import mark_safe
 
 from conversations.agent_admin import AgentStateInline
 from conversations.models import Brief, Chat, Consolidation, DailyNote, Message
+from conversations.services import chats as chat_service
 from conversations.services.chats import next_context
+from conversations.services.variants import UnknownVariant
 from memory_worker.consolidation import lag_ms
 from memory_worker.dispatch import request_consolidation
+from memory_worker.presets import PRESETS, PolicyError
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):
+    """History and memory state are written only by turns and folds: deleting a message, a
+    ledger row or a brief would leave a gap, or a chat whose every turn fails. They go with
+    their chat."""
+
     def has_add_permission(self, request: HttpRequest, obj: object = None) -> bool:
         return False
 
     def has_change_permission(self, request: HttpRequest, obj: object = None) -> bool:
         return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False
+
+
+class ChatForm(forms.ModelForm):
+    """The checks a chat created through the API gets: a policy or variant its turns cannot
+    use is refused here, with the reason, instead of failing every turn."""
+
+    class Meta:
+        model = Chat
+        fields = list(chat_service.EDITABLE_FIELDS)
+
+    def clean(self) -> dict[str, Any]:
+        cleaned = super().clean() or {}
+        chat = Chat(
+            policy=cleaned.get("policy") or "",
+            policy_overrides=cleaned.get("policy_overrides") or {},
+            model_variant=cleaned.get("model_variant") or "",
+        )
+        try:
+            chat_service.validate_chat_settings(chat)
+        except PolicyError as error:
+            unknown_preset = chat.policy not in PRESETS
+            self.add_error("policy" if unknown_preset else "policy_overrides", str(error))
+        except UnknownVariant as error:
+            self.add_error("model_variant", str(error))
+        return cleaned
 
 
 class BriefInline(admin.StackedInline):
@@ -60,7 +97,20 @@ class DailyNoteInline(admin.TabularInline):
 
 @admin.action(description="Consolidate now")
 def consolidate_now(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: QuerySet) -> None:
-    queued = sum(request_consolidation(chat.pk, "manual") for chat in queryset)
+    chat_ids = list(queryset.values_list("pk", flat=True))
+    queued = 0
+    for chat_id in chat_ids:
+        if not request_consolidation(chat_id, "manual"):
+            # The broker is down (each try can wait for its timeout): stop rather than try the
+            # rest one by one.
+            modeladmin.message_user(
+                request,
+                f"Queued {queued} of {len(chat_ids)} consolidation(s); the broker refused the "
+                "next one, so the rest were not tried. The sweep folds whatever falls due.",
+                messages.ERROR,
+            )
+            return
+        queued += 1
     modeladmin.message_user(request, f"Queued {queued} consolidation(s).", messages.SUCCESS)
 
 
@@ -168,6 +218,25 @@ class ChatAdmin(admin.ModelAdmin):
     ]
     inlines = [BriefInline, DailyNoteInline, AgentStateInline]
     actions = [consolidate_now]
+    form = ChatForm
+
+    def save_model(self, request: HttpRequest, obj: Chat, form: Any, change: bool) -> None:
+        chat_service.save_chat(obj)
+
+    def get_deleted_objects(self, objs: Any, request: HttpRequest) -> tuple[Any, ...]:
+        """What deleting these chats removes, as counts: Django's own page lists (and loads)
+        every related row, hundreds of thousands for a long chat. Their messages, ledger and
+        notes are the chats' own, so deleting a chat needs no permission on them."""
+        chats = list(objs)
+        ids = [chat.pk for chat in chats]
+        counts = {
+            "messages": Message.objects.filter(chat_id__in=ids).count(),
+            "consolidations": Consolidation.objects.filter(chat_id__in=ids).count(),
+            "daily notes": DailyNote.objects.filter(chat_id__in=ids).count(),
+        }
+        listed: list[str] = [format_html("Chat: {}", chat) for chat in chats]
+        listed += [f"{count} {name}" for name, count in counts.items() if count]
+        return listed, {"chats": len(chats), **counts}, set(), []
 
     @admin.display(description="W (folded up to)")
     def watermark(self, chat: Chat) -> int:
@@ -243,7 +312,10 @@ class ChatAdmin(admin.ModelAdmin):
 class MessageAdmin(ReadOnlyAdmin):
     list_display = ["chat", "seq", "role", "token_count", "model_variant", "created_at"]
     list_filter = ["role"]
+    list_select_related = ["chat"]
     search_fields = ["content"]
+    # The paginator's count is a scan of the whole table; "N results" of a filtered page only.
+    show_full_result_count = False
 
 
 @admin.register(Consolidation)
@@ -259,6 +331,8 @@ class ConsolidationAdmin(ReadOnlyAdmin):
         "lag_ms",
     ]
     list_filter = ["status", "trigger", "synchronous"]
+    list_select_related = ["chat"]
+    show_full_result_count = False
 
     @admin.display(description="lag (ms)")
     def lag_ms(self, ledger: Consolidation) -> int | None:

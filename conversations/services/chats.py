@@ -34,21 +34,52 @@ def create_chat(
     """Validates everything before writing, so a bad request stores nothing."""
     preset = policy or settings.MEMORY_POLICY
     overrides = policy_overrides or {}
-    effective_policy(preset, overrides)  # raises PolicyError with the reason
-    variant = resolve_variant(model_variant or None)  # raises UnknownVariant
     prompt = settings.CHATMEM_DEFAULT_SYSTEM_PROMPT if system_prompt is None else system_prompt
+    chat = Chat(
+        owner=owner,
+        title=title,
+        system_prompt=prompt,
+        policy=preset,
+        policy_overrides=overrides,
+        model_variant=model_variant,
+    )
+    validate_chat_settings(chat)
     with transaction.atomic():
-        chat = Chat.objects.create(
-            owner=owner,
-            title=title,
-            system_prompt=prompt,
-            system_prompt_tokens=count_tokens(prompt, variant.model) if prompt else 0,
-            policy=preset,
-            policy_overrides=overrides,
-            model_variant=model_variant,
-        )
-        Brief.objects.create(chat=chat)
+        save_chat(chat)
     return chat
+
+
+EDITABLE_FIELDS = (
+    "title",
+    "owner",
+    "external_id",
+    "system_prompt",
+    "policy",
+    "policy_overrides",
+    "model_variant",
+)
+
+
+def validate_chat_settings(chat: Chat) -> None:
+    """Raises PolicyError or UnknownVariant, with the reason, for a chat whose turns would fail."""
+    effective_policy(chat.policy, chat.policy_overrides or {})
+    resolve_variant(chat.model_variant or None)
+
+
+def save_chat(chat: Chat) -> None:
+    """Saves a validated chat, new or edited (the admin): the system prompt's stored token count
+    follows its text and variant (every bound counts it), and a new chat gets its brief, which
+    every turn reads. Call inside a transaction."""
+    variant = resolve_variant(chat.model_variant or None)
+    prompt = chat.system_prompt
+    chat.system_prompt_tokens = count_tokens(prompt, variant.model) if prompt else 0
+    if chat._state.adding:
+        chat.save()
+        Brief.objects.create(chat=chat)
+        return
+    # Only what an editor may change: the counter, the turn slot and the rest belong to turns,
+    # which may have moved them since this instance was read.
+    chat.save(update_fields=[*EDITABLE_FIELDS, "system_prompt_tokens"])
 
 
 @dataclass(frozen=True)
