@@ -20,6 +20,7 @@ from functools import partial
 from typing import Any
 
 from django.conf import settings
+from django.core.cache import cache
 from django.db import connection, transaction
 from django.db.models import F, Field, Model, Q
 from django.utils import timezone
@@ -548,6 +549,24 @@ def sweep_candidates(now: datetime, lock: ChatLock, limit: int) -> list[int]:
     cooldown has passed with messages beyond the watermark, and chats marked pending whose
     run died."""
     retry_due = Brief.objects.filter(next_attempt_at__lte=now).values_list("chat_id", flat=True)
+    chosen = dict.fromkeys([*retry_due[:limit], *lock.pending_chats()[:limit]])
+    for chat_id in next_cooled_candidates(now, limit):
+        chat = Chat.objects.get(pk=chat_id)
+        if decide_for_chat(chat, load_snapshot(chat_id), "cooldown", now) is not None:
+            chosen[chat_id] = None
+    return list(chosen)[:limit]
+
+
+SWEEP_CURSOR_KEY = "chatmem:sweep-cursor"
+
+
+def next_cooled_candidates(now: datetime, limit: int) -> list[int]:
+    """Up to ``limit`` chats with unfolded messages and no fold for the shortest cooldown, taken
+    in id order from where the previous sweep stopped, wrapping around. Most such chats have
+    nothing due (a short chat, a tail not yet full), and only the engine can tell: a fixed
+    order would look at the same ``limit`` chats every sweep and never reach the rest. In
+    rotation every candidate is looked at within ceil(candidates / limit) sweeps. The cursor
+    lives in the cache: lost, the rotation starts again from the lowest id."""
     cooldown_cutoff = now - timedelta(seconds=settings.MEMORY_SWEEP_MIN_COOLDOWN_SECONDS)
     cooled = (
         Brief.objects.filter(
@@ -555,12 +574,28 @@ def sweep_candidates(now: datetime, lock: ChatLock, limit: int) -> list[int]:
             chat__last_seq__gt=F("last_consolidated"),
             next_attempt_at__isnull=True,
         )
-        .order_by(F("last_consolidated_at").asc(nulls_first=True))
+        .order_by("chat_id")
         .values_list("chat_id", flat=True)
     )
-    chosen = dict.fromkeys([*retry_due[:limit], *lock.pending_chats()[:limit]])
-    for chat_id in cooled[:limit]:
-        chat = Chat.objects.get(pk=chat_id)
-        if decide_for_chat(chat, load_snapshot(chat_id), "cooldown", now) is not None:
-            chosen[chat_id] = None
-    return list(chosen)[:limit]
+    cursor = sweep_cursor()
+    chat_ids = list(cooled.filter(chat_id__gt=cursor)[:limit])
+    if len(chat_ids) < limit:  # wrap around, without looking at any chat twice
+        chat_ids += cooled.filter(chat_id__lte=cursor)[: limit - len(chat_ids)]
+    if chat_ids:
+        set_sweep_cursor(chat_ids[-1])
+    return chat_ids
+
+
+def sweep_cursor() -> int:
+    try:
+        return int(cache.get(SWEEP_CURSOR_KEY) or 0)
+    except Exception:  # the cache is down: start from the lowest id
+        log.warning("sweep cursor unreadable; starting from the first chat", exc_info=True)
+        return 0
+
+
+def set_sweep_cursor(chat_id: int) -> None:
+    try:
+        cache.set(SWEEP_CURSOR_KEY, chat_id, timeout=None)
+    except Exception:
+        log.warning("sweep cursor not saved", exc_info=True)

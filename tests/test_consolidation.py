@@ -308,6 +308,35 @@ def test_sweep_finds_cooled_due_and_stranded_chats(api, settings) -> None:  # ty
     assert cooled not in consolidation.sweep_candidates(now, lock, limit=100)
 
 
+def test_the_sweep_reaches_every_chat_however_many_have_nothing_due(api) -> None:  # type: ignore[no-untyped-def]
+    """Chats with unfolded messages and nothing due (most chats: a tail not yet full) used to
+    fill every sweep's batch, never-folded ones first, so a chat whose fold fell due after its
+    turns (a failed enqueue, a cooldown) was never reached."""
+    from datetime import timedelta
+
+    from django.core.cache import cache
+
+    from memory_worker.locks import LocalChatLock
+
+    cache.delete(consolidation.SWEEP_CURSOR_KEY)
+    lock = LocalChatLock(ttl_seconds=30)
+    now = timezone.now()
+    idle = []
+    for _ in range(12):
+        idle.append(new_chat(api))
+        turns(api, idle[-1], 1)  # 2 messages: nothing due, never folded
+    due = new_chat(api)  # the highest id: the rotation reaches it last
+    turns(api, due, 21)  # 42 messages: the cooldown fold is due once 900 s have passed
+    long_ago = now - timedelta(seconds=1000)
+    Chat.objects.filter(pk=due).update(created_at=long_ago)
+    Brief.objects.filter(chat_id=due).update(last_consolidated_at=long_ago)
+    sweeps = [consolidation.sweep_candidates(now, lock, limit=5) for _ in range(3)]
+    assert sweeps[:2] == [[], []]
+    assert sweeps[2] == [due]
+    # The third sweep wrapped around to the two lowest ids: the next goes on from there.
+    assert consolidation.next_cooled_candidates(now, 5) == idle[2:7]
+
+
 def test_abandoned_running_rows_are_marked_failed(api, settings) -> None:  # type: ignore[no-untyped-def]
     from datetime import timedelta
 
