@@ -70,6 +70,10 @@ MAX_KNOB = 10**9
 # Five headings with "- None" under each need about 30 tokens; below this, a cap leaves no room
 # (the offline summarizer refuses it).
 MIN_SUMMARY_TOKEN_CAP = 64
+# A summary is a few hundred tokens (seed 003: 400-500, hard cap 500). Far above this, the
+# summarizer's output limit (1.5 x the cap) passes what models accept (16,384 for gpt-4o-mini),
+# and every fold is refused.
+MAX_SUMMARY_TOKEN_CAP = 8000
 _FLOAT_KNOBS = {"token_budget_fraction", "cooldown_seconds"}
 _AT_LEAST_ONE = {
     "tail_turns",
@@ -119,8 +123,9 @@ def _coerce(name: str, value: object) -> object:
         minimum = MIN_SUMMARY_TOKEN_CAP
     if value < minimum:
         raise PolicyError(f'Knob "{name}" must be at least {minimum}, got {value}.')
-    if value > MAX_KNOB:
-        raise PolicyError(f'Knob "{name}" must be at most {MAX_KNOB}, got {value}.')
+    maximum = MAX_SUMMARY_TOKEN_CAP if name == "summary_token_cap" else MAX_KNOB
+    if value > maximum:
+        raise PolicyError(f'Knob "{name}" must be at most {maximum}, got {value}.')
     return value
 
 

@@ -213,12 +213,18 @@ def test_a_chats_summary_token_cap_caps_its_summaries(api: APIClient) -> None:
     assert 0 < folded_summary_tokens(api, {"summary_token_cap": 64}) <= 64
 
 
-def test_a_summary_cap_with_no_room_for_the_headings_is_a_400(api: APIClient) -> None:
+def test_a_summary_cap_without_room_for_the_headings_or_beyond_any_models_output_is_a_400(
+    api: APIClient,
+) -> None:
     response = api.post(
         "/api/v1/chats/", {"policy_overrides": {"summary_token_cap": 63}}, format="json"
     )
     assert response.status_code == 400, response.content
     assert "at least 64" in json.dumps(response.json())
+    response = api.post(
+        "/api/v1/chats/", {"policy_overrides": {"summary_token_cap": 8001}}, format="json"
+    )
+    assert response.status_code == 400 and "at most 8000" in json.dumps(response.json())
 
 
 def test_the_summarizer_is_asked_for_the_chats_cap(
@@ -333,3 +339,79 @@ def test_a_manual_fold_not_queued_answers_in_the_error_shape(api: APIClient) -> 
     body = response.json()
     assert body["code"] == "not_queued" and "broker" in body["detail"]
     assert body["queued"] is False and body["chat_id"] == chat_id
+
+
+# --- a synchronous fold longer than the turn slot's staleness ---------------------------------
+
+
+def slow_fold(monkeypatch: Any, during: Any) -> None:
+    """The turn's synchronous fold calls ``during`` inside its summarizer call."""
+    from memory_worker import consolidation
+
+    real = consolidation.get_summarizer
+
+    class Slow:
+        def __init__(self, cap_tokens: int | None = None) -> None:
+            self.inner = real(cap_tokens)
+
+        def summarize(self, summary: str, messages: Any) -> Any:
+            during()
+            return self.inner.summarize(summary, messages)
+
+    monkeypatch.setattr(consolidation, "get_summarizer", Slow)
+
+
+def test_a_turn_whose_slot_was_taken_during_its_fold_stops_before_the_model(
+    api: APIClient, user: Any, monkeypatch: Any
+) -> None:
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from tests.conftest import contract_chat_after_turns
+
+    chat_id = contract_chat_after_turns(api, 6)  # 12 unfolded: the 7th turn folds first
+    taken: list[Any] = []
+
+    def outlived_and_taken() -> None:
+        hour_ago = timezone.now() - timedelta(hours=1)
+        Chat.objects.filter(pk=chat_id).update(turn_started_at=hour_ago)
+        taken.append(turn_service.claim_owned_chat(user.pk, chat_id))  # another request
+
+    slow_fold(monkeypatch, outlived_and_taken)
+    response = api.post(f"/api/v1/chats/{chat_id}/turns/", {"content": "late"}, format="json")
+    assert response.status_code == 409, response.content
+    assert "another turn of this chat started" in response.json()["detail"]
+    assert Message.objects.filter(chat_id=chat_id).count() == 12  # nothing stored
+    assert Chat.objects.get(pk=chat_id).turn_token == taken[0].token  # the other keeps it
+
+
+def test_a_long_fold_renews_the_turn_slot(api: APIClient, monkeypatch: Any) -> None:
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from tests.conftest import contract_chat_after_turns
+
+    chat_id = contract_chat_after_turns(api, 6)
+    started = timezone.now()
+    folded: list[int] = []
+
+    def outlived() -> None:
+        hour_ago = timezone.now() - timedelta(hours=1)
+        folded.append(Chat.objects.filter(pk=chat_id).update(turn_started_at=hour_ago))
+
+    slow_fold(monkeypatch, outlived)
+    real = turn_service.get_chat_model()
+    slot_ages: list[Any] = []
+
+    class Records:
+        def complete(self, messages: Any, model: str) -> Any:
+            slot_ages.append(Chat.objects.get(pk=chat_id).turn_started_at)
+            return real.complete(messages, model)
+
+    monkeypatch.setattr(turn_service, "get_chat_model", Records)
+    response = api.post(f"/api/v1/chats/{chat_id}/turns/", {"content": "late"}, format="json")
+    assert response.status_code == 201, response.content
+    assert folded == [1]  # the fold ran, and aged the slot by an hour
+    assert slot_ages[0] >= started  # not the hour-old start a second request could take over

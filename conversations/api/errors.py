@@ -60,6 +60,8 @@ def turn_error(error: Exception) -> exceptions.APIException:
     """The API error for a turn that failed after its slot was claimed (JSON and streamed)."""
     if isinstance(error, Chat.DoesNotExist):  # the append found no chat to store into
         return ChatDeletedDuringTurn()
+    if isinstance(error, TurnInProgress):  # taken over during a long synchronous fold
+        return TurnConflict(str(error))
     if isinstance(error, ContextOverBound):
         return MemoryUnavailable(str(error))
     if isinstance(error, ModelError):

@@ -186,7 +186,7 @@ def prepare(chat: Chat, incoming: list[Incoming], variant_name: str | None) -> P
     with turn_slot(chat, None) as token:
         variant = resolve_variant(variant_name or chat.model_variant or None)
         tokens = [count_tokens(m.content, variant.model) for m in incoming]
-        snapshot = bounded_snapshot(chat, variant, sum(tokens))
+        snapshot = bounded_snapshot(chat, token, variant, sum(tokens))
         context = build_model_messages(
             chat, snapshot.summary, snapshot.unfolded, None, snapshot.agent_context
         )

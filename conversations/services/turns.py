@@ -211,7 +211,7 @@ def complete_turn(
 ) -> TurnResult:
     """Steps 3-7 of DESIGN §3, with the turn slot already claimed by the caller (``snapshot``:
     the memory snapshot read since the claim, if any)."""
-    snapshot = bounded_snapshot(chat, variant, user_tokens, snapshot)
+    snapshot = bounded_snapshot(chat, token, variant, user_tokens, snapshot)
     messages = build_model_messages(
         chat, snapshot.summary, snapshot.unfolded, content, snapshot.agent_context
     )
@@ -240,13 +240,19 @@ def connection_is_pooled() -> bool:
 
 
 def bounded_snapshot(
-    chat: Chat, variant: ModelVariant, user_tokens: int, first: MemorySnapshot | None = None
+    chat: Chat,
+    token: uuid.UUID,
+    variant: ModelVariant,
+    user_tokens: int,
+    first: MemorySnapshot | None = None,
 ) -> MemorySnapshot:
     """The memory snapshot to build the context from (``first``, when the caller has read it
     since claiming the slot), folding synchronously first when the context with the new message
     would exceed the policy's hard bound (seed 000 §7)."""
     policy = policy_for_chat(chat)
     for attempt in range(SYNC_FOLD_ATTEMPTS):
+        if attempt:
+            renew_turn_slot(chat, token)
         snapshot = first if attempt == 0 and first is not None else load_snapshot(chat.pk)
         state = engine_state(chat, snapshot, variant.context_tokens)
         pre_turn = engine.decide_before_turn(state, policy, user_tokens)
@@ -275,6 +281,22 @@ def bounded_snapshot(
             )
         # succeeded or superseded (a background fold won): re-read and check again
     raise ContextOverBound("The context could not be brought within its bound; retry later.")
+
+
+def renew_turn_slot(chat: Chat, token: uuid.UUID) -> None:
+    """After a synchronous fold: the slot's age counts from now again. A slot older than
+    TURN_SLOT_STALE_SECONDS (the model's deadline and a margin) is taken to be a dead process's,
+    and summarizer calls (each up to its own deadline, retried, in chunks) can outlast that
+    before the model is even called. Raises TurnInProgress when another request has already
+    taken the slot over: this turn stops before calling the model, having stored nothing."""
+    renewed = Chat.objects.filter(pk=chat.pk, turn_token=token).update(
+        turn_started_at=timezone.now()
+    )
+    if not renewed:
+        raise TurnInProgress(
+            "The memory fold before this turn took so long that another turn of this chat "
+            "started; nothing was stored. Retry when it completes."
+        )
 
 
 def store_turn(
