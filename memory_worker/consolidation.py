@@ -95,8 +95,25 @@ def consolidate_once(
         return FoldOutcome("deferred")
     decision = decide_for_chat(chat, snapshot, trigger, now)
     if decision is None:
+        if snapshot.next_attempt_at is not None:
+            clear_failure_state(chat_id, snapshot.next_attempt_at)
         return FoldOutcome("nothing")
     return execute_fold(chat, snapshot, decision, now=now, due_at=due_at)
+
+
+def clear_failure_state(chat_id: int, next_attempt_at: datetime) -> None:
+    """A retry that finds nothing to fold ends the failure state: what failed is no longer due
+    (a manual fold, which the engine's own triggers would not have asked for; a trigger whose
+    condition passed). Otherwise the chat stayed degraded, and the sweep queued its "due" retry
+    every minute, for nothing. Only if no newer failure has set another retry time."""
+    cleared = Brief.objects.filter(chat_id=chat_id, next_attempt_at=next_attempt_at).update(
+        next_attempt_at=None, degraded=False, consecutive_failures=0
+    )
+    if cleared:
+        log.info(
+            "failure state cleared: nothing is due",
+            extra={"event": "failure_cleared", "chat_id": chat_id},
+        )
 
 
 def in_backoff(snapshot: MemorySnapshot, now: datetime) -> bool:

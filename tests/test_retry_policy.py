@@ -214,3 +214,35 @@ def test_one_fold_attempt_is_one_model_call(api, use_fake_openai) -> None:  # ty
     use_fake_openai.queue_faults("summarize", ["500"])
     assert consolidation.consolidate_once(chat_id, "turn").status == "failed"
     assert len(use_fake_openai.summarize_requests()) == 1
+
+
+@pytest.mark.django_db
+def test_a_failed_manual_fold_does_not_leave_the_chat_degraded_for_ever(
+    api, use_fake_openai, ladder
+) -> None:  # type: ignore[no-untyped-def]
+    """The retry of a manual fold asks the engine's own triggers, which want nothing here: the
+    chat stayed degraded, and the sweep queued its due retry every minute."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from memory_worker.locks import LocalChatLock
+
+    # sliding-window with a 4-message tail: 10 messages leave 6 to fold, under its window of 12
+    body = {"policy": "sliding-window", "policy_overrides": {"tail_messages": 4}}
+    chat_id = api.post("/api/v1/chats/", body, format="json").json()["id"]
+    for number in range(5):
+        api.post(f"/api/v1/chats/{chat_id}/turns/", {"content": f"n{number}"}, format="json")
+    use_fake_openai.queue_faults("summarize", ["400"])
+    assert consolidation.consolidate_once(chat_id, "manual").status == "failed"
+    brief = Brief.objects.get(chat_id=chat_id)
+    assert brief.degraded and brief.next_attempt_at is not None
+    now = timezone.now()
+    Brief.objects.filter(chat_id=chat_id).update(next_attempt_at=now - timedelta(seconds=1))
+    lock = LocalChatLock(ttl_seconds=30)
+    assert chat_id in consolidation.sweep_candidates(now, lock, limit=10)
+    assert consolidation.consolidate_once(chat_id, "sweep").status == "nothing"
+    brief = Brief.objects.get(chat_id=chat_id)
+    assert (brief.degraded, brief.next_attempt_at, brief.consecutive_failures) == (False, None, 0)
+    assert chat_id not in consolidation.sweep_candidates(now, lock, limit=10)
+    assert brief.last_consolidated == 0 and "400" in brief.last_error  # the failure is on record
