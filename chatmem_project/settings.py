@@ -71,6 +71,7 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    "conversations.middleware.ProbeMiddleware",
     "chatmem_project.request_id.RequestIdMiddleware",
     "conversations.metrics.RequestMetricsMiddleware",
     "django.middleware.security.SecurityMiddleware",
@@ -126,6 +127,12 @@ if DB_POOL_MAX_SIZE and DATABASES["default"]["ENGINE"] == "django.db.backends.po
         "max_size": DB_POOL_MAX_SIZE,
         "timeout": 30,
     }
+if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
+    # libpq waits for a connection without limit by default: an unreachable database (a
+    # blackholed host) then hangs a request, or the readiness probe, for minutes.
+    DATABASES["default"].setdefault("OPTIONS", {}).setdefault(
+        "connect_timeout", env_int("DB_CONNECT_TIMEOUT", 10)
+    )
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # The embedded default has two writers (requests and the in-process fold runner). BEGIN
     # IMMEDIATE takes the write lock up front, so a writer waits (timeout) instead of failing

@@ -43,6 +43,7 @@ POSITIVE_WEB_SETTINGS = (
     "CHAT_MODEL_CONTEXT_TOKENS",
 )
 NON_NEGATIVE_WEB_SETTINGS = ("DB_POOL_MAX_SIZE", "DB_POOL_MIN_SIZE")
+# DB_CONNECT_TIMEOUT: libpq reads 0 as "no limit", which is allowed.
 
 
 @register()

@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from django.conf import settings
+from django.db import DatabaseError
 from django.http import HttpRequest, HttpResponse
 
 # Multiprocess mode writes each process's samples under this directory: it must exist before
@@ -49,6 +50,8 @@ from conversations.llm import (
     CompletionStream,
     ModelMessages,
 )
+
+log = logging.getLogger("chatmem.metrics")
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 TURN_ENDPOINTS = {"chat-turns": "turns", "openai-chat-completions": "chat_completions"}
@@ -223,8 +226,13 @@ def metrics_view(request: HttpRequest) -> HttpResponse:
     token = settings.METRICS_TOKEN
     if token and request.headers.get("Authorization") != f"Bearer {token}":
         return HttpResponse("metrics need Authorization: Bearer <METRICS_TOKEN>\n", status=401)
-    chosen = registry()
-    state = CollectorRegistry()
-    state.register(MemoryStateCollector())
-    body = generate_latest(chosen) + generate_latest(state)
+    body = generate_latest(registry())
+    try:
+        state = CollectorRegistry()
+        state.register(MemoryStateCollector())
+        body += generate_latest(state)
+    except DatabaseError:
+        # The database is down: the process metrics still go out (its error counters are what
+        # the scrape is for now); the memory gauges are absent rather than zero.
+        log.warning("memory state metrics skipped: the database is unreachable", exc_info=True)
     return HttpResponse(body, content_type=CONTENT_TYPE_LATEST)

@@ -26,3 +26,22 @@ class BodySizeLimitMiddleware:
                 status=413,
             )
         return self.get_response(request)
+
+
+class ProbeMiddleware:
+    """``/healthz`` and ``/readyz`` answered first, whatever the Host header: a probe calls the
+    container by its own address (compose's healthcheck: 127.0.0.1), which a production
+    ALLOWED_HOSTS rightly leaves out, so CommonMiddleware's host check answered it 400 and the
+    container was never healthy. Nothing else skips that check."""
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        from conversations.health import healthz, readyz
+
+        if request.path == "/healthz":
+            return healthz(request)
+        if request.path == "/readyz":
+            return readyz(request)
+        return self.get_response(request)

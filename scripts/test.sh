@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Quickstart, command 2: install into .venv (with the test extras) and run the whole suite.
-# Uses PostgreSQL and Redis on 127.0.0.1 when they answer (DATABASE_URL / REDIS_URL override);
+# Uses PostgreSQL and Redis on 127.0.0.1 when they answer (DATABASE_URL / TEST_REDIS_URL override);
 # without them the tests that need them skip loudly, except under CI=true where they fail.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -35,6 +35,18 @@ def test_issued_token_authenticates(client) -> None:  # type: ignore[no-untyped-
     assert client.get("/api/v1/chats/", HTTP_AUTHORIZATION=f"Token {key}").status_code == 200
 
 
+def test_probes_answer_whatever_the_host_header(client, settings) -> None:  # type: ignore[no-untyped-def]
+    """docker-compose's healthcheck calls http://127.0.0.1:8000/readyz; a production
+    ALLOWED_HOSTS leaves that address out, and the probe was a 400: never healthy."""
+    settings.ALLOWED_HOSTS = ["chat.example.com"]
+    for path in ("/healthz", "/readyz"):
+        response = client.get(path, HTTP_HOST="127.0.0.1:8000")
+        assert response.status_code == 200, (path, response.content)
+    # Everything else still checks the host.
+    assert client.get("/api/v1/policies/", HTTP_HOST="127.0.0.1:8000").status_code == 400
+    assert client.get("/api/v1/policies/", HTTP_HOST="chat.example.com").status_code == 401
+
+
 def test_readyz_reports_a_dead_broker(client, settings) -> None:  # type: ignore[no-untyped-def]
     settings.REDIS_URL = "redis://127.0.0.1:1/0"
     response = client.get("/readyz")

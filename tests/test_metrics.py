@@ -83,6 +83,23 @@ def test_a_metrics_token_is_required_when_set(client: Any, settings: Any) -> Non
     assert client.get("/metrics", HTTP_AUTHORIZATION="Bearer s3cret").status_code == 200
 
 
+def test_a_scrape_with_the_database_down_still_has_the_process_metrics(
+    client: Any, monkeypatch: Any
+) -> None:
+    """The scrape was a 500, losing the error counters that matter most then."""
+    from django.db import OperationalError
+
+    from conversations import metrics
+
+    def down(self: Any) -> Any:
+        raise OperationalError("connection refused")
+
+    monkeypatch.setattr(metrics.MemoryStateCollector, "collect", down)
+    names = {name for name, _ in scrape(client)}
+    assert "chatmem_enqueue_failures_total" in names  # a process counter, there from the start
+    assert "chatmem_unfolded_messages" not in names  # absent, not a misleading zero
+
+
 def test_multiprocess_mode_sums_what_each_process_counted(tmp_path: Any) -> None:
     """Two processes (as gunicorn workers or Celery pool processes) each count a fold; a third
     scrapes the shared directory and sees both."""

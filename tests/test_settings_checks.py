@@ -170,3 +170,14 @@ def test_celery_refuses_to_start_misconfigured(
     )
     assert process.returncode == 78, process.stdout + process.stderr
     assert "chatmem.E001" in process.stderr and "MEMORY_LOCK_TTL_SECONDS" in process.stderr
+
+
+def test_postgresql_connections_give_up_after_a_connect_timeout() -> None:
+    """libpq waits without limit: an unreachable database hung requests and /readyz."""
+    found = settings_in({"DATABASE_URL": "postgres://u@10.255.255.1:5432/x"}, "DATABASES")
+    assert found["DATABASES"]["default"]["OPTIONS"]["connect_timeout"] == 10
+    found = settings_in(
+        {"DATABASE_URL": "postgres://u@10.255.255.1:5432/x", "DB_CONNECT_TIMEOUT": "3"},
+        "DATABASES",
+    )
+    assert found["DATABASES"]["default"]["OPTIONS"]["connect_timeout"] == 3
