@@ -2,6 +2,7 @@
 are the embedded mode: SQLite, consolidation in-process, the offline model, no API key.
 ``.env.example`` lists every setting."""
 
+import math
 from pathlib import Path
 
 import environ
@@ -20,11 +21,14 @@ def env_number(name: str, default: float, kind: type[int] | type[float]) -> floa
     raw = env.str(name, default="").strip()
     if not raw:
         return default
+    what = "an integer" if kind is int else "a finite number"
     try:
-        return kind(raw)
+        value = kind(raw)
     except ValueError:
-        what = "an integer" if kind is int else "a number"
         raise ImproperlyConfigured(f"{name} must be {what}, got {raw!r}") from None
+    if not math.isfinite(value):  # float() reads "nan" and "inf"
+        raise ImproperlyConfigured(f"{name} must be {what}, got {raw!r}")
+    return value
 
 
 def env_int(name: str, default: int) -> int:

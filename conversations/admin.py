@@ -5,6 +5,9 @@ from typing import Any
 
 from django import forms
 from django.contrib import admin, messages
+from django.contrib.auth.admin import UserAdmin
+from django.contrib.auth.models import User
+from django.core.exceptions import PermissionDenied
 from django.db.models import F, QuerySet
 from django.http import HttpRequest
 from django.urls import reverse
@@ -32,8 +35,42 @@ class ReadOnlyAdmin(admin.ModelAdmin):
     def has_change_permission(self, request: HttpRequest, obj: object = None) -> bool:
         return False
 
-    def has_delete_permission(self, request: HttpRequest, obj: object = None) -> bool:
-        return False
+    # Deleting: only with the chat (or its owner), never row by row. The permission itself
+    # stays the staff user's own, so that deleting a chat or a user may take these rows with
+    # it; their own delete page and bulk action are gone.
+    def get_actions(self, request: HttpRequest) -> dict[str, Any]:
+        actions = super().get_actions(request)
+        actions.pop("delete_selected", None)
+        return actions
+
+    def delete_view(self, request: HttpRequest, object_id: str, extra_context: Any = None) -> Any:
+        raise PermissionDenied("History is deleted only with its chat.")
+
+    def change_view(
+        self, request: HttpRequest, object_id: str, form_url: str = "", extra_context: Any = None
+    ) -> Any:
+        context = {**(extra_context or {}), "show_delete": False}
+        return super().change_view(request, object_id, form_url, context)
+
+
+def history_counts(chat_ids: Sequence[int]) -> dict[str, int]:
+    return {
+        "messages": Message.objects.filter(chat_id__in=chat_ids).count(),
+        "consolidations": Consolidation.objects.filter(chat_id__in=chat_ids).count(),
+        "daily notes": DailyNote.objects.filter(chat_id__in=chat_ids).count(),
+    }
+
+
+def counted_deletion(objs: Sequence[Any], chat_ids: Sequence[int]) -> tuple[Any, ...]:
+    """``get_deleted_objects`` as counts: Django's own page lists (and loads) every related
+    row, hundreds of thousands for a long chat. A chat's messages, ledger and notes are its
+    own, so deleting it needs no permission on them."""
+    counts = {"chats": len(chat_ids), **history_counts(chat_ids)}
+    listed: list[str] = [
+        format_html("{}: {}", obj._meta.verbose_name.capitalize(), obj) for obj in objs
+    ]
+    listed += [f"{count} {name}" for name, count in counts.items() if count]
+    return listed, counts, set(), []
 
 
 class ChatForm(forms.ModelForm):
@@ -105,8 +142,9 @@ def consolidate_now(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset
             # rest one by one.
             modeladmin.message_user(
                 request,
-                f"Queued {queued} of {len(chat_ids)} consolidation(s); the broker refused the "
-                "next one, so the rest were not tried. The sweep folds whatever falls due.",
+                f"Queued {queued} of {len(chat_ids)} consolidation(s); the next one could not "
+                "be queued (the broker is unavailable, or MEMORY_DISPATCH is off), so the rest "
+                "were not tried. The sweep folds whatever falls due.",
                 messages.ERROR,
             )
             return
@@ -224,19 +262,8 @@ class ChatAdmin(admin.ModelAdmin):
         chat_service.save_chat(obj)
 
     def get_deleted_objects(self, objs: Any, request: HttpRequest) -> tuple[Any, ...]:
-        """What deleting these chats removes, as counts: Django's own page lists (and loads)
-        every related row, hundreds of thousands for a long chat. Their messages, ledger and
-        notes are the chats' own, so deleting a chat needs no permission on them."""
         chats = list(objs)
-        ids = [chat.pk for chat in chats]
-        counts = {
-            "messages": Message.objects.filter(chat_id__in=ids).count(),
-            "consolidations": Consolidation.objects.filter(chat_id__in=ids).count(),
-            "daily notes": DailyNote.objects.filter(chat_id__in=ids).count(),
-        }
-        listed: list[str] = [format_html("Chat: {}", chat) for chat in chats]
-        listed += [f"{count} {name}" for name, count in counts.items() if count]
-        return listed, {"chats": len(chats), **counts}, set(), []
+        return counted_deletion(chats, [chat.pk for chat in chats])
 
     @admin.display(description="W (folded up to)")
     def watermark(self, chat: Chat) -> int:
@@ -345,3 +372,17 @@ class ConsolidationAdmin(ReadOnlyAdmin):
 class BriefAdmin(ReadOnlyAdmin):
     list_display = ["chat", "last_consolidated", "version", "degraded", "next_attempt_at"]
     list_filter = ["degraded"]
+
+
+class ChatOwnerAdmin(UserAdmin):
+    """Django's user admin, deleting a user's chats as the chat admin does (counted, not
+    listed row by row)."""
+
+    def get_deleted_objects(self, objs: Any, request: HttpRequest) -> tuple[Any, ...]:
+        users = list(objs)
+        chat_ids = list(Chat.objects.filter(owner__in=users).values_list("pk", flat=True))
+        return counted_deletion(users, chat_ids)
+
+
+admin.site.unregister(User)
+admin.site.register(User, ChatOwnerAdmin)

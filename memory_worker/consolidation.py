@@ -567,7 +567,10 @@ def sweep_candidates(now: datetime, lock: ChatLock, limit: int) -> list[int]:
     run died."""
     retry_due = Brief.objects.filter(next_attempt_at__lte=now).values_list("chat_id", flat=True)
     chosen = dict.fromkeys([*retry_due[:limit], *lock.pending_chats()[:limit]])
-    for chat_id in next_cooled_candidates(now, limit):
+    # Only as many as the batch has room for: the rotation moves past every chat it judges,
+    # so a due chat judged and then cut off would wait a whole round.
+    room = limit - len(chosen)
+    for chat_id in next_cooled_candidates(now, room) if room > 0 else []:
         chat = Chat.objects.get(pk=chat_id)
         if decide_for_chat(chat, load_snapshot(chat_id), "cooldown", now) is not None:
             chosen[chat_id] = None

@@ -181,12 +181,15 @@ def shorten_request(draft_tokens: int, cap_tokens: int) -> str:
 # ---------------------------------------------------------------------------------------------
 # Output validation
 
-# A heading line ("## Decisions", "**Open Items**", "# Facts and constraints") by the first word
-# of each of the five headings. Three of five allows for a model that merges or renames two.
-HEADING_LINE_START = re.compile(
-    r"^\s*(?:#{1,6}|\*\*)\s*(facts|goals|decisions|open|key)\b", re.IGNORECASE | re.MULTILINE
+# A heading line in any language or markup: "## Décisions", "## 1. Facts", "**Open Items**",
+# "Decisions:" (a short line ending in a colon). The instructions ask for five; a summary
+# translated, renumbered or with two merged still has several, a chat answer or a refusal none
+# or one ("Here is what I found:").
+ANY_HEADING_LINE = re.compile(
+    r"^[ \t]*(?:#{1,6}[ \t]+\S.*|\*\*[^*\n]+\*\*:?|(?:\S+[ \t]+){0,5}\S+:)[ \t]*$",
+    re.MULTILINE,
 )
-MIN_HEADINGS = 3
+MIN_HEADINGS = 2
 # A refusal in plain words, from servers that fill no ``refusal`` field (vLLM, Ollama, most
 # non-OpenAI models): only when the text has no heading at all.
 REFUSAL_OPENING = re.compile(
@@ -196,8 +199,8 @@ REFUSAL_OPENING = re.compile(
 )
 
 
-def headings_found(summary: str) -> set[str]:
-    return {match.lower() for match in HEADING_LINE_START.findall(summary)}
+def headings_found(summary: str) -> list[str]:
+    return [match.strip() for match in ANY_HEADING_LINE.findall(summary)]
 
 
 def clip_text(text: str, limit: int = 120) -> str:
@@ -217,9 +220,9 @@ def validate_summary(
     """The stripped summary, or a non-transient SummarizerError when it must not be written.
 
     ``headings``: the model was asked for the five headings (our instructions; a hosted prompt
-    is the operator's): fewer than MIN_HEADINGS of them is not a summary but a reply (a refusal
-    in plain words, a question, a chat answer), and writing it would lose every message it
-    was meant to keep."""
+    is the operator's): fewer than MIN_HEADINGS heading lines is not a summary but a reply (a
+    refusal in plain words, a question, a chat answer), and writing it would lose every message
+    it was meant to keep."""
     if refusal or finish_reason == "content_filter":
         raise SummarizerError("refused", "summarizer refused to summarize (refusal/content filter)")
     if finish_reason == "length":
@@ -238,8 +241,8 @@ def validate_summary(
     if headings and len(found) < MIN_HEADINGS:
         raise SummarizerError(
             "malformed",
-            f"summarizer output has {len(found)} of the 5 headings (at least {MIN_HEADINGS} "
-            f"needed): {clip_text(summary)}",
+            f"summarizer output has {len(found)} heading line(s), not a summary under the five "
+            f"headings (at least {MIN_HEADINGS} needed): {clip_text(summary)}",
         )
     return summary
 

@@ -75,7 +75,7 @@ def test_consolidate_now_action(client: Any, admin_user: Any, api: Any, settings
         follow=True,
     )
     # Dispatch is off here: the action reports honestly that nothing could be queued.
-    assert "Queued 0 of 1 consolidation(s); the broker refused" in response.content.decode()
+    assert "Queued 0 of 1 consolidation(s); the next one could not" in response.content.decode()
 
 
 def chromium_driver() -> Any:

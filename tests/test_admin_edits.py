@@ -15,6 +15,8 @@ from django.test import Client
 from conversations import admin as chat_admin
 from conversations.models import Brief, Chat, Consolidation, Message
 from conversations.services import chats as chat_service
+from memory_worker.policies import policy_for_chat
+from memory_worker.presets import PolicyError
 from memory_worker.tokens import count_tokens
 
 pytestmark = pytest.mark.django_db
@@ -144,3 +146,53 @@ def test_consolidate_now_stops_at_the_first_refusal(
     response = staff.post("/admin/conversations/chat/", data, follow=True)
     assert len(tried) == 3
     assert "Queued 2 of 5" in response.content.decode()
+
+
+def test_stored_chats_are_brought_within_the_new_rules(user: Any, api: Any) -> None:
+    """Chats written before the knob bounds (or added in the admin without a brief) would fail
+    every turn and every listing of their owner's chats once the new checks read them."""
+    import importlib
+
+    from django.apps import apps
+
+    migration = importlib.import_module(
+        "conversations.migrations.0007_stored_chats_within_the_new_rules"
+    )
+    low_cap = Chat.objects.create(
+        owner=user, policy="sliding-window", policy_overrides={"summary_token_cap": 50}
+    )
+    huge = Chat.objects.create(
+        owner=user,
+        policy="sliding-window",
+        policy_overrides={"cooldown_seconds": 1e12, "window": 6, "summary_token_cap": 9000},
+    )
+    for chat in (low_cap, huge):
+        Brief.objects.create(chat=chat)
+    no_brief = Chat.objects.create(owner=user, policy="contract")  # as the admin used to add
+    with pytest.raises(PolicyError):  # what listing them, a turn or a fold ran into
+        policy_for_chat(Chat.objects.get(pk=low_cap.pk))
+    migration.bring_within_rules(apps, None)
+    assert Chat.objects.get(pk=low_cap.pk).policy_overrides == {"summary_token_cap": 64}
+    assert Chat.objects.get(pk=huge.pk).policy_overrides == {
+        "cooldown_seconds": 1e9,
+        "window": 6,
+        "summary_token_cap": 8000,
+    }
+    assert Brief.objects.filter(chat=no_brief).exists()
+    assert api.get("/api/v1/chats/").status_code == 200
+    for chat in (low_cap, huge, no_brief):
+        turn = api.post(f"/api/v1/chats/{chat.pk}/turns/", {"content": "hi"}, format="json")
+        assert turn.status_code == 201, turn.content
+
+
+def test_deleting_a_user_takes_their_chats_and_history(staff: Client, user: Any, api: Any) -> None:
+    """History rows have no delete page of their own; deleting their owner must still work."""
+    chat = chat_service.create_chat(user)
+    api.post(f"/api/v1/chats/{chat.pk}/turns/", {"content": "hi"}, format="json")
+    page = staff.post(f"/admin/auth/user/{user.pk}/delete/")
+    assert page.status_code == 200
+    assert "2 messages" in page.content.decode()
+    done = staff.post(f"/admin/auth/user/{user.pk}/delete/", {"post": "yes"})
+    assert done.status_code == 302, done.content.decode()[:500]
+    assert not Chat.objects.exists() and not Message.objects.exists()
+    assert not Brief.objects.exists()

@@ -86,6 +86,7 @@ def test_a_claim_that_waited_for_the_previous_turn_sees_its_messages(api) -> Non
             with transaction.atomic():
                 turns.append_messages(
                     previous.chat,
+                    previous.token,
                     [
                         Message(chat_id=chat.pk, role=Role.USER, content="second", token_count=1),
                         Message(chat_id=chat.pk, role=Role.ASSISTANT, content="re", token_count=1),

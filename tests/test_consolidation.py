@@ -335,6 +335,13 @@ def test_the_sweep_reaches_every_chat_however_many_have_nothing_due(api) -> None
     assert sweeps[2] == [due]
     # The third sweep wrapped around to the two lowest ids: the next goes on from there.
     assert consolidation.next_cooled_candidates(now, 5) == idle[2:7]
+    # Chats whose retry is due take the batch first; the rotation judges only what fits after
+    # them (a due chat judged and cut off would wait a whole round), and stays where it was.
+    Brief.objects.filter(chat_id__in=idle[:4]).update(next_attempt_at=now - timedelta(seconds=1))
+    assert sorted(consolidation.sweep_candidates(now, lock, limit=5)) == sorted(idle[:4])
+    Brief.objects.filter(chat_id__in=idle[:5]).update(next_attempt_at=now - timedelta(seconds=1))
+    assert sorted(consolidation.sweep_candidates(now, lock, limit=5)) == sorted(idle[:5])
+    assert consolidation.next_cooled_candidates(now, 5) == [*idle[8:12], due]
 
 
 def test_abandoned_running_rows_are_marked_failed(api, settings) -> None:  # type: ignore[no-untyped-def]

@@ -120,7 +120,9 @@ def test_numbers_are_read_as_written_or_refused_by_name() -> None:
     error = settings_in({"MEMORY_TASK_TIME_LIMIT": "60.0"}, "MEMORY_TASK_TIME_LIMIT")
     assert "MEMORY_TASK_TIME_LIMIT must be an integer, got '60.0'" in error
     error = settings_in({"LLM_TIMEOUT_SECONDS": "3,600"}, "LLM_TIMEOUT_SECONDS")
-    assert "LLM_TIMEOUT_SECONDS must be a number, got '3,600'" in error  # was 3.6
+    assert "LLM_TIMEOUT_SECONDS must be a finite number, got '3,600'" in error  # was 3.6
+    error = settings_in({"MEMORY_SWEEP_MIN_COOLDOWN_SECONDS": "nan"}, "DEBUG")
+    assert "MEMORY_SWEEP_MIN_COOLDOWN_SECONDS must be a finite number, got 'nan'" in error
 
 
 def test_an_empty_database_url_means_the_embedded_database() -> None:

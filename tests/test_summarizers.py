@@ -704,11 +704,27 @@ def test_offline_summary_leaves_out_the_offline_models_echoes() -> None:
     [
         SUMMARY,
         "**Facts / Constraints**\n- a\n**Goals**\n- b\n**Decisions**\n- c",  # bold headings
-        "# Facts and constraints\n- a\n# Decisions\n- c\n# Open items\n- d",  # renamed, merged
+        "# Facts and constraints\n- a\n# Decisions\n- c",  # renamed and merged
+        "## Faits / Contraintes\n- a\n## Décisions\n- b",  # translated with the chat
+        "## 1. Facts\n- a\n## 2. Decisions\n- b",  # numbered
+        "Facts / Constraints:\n- a\nDecisions:\n- b",  # no markup
     ],
 )
-def test_a_summary_needs_three_of_the_five_headings_in_any_markup(text: str) -> None:
+def test_a_summary_needs_heading_lines_in_any_markup_or_language(text: str) -> None:
     assert validate_summary(text, "stop", 500, None, headings=True) == text.strip()
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Here is what I found:\n- The user practises scales daily.",
+        "The user practises scales daily and has a recital on 12 May.",
+    ],
+)
+def test_a_chat_answer_is_not_a_summary(text: str) -> None:
+    with pytest.raises(SummarizerError) as caught:
+        validate_summary(text, "stop", 500, None, headings=True)
+    assert caught.value.kind == "malformed"
 
 
 def test_a_hosted_prompt_need_not_ask_for_headings() -> None:

@@ -34,43 +34,39 @@ CHAT_ID_HEADER = "X-Chatmem-Chat-Id"
 MAX_CHAT_ID_CHARS = 200
 
 
-def _number(low: float, high: float) -> Callable[[Any], bool]:
-    return lambda value: (
-        isinstance(value, int | float) and not isinstance(value, bool) and low <= value <= high
-    )
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
-def _positive_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+def _integer(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _stop(value: Any) -> bool:
     return isinstance(value, str) or (
-        isinstance(value, list) and len(value) <= 4 and all(isinstance(s, str) for s in value)
+        isinstance(value, list) and all(isinstance(s, str) for s in value)
     )
 
 
 # Passed to the model as the client sent them (tools, and how to sample the reply), each with
-# what it must be (OpenAI's API reference). Checked here so that a bad value is the client's 400,
-# not the model's refusal reported as chatmem's 502 (which SDKs retry).
+# the JSON type it must have. Checked here so that a value of the wrong type is the client's
+# 400, not the model's refusal reported as chatmem's 502 (which SDKs retry). Ranges are the
+# model's business: OpenAI's temperature stops at 2, other servers' need not.
 PASSTHROUGH_CHECKS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "tools": (
         lambda v: isinstance(v, list) and all(isinstance(t, dict) for t in v),
         "an array of objects",
     ),
-    "tool_choice": (
-        lambda v: v in ("none", "auto", "required") or isinstance(v, dict),
-        '"none", "auto", "required" or an object',
-    ),
+    "tool_choice": (lambda v: isinstance(v, str | dict), "a string or an object"),
     "parallel_tool_calls": (lambda v: isinstance(v, bool), "a boolean"),
-    "temperature": (_number(0, 2), "a number from 0 to 2"),
-    "top_p": (_number(0, 1), "a number from 0 to 1"),
-    "max_tokens": (_positive_int, "a positive integer"),
-    "max_completion_tokens": (_positive_int, "a positive integer"),
-    "stop": (_stop, "a string or an array of at most 4 strings"),
-    "seed": (lambda v: isinstance(v, int) and not isinstance(v, bool), "an integer"),
-    "presence_penalty": (_number(-2, 2), "a number from -2 to 2"),
-    "frequency_penalty": (_number(-2, 2), "a number from -2 to 2"),
+    "temperature": (_number, "a number"),
+    "top_p": (_number, "a number"),
+    "max_tokens": (lambda v: _integer(v) and v >= 1, "a positive integer"),
+    "max_completion_tokens": (lambda v: _integer(v) and v >= 1, "a positive integer"),
+    "stop": (_stop, "a string or an array of strings"),
+    "seed": (_integer, "an integer"),
+    "presence_penalty": (_number, "a number"),
+    "frequency_penalty": (_number, "a number"),
     "response_format": (lambda v: isinstance(v, dict), "an object"),
 }
 # Parameters chatmem accepts and ignores (sampling is the model's business) vs. ones it cannot

@@ -35,8 +35,8 @@ from memory_worker.dispatch import request_consolidation
 from memory_worker.presets import PRESETS, policy_parameters
 
 NOT_QUEUED = (
-    "The fold could not be queued (the task broker is unavailable); nothing changed. Retry "
-    "later: the cooldown sweep also folds whatever falls due."
+    "The fold could not be queued (the task broker is unavailable, or MEMORY_DISPATCH is off); "
+    "nothing changed. Retry later: the cooldown sweep also folds whatever falls due."
 )
 
 

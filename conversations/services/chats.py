@@ -13,6 +13,7 @@ from conversations.services.context import build_model_messages
 from conversations.services.variants import resolve_variant
 from memory_worker.consolidation import decide_for_chat
 from memory_worker.policies import effective_policy
+from memory_worker.presets import PolicyError
 from memory_worker.runtime import chat_lock
 from memory_worker.state import MemorySnapshot, load_snapshot
 from memory_worker.tokens import count_tokens
@@ -62,6 +63,8 @@ EDITABLE_FIELDS = (
 
 def validate_chat_settings(chat: Chat) -> None:
     """Raises PolicyError or UnknownVariant, with the reason, for a chat whose turns would fail."""
+    if not isinstance(chat.policy_overrides or {}, dict):
+        raise PolicyError("policy_overrides must be an object of knobs and their values.")
     effective_policy(chat.policy, chat.policy_overrides or {})
     resolve_variant(chat.model_variant or None)
 
@@ -79,7 +82,7 @@ def save_chat(chat: Chat) -> None:
         return
     # Only what an editor may change: the counter, the turn slot and the rest belong to turns,
     # which may have moved them since this instance was read.
-    chat.save(update_fields=[*EDITABLE_FIELDS, "system_prompt_tokens"])
+    chat.save(update_fields=[*EDITABLE_FIELDS, "system_prompt_tokens", "updated_at"])
 
 
 @dataclass(frozen=True)

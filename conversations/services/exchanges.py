@@ -224,7 +224,8 @@ def store_exchange(prepared: Prepared, completion: ChatCompletion) -> ExchangeRe
         )
         for message, tokens in zip(prepared.incoming, prepared.incoming_tokens, strict=True)
     ]
-    stored = append_messages(chat, [*rows, reply_row(chat, completion, prepared.variant)])
+    reply = reply_row(chat, completion, prepared.variant)
+    stored = append_messages(chat, prepared.token, [*rows, reply])
     after = with_appended(prepared.snapshot, stored)
     transaction.on_commit(partial(queue_consolidation_if_due, chat, after))
     return ExchangeResult(stored, completion)

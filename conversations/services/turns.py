@@ -321,7 +321,7 @@ def store_turn(
         metadata=metadata or {},
     )
     user_message, assistant_message = append_messages(
-        chat, [user_row, reply_row(chat, completion, variant)]
+        chat, token, [user_row, reply_row(chat, completion, variant)]
     )
     result = TurnResult(user_message, assistant_message)
     # After commit: at once when the append was its own transaction, else when the caller's ends.
@@ -358,33 +358,34 @@ def reply_row(chat: Chat, completion: ChatCompletion, variant: ModelVariant) -> 
     )
 
 
-def append_messages(chat: Chat, rows: list[Message]) -> list[Message]:
-    """Number ``rows`` after the chat's last message, store them and free the chat's turn slot,
-    all or nothing (in the caller's transaction if there is one). The counter row's lock
-    serialises appends: seq order is commit order, no gaps. Register on_commit work after this
-    returns: outside a transaction it runs at once, the rows being committed.
+def append_messages(chat: Chat, token: uuid.UUID, rows: list[Message]) -> list[Message]:
+    """Number ``rows`` after the chat's last message, store them and free the chat's turn slot
+    (``token``'s, if still held), all or nothing (in the caller's transaction if there is one).
+    The counter row's lock serialises appends: seq order is commit order, no gaps. Register
+    on_commit work after this returns: outside a transaction it runs at once, the rows being
+    committed.
 
     PostgreSQL does it in one statement (no BEGIN/COMMIT round trips: a turn's store is a third
     of its database time); other databases in a transaction."""
     if connection.vendor == "postgresql":
-        return append_in_one_statement(chat.pk, rows)
-    return append_in_transaction(chat.pk, rows)
+        return append_in_one_statement(chat.pk, token, rows)
+    return append_in_transaction(chat.pk, token, rows)
 
 
-def append_in_transaction(chat_id: int, rows: list[Message]) -> list[Message]:
+def append_in_transaction(chat_id: int, token: uuid.UUID, rows: list[Message]) -> list[Message]:
     with transaction.atomic():
-        first_seq = reserve_seqs(chat_id, len(rows))
+        first_seq = reserve_seqs(chat_id, token, len(rows))
         for offset, row in enumerate(rows):
             row.seq = first_seq + offset
         return Message.objects.bulk_create(rows)
 
 
-def reserve_seqs(chat_id: int, count: int) -> int:
+def reserve_seqs(chat_id: int, token: uuid.UUID, count: int) -> int:
     """Advance the chat's counter row by ``count`` and free its turn slot; returns the first
     reserved seq. The row lock the UPDATE takes is held until the caller's transaction ends, so
     a concurrent append waits and then reads the advanced counter."""
     assert connection.in_atomic_block, "the seqs must commit with the messages that use them"
-    sql, params = advance_counter(chat_id, count)
+    sql, params = advance_counter(chat_id, token, count)
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         advanced = cursor.fetchone()
@@ -393,18 +394,30 @@ def reserve_seqs(chat_id: int, count: int) -> int:
     return int(advanced[0]) - count + 1
 
 
-def advance_counter(chat_id: int, count: int) -> tuple[str, list[Any]]:
-    """``UPDATE … RETURNING last_seq`` on the chat's counter row, also freeing its turn slot
-    (SQLite >= 3.35, PostgreSQL). The ORM's update() cannot return the new value, hence SQL."""
+def advance_counter(chat_id: int, token: uuid.UUID, count: int) -> tuple[str, list[Any]]:
+    """``UPDATE … RETURNING last_seq`` on the chat's counter row, also freeing the turn slot if
+    it is still this turn's (SQLite >= 3.35, PostgreSQL). The ORM's update() cannot return the
+    new value, hence SQL.
+
+    Still this turn's: a turn that outlived TURN_SLOT_STALE_SECONDS (a long stream, a slow
+    model) may find its slot taken over by the next request. It still stores (its reply is not
+    lost, and seqs stay in commit order), but freeing the slot then would let a third request
+    start while the second runs. SET reads the row as it was, so both CASEs see the old token."""
+    mine = "turn_token = %s"
     sql = (
         f"UPDATE {rows.quoted_table(Chat)} SET last_seq = last_seq + %s, "
-        "turn_token = NULL, turn_started_at = NULL, updated_at = %s WHERE id = %s "
-        "RETURNING last_seq"
+        f"turn_token = CASE WHEN {mine} THEN NULL ELSE turn_token END, "
+        f"turn_started_at = CASE WHEN {mine} THEN NULL ELSE turn_started_at END, "
+        "updated_at = %s WHERE id = %s RETURNING last_seq"
     )
-    return sql, [count, connection.ops.adapt_datetimefield_value(timezone.now()), chat_id]
+    token_value = Chat._meta.get_field("turn_token").get_db_prep_value(token, connection)
+    now = connection.ops.adapt_datetimefield_value(timezone.now())
+    return sql, [count, token_value, token_value, now, chat_id]
 
 
-def append_in_one_statement(chat_id: int, messages: list[Message]) -> list[Message]:
+def append_in_one_statement(
+    chat_id: int, token: uuid.UUID, messages: list[Message]
+) -> list[Message]:
     """PostgreSQL: the counter UPDATE in a data-modifying CTE feeding the INSERT, so one
     statement (atomic on its own) both reserves the seqs and stores the messages. Under READ
     COMMITTED a concurrent append blocks on the chat row and, once it is free, re-reads the
@@ -413,7 +426,7 @@ def append_in_one_statement(chat_id: int, messages: list[Message]) -> list[Messa
     quote = connection.ops.quote_name
     fields = rows.insert_fields(Message)
     columns = [quote(str(field.column)) for field in fields]
-    advance, params = advance_counter(chat_id, len(messages))
+    advance, params = advance_counter(chat_id, token, len(messages))
     params.append(len(messages))  # the SELECT's "counter.last_seq - %s": the seq before them
     for offset, row in enumerate(messages, start=1):
         row.seq = offset
@@ -625,7 +638,9 @@ def _run_streamed_turn(
             on_stored=announce,
             snapshot=snapshot,
         )
-    except (ModelError, ContextOverBound) as error:
+    except (ModelError, ContextOverBound, TurnInProgress, Chat.DoesNotExist) as error:
+        # Refusals the client is told about (taken over during a long fold; chat deleted
+        # meanwhile): no bug, no traceback.
         events.put(TurnFailed(error))
     except Exception as error:
         if announced:  # stored and announced; only an after-commit hook failed
