@@ -1,6 +1,7 @@
 """Concurrent turns against real PostgreSQL: one turn at a time per chat, chats in parallel."""
 
 import threading
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -81,7 +82,7 @@ def test_concurrent_appends_number_messages_without_gaps(require_postgres, user,
         ]
         barrier.wait()
         try:
-            return [row.seq for row in store(chat_id, rows)]
+            return [row.seq for row in store(chat_id, uuid.uuid4(), rows)]
         finally:
             connection.close()
 
