@@ -22,7 +22,9 @@ from conversations.models import DailyNote, Message
 from memory_worker.summarizers import (
     CATEGORY_RULES,
     FACTS,
+    FoldMessage,
     create_chat_completion,
+    is_offline_echo,
     make_openai_client,
     sentences_of,
 )
@@ -90,9 +92,19 @@ def extract_facts(messages: Sequence[Message], extractor: str) -> list[Fact]:
 
 def extract_offline(messages: Iterable[Message]) -> Iterable[Fact]:
     for message in messages:
+        if not says_something_durable(message):
+            continue
         for sentence in sentences_of(message.content):
             if is_durable(sentence):
                 yield Fact(message.seq, message.role, sentence[:MAX_FACT_CHARS])
+
+
+def says_something_durable(message: Message) -> bool:
+    """Not tool output (every line with an id or a count would pass for a fact, and fill the
+    note) and not the offline model's echo of its context, as the summarizer skips it too."""
+    if message.role == "tool":
+        return False
+    return not is_offline_echo(FoldMessage(message.seq, message.role, message.content))
 
 
 def is_durable(sentence: str) -> bool:
@@ -143,14 +155,28 @@ def merge_into_note(
         if fold_range in note.ranges:
             return 0
         known = {normalise(fact["text"]) for fact in note.facts}
-        added = 0
+        added = dropped = 0
         for fact in facts:
             key = normalise(fact.text)
-            if key in known or len(note.facts) >= MAX_FACTS_PER_NOTE:
+            if key in known:
+                continue
+            if len(note.facts) >= MAX_FACTS_PER_NOTE:
+                dropped += 1
                 continue
             known.add(key)
             note.facts.append({"seq": fact.seq, "role": fact.role, "text": fact.text})
             added += 1
+        if dropped:
+            log.warning(
+                "daily note full: facts dropped",
+                extra={
+                    "event": "daily_note_full",
+                    "chat_id": chat_id,
+                    "day": day.isoformat(),
+                    "facts_dropped": dropped,
+                    "max_facts": MAX_FACTS_PER_NOTE,
+                },
+            )
         note.ranges.append(fold_range)
         note.extractor = extractor
         note.save(update_fields=["facts", "ranges", "extractor", "updated_at"])

@@ -55,6 +55,22 @@ def sweep() -> int:
     return len(chat_ids)
 
 
-@shared_task(name="chatmem.run_flush_hook", queue="memory", acks_late=True)
+# A hook that fails (the daily notes' model call hit a 429, the database blinked) is retried
+# with backoff: once its task was acknowledged, nothing else would ever run that fold range
+# through it again. Hooks must therefore be idempotent per range (the daily notes merge a range
+# at most once).
+FLUSH_HOOK_RETRIES = 5
+
+
+@shared_task(
+    name="chatmem.run_flush_hook",
+    queue="memory",
+    acks_late=True,
+    autoretry_for=(Exception,),
+    max_retries=FLUSH_HOOK_RETRIES,
+    retry_backoff=30,
+    retry_backoff_max=1800,
+    retry_jitter=True,
+)
 def run_flush_hook(hook_path: str, chat_id: int, from_seq: int, to_seq: int, version: int) -> None:
     hooks.run_hook(hook_path, chat_id, from_seq, to_seq, version)

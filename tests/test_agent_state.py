@@ -570,6 +570,33 @@ def test_the_turn_hands_the_work_to_the_dispatcher_after_commit(  # type: ignore
     assert queued == [(agent_chat, 3)]
 
 
+def test_openai_compatible_turns_hand_the_work_over_too(  # type: ignore[no-untyped-def]
+    api, user, settings, monkeypatch, django_capture_on_commit_callbacks
+) -> None:
+    """/v1 turns queued only the fold check: a turn-digest chat used through them never got
+    its response summaries, and its folds sent the full replies."""
+    from rest_framework.authtoken.models import Token
+    from rest_framework.test import APIClient
+
+    from memory_worker import agent_summaries
+
+    queued: list[tuple] = []
+    monkeypatch.setattr(
+        agent_summaries.summarize_agent_turns,
+        "apply_async",
+        lambda args, **options: queued.append(args),
+    )
+    settings.MEMORY_DISPATCH = "celery"
+    settings.MEMORY_POLICY = "turn-digest"
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {Token.objects.get_or_create(user=user)[0].key}")
+    body = {"model": "default", "user": "digest", "messages": [{"role": "user", "content": "hey"}]}
+    with django_capture_on_commit_callbacks(execute=True):
+        assert client.post("/v1/chat/completions", body, format="json").status_code == 200
+    chat = Chat.objects.get(external_id="digest")
+    assert queued == [(chat.pk, 1)]
+
+
 def test_a_stale_run_is_superseded_and_applies_nothing(api) -> None:  # type: ignore[no-untyped-def]
     from conversations.services import agent_state as service
 
@@ -583,6 +610,27 @@ def test_a_stale_run_is_superseded_and_applies_nothing(api) -> None:  # type: ig
     assert service.commit(stale, turns, draft) is False
     assert ResponseSummary.objects.filter(chat_id=chat_id).count() == 1
     assert AgentState.objects.get(chat_id=chat_id).turns == 1
+
+
+def test_a_later_turns_task_running_first_does_not_skip_the_first_agent_turn(api) -> None:  # type: ignore[no-untyped-def]
+    """Two workers (or a lost enqueue) can run turn B's task before turn A's: the state used to
+    start at B's turn, and A's entities never reached it."""
+    chat_id = new_chat(api)
+    assert turn(api, chat_id, "plain, before any agent turn").status_code == 201
+    recipe = entity("r1", "Spicy Rice Bowl", "generate", state="PENDING")
+    first = turn(
+        api,
+        chat_id,
+        "A",
+        {"decision": "propose", "proposal_message": "Rice bowl?", "entities": [recipe]},
+    )
+    assert first.status_code == 201
+    second = turn(api, chat_id, "B", {"decision": "plan_direct"})
+    assert second.status_code == 201
+    assert summarize_turns(chat_id, from_seq=second.json()["user_message"]["seq"]) == 2
+    saved = AgentState.objects.get(chat_id=chat_id)
+    assert saved.processed_seq == 6 and saved.turns == 2  # from turn A (seq 3), not B (seq 5)
+    assert "r1" in saved.entity_registry  # turn A's entity
 
 
 def test_state_endpoint_is_scoped_and_empty_before_any_agent_turn(api, other_api) -> None:  # type: ignore[no-untyped-def]

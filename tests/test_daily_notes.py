@@ -41,6 +41,32 @@ def test_offline_extraction_keeps_durable_sentences_only() -> None:
     assert texts == [FACT, "We decided to ship on Friday."]
 
 
+def test_tool_output_and_the_offline_models_echo_are_not_facts() -> None:
+    """Every line of a tool result carries an id or a count, and every offline reply a message
+    count: they passed for facts and filled the note."""
+    messages = [
+        message(1, FACT),
+        message(2, '{"id": 123, "rows": 42}. Found 3 orders in 2 warehouses.', role="tool"),
+        message(3, "[offline model] You said: hi. (Context: 12 messages.)", role="assistant"),
+    ]
+    assert [fact.text for fact in daily_notes.extract_offline(messages)] == [FACT]
+
+
+@pytest.mark.django_db
+def test_a_full_note_says_what_it_dropped(api: Any, caplog: Any) -> None:
+    chat_id = new_chat(api)
+    day = date(2026, 11, 24)
+    facts = [
+        daily_notes.Fact(n, "user", f"Server {n} runs on port {8000 + n}.")
+        for n in range(daily_notes.MAX_FACTS_PER_NOTE + 5)
+    ]
+    with caplog.at_level("WARNING", logger="chatmem.daily_notes"):
+        added = daily_notes.merge_into_note(chat_id, day, [1, 9], facts, "offline")
+    assert added == daily_notes.MAX_FACTS_PER_NOTE
+    full = [r for r in caplog.records if getattr(r, "event", "") == "daily_note_full"]
+    assert len(full) == 1 and full[0].facts_dropped == 5
+
+
 @pytest.mark.django_db
 def test_a_fold_range_is_merged_once_and_facts_deduplicated(api: Any) -> None:
     chat_id = new_chat(api)
@@ -113,3 +139,29 @@ def test_an_unknown_extractor_is_a_startup_error(settings: Any) -> None:
     assert check_daily_notes_backend() == []
     settings.MEMORY_DAILY_NOTES_BACKEND = "gpt"
     assert [error.id for error in check_daily_notes_backend()] == ["chatmem.E004"]
+
+
+@pytest.mark.django_db
+def test_a_failing_hook_is_retried_and_the_range_lands_once(api: Any, monkeypatch: Any) -> None:
+    """The task used to be acknowledged and gone after one failure (a 429 from the extraction
+    model): that fold range never reached the note."""
+    from memory_worker import tasks
+
+    chat_id = new_chat(api)
+    say(api, chat_id, FACT)
+    calls: list[int] = []
+    real = daily_notes.extract_facts
+
+    def flaky(messages: Any, extractor: str) -> Any:
+        calls.append(1)
+        if len(calls) < 3:
+            raise TimeoutError("the extraction model timed out")
+        return real(messages, extractor)
+
+    monkeypatch.setattr(daily_notes, "extract_facts", flaky)
+    # apply(): this one call runs here, its retries too (no global eager mode).
+    result = tasks.run_flush_hook.apply(args=(daily_notes.HOOK_PATH, chat_id, 1, 2, 1))
+    assert result.successful(), result.traceback
+    assert len(calls) == 3
+    note = DailyNote.objects.get(chat_id=chat_id)
+    assert FACT in [fact["text"] for fact in note.facts] and note.ranges == [[1, 2]]

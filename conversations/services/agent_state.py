@@ -118,15 +118,33 @@ def _state_for(chat_id: int, from_seq: int | None) -> AgentState | None:
     state = AgentState.objects.filter(chat_id=chat_id).first()
     if state is not None:
         return state
-    if not Chat.objects.filter(pk=chat_id).exists():
+    chat = Chat.objects.filter(pk=chat_id).only("policy").first()
+    if chat is None:
         return None
     try:
         with transaction.atomic():
             return AgentState.objects.create(
-                chat_id=chat_id, processed_seq=max((from_seq or 1) - 1, 0)
+                chat_id=chat_id, processed_seq=start_seq(chat, from_seq) - 1
             )
     except IntegrityError:  # a parallel run created it first
         return AgentState.objects.filter(chat_id=chat_id).first()
+
+
+def start_seq(chat: Chat, from_seq: int | None) -> int:
+    """Where a new state starts: the chat's first turn that asked for one (its first agent turn;
+    a turn-digest chat's first turn), not the turn whose task happens to run first. Two workers,
+    or a lost enqueue, can run a later turn's task before the first one's; starting there would
+    skip the turns before it for good."""
+    if chat.policy == TURN_DIGEST:
+        return 1
+    first_agent = (
+        Message.objects.filter(chat_id=chat.pk, role=Role.USER, metadata__has_key="agent")
+        .order_by("seq")
+        .values_list("seq", flat=True)
+        .first()
+    )
+    candidates = [seq for seq in (first_agent, from_seq) if seq is not None]
+    return min(candidates, default=1)
 
 
 def pending_turns(chat_id: int, after_seq: int) -> list[Turn]:

@@ -26,6 +26,7 @@ from django.db import IntegrityError, connections, transaction
 from conversations.llm import ChatCompletion, CompletionStream, ToolOptions
 from conversations.models import Chat, Message
 from conversations.services import chats as chat_service
+from conversations.services.agent_state import queue_agent_summary
 from conversations.services.backends import get_chat_model
 from conversations.services.context import build_model_messages
 from conversations.services.turns import (
@@ -228,6 +229,10 @@ def store_exchange(prepared: Prepared, completion: ChatCompletion) -> ExchangeRe
     stored = append_messages(chat, prepared.token, [*rows, reply])
     after = with_appended(prepared.snapshot, stored)
     transaction.on_commit(partial(queue_consolidation_if_due, chat, after))
+    # As a REST turn does: a turn-digest chat's replies get their response summaries, and a
+    # chat with agent state keeps its entity clock (seed 004), whichever API the turn came by.
+    has_state = prepared.snapshot.has_agent_state
+    transaction.on_commit(partial(queue_agent_summary, chat, stored[0], has_state))
     return ExchangeResult(stored, completion)
 
 
