@@ -11,14 +11,12 @@
   the agent context's free-form step results and the OpenAI-compatible endpoint included.
 """
 
-import re
 from typing import Any
 
 from rest_framework.exceptions import ParseError
 from rest_framework.parsers import JSONParser
 
 MAX_JSON_DEPTH = 64
-UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
 
 
 class StrictJSONParser(JSONParser):
@@ -61,9 +59,15 @@ def first_problem(data: Any) -> str | None:
 
 
 def unstorable(text: str) -> str | None:
-    found = UNSTORABLE.search(text)
-    if found is None:
-        return None
-    if found.group() == "\x00":
+    # At C speed (a /v1 request may resend a whole history): ``in`` is a memchr, an ASCII
+    # string (a flag CPython keeps on every string) holds no surrogate, and the UTF-8 encoder
+    # stops at the first one (a regex over the text took 7 times as long).
+    if "\x00" in text:
         return "a NUL character (U+0000), which cannot be stored"
-    return f"an unpaired surrogate (U+{ord(found.group()):04X}), which is not text"
+    if text.isascii():
+        return None
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        return f"an unpaired surrogate (U+{ord(text[error.start]):04X}), which is not text"
+    return None
