@@ -217,20 +217,7 @@ class ChatAdmin(admin.ModelAdmin):
         "ledger",
     ]
     fieldsets = [
-        (
-            None,
-            {
-                "fields": [
-                    "title",
-                    "owner",
-                    "external_id",
-                    "system_prompt",
-                    "policy",
-                    "policy_overrides",
-                    "model_variant",
-                ]
-            },
-        ),
+        (None, {"fields": list(chat_service.EDITABLE_FIELDS)}),
         (
             "Memory",
             {

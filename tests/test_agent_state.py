@@ -538,9 +538,9 @@ def test_plain_turn_digest_turns_get_summaries_without_agent_context(  # type: i
 # Off the request path
 
 
-def test_the_turn_hands_the_work_to_the_dispatcher_after_commit(  # type: ignore[no-untyped-def]
-    api, settings, monkeypatch, django_capture_on_commit_callbacks
-) -> None:
+@pytest.fixture
+def queued_agent_tasks(settings, monkeypatch) -> list[tuple]:  # type: ignore[no-untyped-def]
+    """Celery dispatch on, with the agent-state task's messages kept here instead of sent."""
     from memory_worker import agent_summaries
 
     queued: list[tuple] = []
@@ -550,6 +550,15 @@ def test_the_turn_hands_the_work_to_the_dispatcher_after_commit(  # type: ignore
         lambda args, **options: queued.append(args),
     )
     settings.MEMORY_DISPATCH = "celery"
+    return queued
+
+
+def test_the_turn_hands_the_work_to_the_dispatcher_after_commit(  # type: ignore[no-untyped-def]
+    api, queued_agent_tasks, django_capture_on_commit_callbacks
+) -> None:
+    from memory_worker import agent_summaries
+
+    queued = queued_agent_tasks
     plain_chat = new_chat(api)
     agent_chat = new_chat(api)
     digest_chat = new_chat(api, policy="turn-digest")
@@ -571,22 +580,13 @@ def test_the_turn_hands_the_work_to_the_dispatcher_after_commit(  # type: ignore
 
 
 def test_openai_compatible_turns_hand_the_work_over_too(  # type: ignore[no-untyped-def]
-    api, user, settings, monkeypatch, django_capture_on_commit_callbacks
+    user, settings, queued_agent_tasks, django_capture_on_commit_callbacks
 ) -> None:
     """/v1 turns queued only the fold check: a turn-digest chat used through them never got
     its response summaries, and its folds sent the full replies."""
     from rest_framework.authtoken.models import Token
     from rest_framework.test import APIClient
 
-    from memory_worker import agent_summaries
-
-    queued: list[tuple] = []
-    monkeypatch.setattr(
-        agent_summaries.summarize_agent_turns,
-        "apply_async",
-        lambda args, **options: queued.append(args),
-    )
-    settings.MEMORY_DISPATCH = "celery"
     settings.MEMORY_POLICY = "turn-digest"
     client = APIClient()
     client.credentials(HTTP_AUTHORIZATION=f"Bearer {Token.objects.get_or_create(user=user)[0].key}")
@@ -594,7 +594,7 @@ def test_openai_compatible_turns_hand_the_work_over_too(  # type: ignore[no-unty
     with django_capture_on_commit_callbacks(execute=True):
         assert client.post("/v1/chat/completions", body, format="json").status_code == 200
     chat = Chat.objects.get(external_id="digest")
-    assert queued == [(chat.pk, 1)]
+    assert queued_agent_tasks == [(chat.pk, 1)]
 
 
 def test_a_stale_run_is_superseded_and_applies_nothing(api) -> None:  # type: ignore[no-untyped-def]
