@@ -19,6 +19,7 @@ finish reason, usage). A failure while iterating also raises ``ModelError``.
 import functools
 import logging
 import re
+import time
 from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, Self
@@ -175,19 +176,33 @@ class OpenAIChatModel:
             )
         except openai.OpenAIError as error:
             raise self._model_error(error, model) from error
-        return CompletionStream(self._deltas(chunks, messages, model), release=chunks.close)
+        deadline = time.monotonic() + self.timeout
+        return CompletionStream(
+            self._deltas(chunks, messages, model, deadline), release=chunks.close
+        )
 
     def _deltas(
-        self, chunks: Any, messages: ModelMessages, model: str
+        self, chunks: Any, messages: ModelMessages, model: str, deadline: float
     ) -> Generator[str, None, ChatCompletion]:
+        """The timeout bounds each read, not the whole reply: a model that keeps trickling (or
+        thinking, in chunks with no content) could hold the turn's slot past
+        TURN_SLOT_STALE_SECONDS, so the whole reply gets the deadline too, checked at every
+        chunk. Every streamed turn comes through here: REST and /v1."""
         state = StreamState(model=model)
         try:
             for chunk in chunks:
+                if time.monotonic() > deadline:
+                    raise ModelError(
+                        f"The model did not finish its reply within {self.timeout:g} seconds.",
+                        UPSTREAM_TIMEOUT,
+                    )
                 delta = state.absorb(chunk)
                 if delta:
                     yield delta
         except openai.OpenAIError as error:
             raise self._model_error(error, model, mid_stream=True) from error
+        except ModelError:
+            raise  # the deadline's
         except Exception as error:
             # A malformed chunk must still end the turn as a clean 502, not a 500.
             log.warning("model stream failed", extra={"model": model}, exc_info=True)

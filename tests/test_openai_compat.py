@@ -256,3 +256,68 @@ def test_streaming_under_asgi_is_an_async_stream(
     deltas = [json.loads(e[6:])["choices"][0]["delta"].get("content") for e in events[1:-3]]
     reply = Message.objects.filter(chat__external_id="asgi", role="assistant").get()
     assert "".join(d or "" for d in deltas) == reply.content
+
+
+def test_a_streamed_reply_trickling_past_the_model_deadline_stops(
+    memory: FakeOpenAI, live_server: Any, token: str, settings: Any
+) -> None:
+    """Each chunk came well within the read timeout, and /v1 streams had no deadline for the
+    whole reply: a long one held the chat's slot past TURN_SLOT_STALE_SECONDS, and the next
+    request took it over. (Read raw: the SDK raises the error event as APIError.)"""
+    import httpx
+
+    settings.LLM_TIMEOUT_SECONDS = 0.6
+    memory.chunk_delay = 0.1
+    memory.reply_words = 40
+    body = {"model": "default", "messages": [{"role": "user", "content": "a long story"}]}
+    headers = {"Authorization": f"Bearer {token}", "X-Chatmem-Chat-Id": "trickle"}
+    with httpx.stream(
+        "POST",
+        f"{live_server.url}/v1/chat/completions",
+        json={**body, "stream": True},
+        headers=headers,
+        timeout=30,
+    ) as response:
+        events = [line[6:] for line in response.iter_lines() if line.startswith("data: ")]
+    assert any('"content"' in event for event in events[1:-1])  # it did stream for a while
+    error = json.loads(events[-1])["error"]
+    assert "did not finish its reply within 0.6 seconds" in error["message"]
+    assert "[DONE]" not in events
+    chat = Chat.objects.get(external_id="trickle")
+    assert not Message.objects.filter(chat=chat).exists()
+    assert Chat.objects.get(pk=chat.pk).turn_token is None  # the slot is free again
+
+
+def test_a_silent_model_keeps_the_stream_alive(
+    client: openai.OpenAI, memory: FakeOpenAI, live_server: Any, token: str, monkeypatch: Any
+) -> None:
+    """While the model says nothing (thinking, a slow first token) the /v1 stream sent nothing
+    either, and a proxy's idle timeout could cut it; it now sends SSE comments, which clients
+    (the OpenAI SDK among them) skip."""
+    import httpx
+
+    from conversations.services import exchanges
+
+    monkeypatch.setattr(exchanges, "HEARTBEAT_SECONDS", 0.05)
+    memory.chunk_delay = 0.2
+    memory.reply_words = 3
+    body = {
+        "model": "default",
+        "messages": [{"role": "user", "content": "take your time"}],
+        "stream": True,
+    }
+    headers = {"Authorization": f"Bearer {token}", "X-Chatmem-Chat-Id": "silent"}
+    with httpx.stream(
+        "POST", f"{live_server.url}/v1/chat/completions", json=body, headers=headers, timeout=30
+    ) as response:
+        text = "".join(response.iter_text())
+    assert ": keep-alive" in text and text.rstrip().endswith("data: [DONE]")
+    with client.chat.completions.create(
+        model="default",
+        messages=[{"role": "user", "content": "again"}],
+        stream=True,
+        extra_headers={"X-Chatmem-Chat-Id": "silent"},
+    ) as stream:
+        reply = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+    stored = Message.objects.filter(chat__external_id="silent").order_by("-seq").first()
+    assert stored is not None and reply == stored.content and reply

@@ -24,6 +24,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from conversations.api import errors
+from conversations.api.streaming import KEEP_ALIVE
 from conversations.authentication import TokenAuthentication
 from conversations.services import exchanges
 from conversations.services import turns as turn_service
@@ -353,7 +354,7 @@ def sse_events(
     model = variant.model
     yield sse(chunk(chat, model, {"role": "assistant", "content": ""}))
     for delta in streamed.deltas():
-        yield sse(chunk(chat, model, {"content": delta}))
+        yield KEEP_ALIVE if delta is None else sse(chunk(chat, model, {"content": delta}))
     yield from closing_events(streamed, model, chat, usage)
 
 
@@ -364,7 +365,7 @@ async def async_sse_events(
     model = variant.model
     yield sse(chunk(chat, model, {"role": "assistant", "content": ""}))
     async for delta in streamed.adeltas():
-        yield sse(chunk(chat, model, {"content": delta}))
+        yield KEEP_ALIVE if delta is None else sse(chunk(chat, model, {"content": delta}))
     for event in closing_events(streamed, model, chat, usage):
         yield event
 

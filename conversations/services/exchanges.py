@@ -239,7 +239,10 @@ def store_exchange(prepared: Prepared, completion: ChatCompletion) -> ExchangeRe
 # --- streaming --------------------------------------------------------------------------------
 
 
-HEARTBEAT_SECONDS = 15.0  # how often a waiting reader wakes up (nothing is sent meanwhile)
+# How long a reader waits for the model before it is handed None: the API then sends an SSE
+# comment, so that proxies do not cut a stream the model is silent on (thinking, or a slow
+# first token) as idle, as the REST stream's heartbeat does.
+HEARTBEAT_SECONDS = 15.0
 
 
 class StreamedExchange:
@@ -276,24 +279,26 @@ class StreamedExchange:
             self.error = error
             last = TurnFailed(error if isinstance(error, Exception) else RuntimeError(error))
         finally:
+            self.stream.close()  # on a failure mid-stream: the upstream connection too
             release(self.prepared)
             connections.close_all()
         self.events.put(last)
 
-    def deltas(self) -> Iterator[str]:
+    def deltas(self) -> Iterator[str | None]:
+        """Each delta; None after HEARTBEAT_SECONDS without one."""
         while True:
             event = self.events.get(HEARTBEAT_SECONDS)
-            if isinstance(event, TurnDelta):
-                yield event.content
-            elif event is not None:
+            if event is None or isinstance(event, TurnDelta):
+                yield event.content if event is not None else None
+            else:
                 return
 
-    async def adeltas(self) -> AsyncIterator[str]:
+    async def adeltas(self) -> AsyncIterator[str | None]:
         while True:
             event = await self.events.aget(HEARTBEAT_SECONDS)
-            if isinstance(event, TurnDelta):
-                yield event.content
-            elif event is not None:
+            if event is None or isinstance(event, TurnDelta):
+                yield event.content if event is not None else None
+            else:
                 return
 
 

@@ -15,7 +15,6 @@ import json
 import logging
 import queue
 import threading
-import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
@@ -28,7 +27,7 @@ from django.db import connection, connections, transaction
 from django.utils import timezone
 
 from conversations import rows
-from conversations.llm import UPSTREAM_TIMEOUT, ChatCompletion, ModelError, ModelMessages
+from conversations.llm import ChatCompletion, ModelError, ModelMessages
 from conversations.models import Chat, Message, Role
 from conversations.services.agent_state import queue_agent_summary
 from conversations.services.backends import get_chat_model
@@ -672,22 +671,12 @@ def release_db_connection() -> None:
 def stream_model(
     messages: ModelMessages, variant: ModelVariant, emit: Callable[[TurnEvent], None]
 ) -> ChatCompletion:
-    """Stream the reply, emitting each delta as it arrives; return the complete reply.
-
-    The SDK's timeout bounds each read, not the whole reply: a model that keeps trickling could
-    otherwise hold the slot past TURN_SLOT_STALE_SECONDS, so the whole reply gets the model
-    deadline too."""
-    deadline = time.monotonic() + settings.LLM_TIMEOUT_SECONDS
+    """Stream the reply, emitting each delta as it arrives; return the complete reply (the
+    whole of it within the model's deadline: conversations.llm)."""
     release_db_connection()  # held by nobody while the model talks; store_turn reconnects
     stream = get_chat_model().stream(messages, variant.model)
     try:
         for delta in stream:
-            if time.monotonic() > deadline:
-                raise ModelError(
-                    f"The model did not finish its reply within "
-                    f"{settings.LLM_TIMEOUT_SECONDS:g} seconds.",
-                    UPSTREAM_TIMEOUT,
-                )
             emit(TurnDelta(delta))
     finally:
         stream.close()
