@@ -368,6 +368,8 @@ PENDING_TTL_TURNS = env_int("PENDING_TTL_TURNS", 3)
 # Bounds the seed leaves open: active entities go into every context, step summaries into a row.
 AGENT_MAX_ACTIVE_ENTITIES = env_int("AGENT_MAX_ACTIVE_ENTITIES", 20)
 AGENT_MAX_STEP_SUMMARIES = env_int("AGENT_MAX_STEP_SUMMARIES", 50)
+# The entity registry (every entity a chat's turns named) is rewritten with every turn.
+AGENT_MAX_REGISTRY_ENTITIES = env_int("AGENT_MAX_REGISTRY_ENTITIES", 500)
 # "llm", "offline", or empty = the chat backend's choice (llm when an API key is configured).
 AGENT_SUMMARY_BACKEND = env("AGENT_SUMMARY_BACKEND", default="")
 AGENT_SUMMARY_MODEL = env("AGENT_SUMMARY_MODEL", default="")  # empty = CHAT_MODEL

@@ -57,6 +57,7 @@ class Limits:
     pending_ttl_turns: int = 3
     max_active_entities: int = 20
     max_step_summaries: int = 50
+    max_registry_entities: int = 500
 
 
 # ---------------------------------------------------------------------------------------------
@@ -233,6 +234,26 @@ def collect_garbage(
         stale = record["state"] == "PENDING" and turn - record["last_turn"] >= ttl_turns
         collected[key] = {**record, "status": INACTIVE} if stale else dict(record)
     return collected
+
+
+# Which records go first when the registry is full: inactive ones, then those only tracked,
+# then the ones a database step has seen (the only ids later turns can use as references).
+EVICTION_ORDER = {INACTIVE: 0, TRACKED: 1, ACTIVE: 2}
+
+
+def bounded_registry(registry: Mapping[str, dict[str, Any]], cap: int) -> dict[str, dict[str, Any]]:
+    """At most ``cap`` records: the whole registry is rewritten with every turn and its labels
+    go to the response-summary model, so an agent that names new entities every turn must not
+    grow it for ever. The least useful go first (EVICTION_ORDER), the least recently referenced
+    among equals."""
+    if len(registry) <= cap:
+        return dict(registry)
+
+    def keep_first(item: tuple[str, dict[str, Any]]) -> tuple[int, int, int]:
+        record = item[1]
+        return (-EVICTION_ORDER.get(record["status"], 0), -record["last_turn"], -record["last_seq"])
+
+    return dict(sorted(registry.items(), key=keep_first)[:cap])
 
 
 def active_entities(registry: Mapping[str, Mapping[str, Any]], cap: int) -> list[dict[str, Any]]:

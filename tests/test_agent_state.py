@@ -220,6 +220,23 @@ def test_pending_entities_are_collected_after_three_turns_without_reference(api)
     assert [e["id"] for e in state(api, chat_id)["active_entities"]] == ["a-db"]
 
 
+def test_the_registry_is_bounded_keeping_the_most_useful_records(api, settings) -> None:  # type: ignore[no-untyped-def]
+    """It kept every entity ever named: rewritten with every turn, its labels sent to the
+    response-summary model, it grew until that call failed."""
+    settings.AGENT_MAX_REGISTRY_ENTITIES = 4
+    chat_id = new_chat(api)
+    saved = [entity("a-db", "Saved Bowl", "db_write", state="ACTIVE")]
+    agent_turn(api, chat_id, "turn 1", {"decision": "plan_direct", "entities": saved})
+    for number in range(2, 8):  # a new draft every turn, each collected three turns later
+        draft = [entity(f"d{number}", f"Draft {number}", "generate", state="PENDING")]
+        agent_turn(api, chat_id, f"turn {number}", {"decision": "plan_direct", "entities": draft})
+    registry = {r["id"]: r["status"] for r in state(api, chat_id)["entity_registry"]}
+    # 7 named, 4 kept: the database-backed one, then the drafts still tracked (d5..d7); the
+    # collected ones went first, the oldest first.
+    assert registry == {"a-db": "active", "d5": "tracked", "d6": "tracked", "d7": "tracked"}
+    assert [e["id"] for e in state(api, chat_id)["active_entities"]] == ["a-db"]
+
+
 # ---------------------------------------------------------------------------------------------
 # Decision context, theme, steps
 

@@ -37,6 +37,7 @@ def limits() -> rules.Limits:
         pending_ttl_turns=settings.PENDING_TTL_TURNS,
         max_active_entities=settings.AGENT_MAX_ACTIVE_ENTITIES,
         max_step_summaries=settings.AGENT_MAX_STEP_SUMMARIES,
+        max_registry_entities=settings.AGENT_MAX_REGISTRY_ENTITIES,
     )
 
 
@@ -193,6 +194,7 @@ def apply_turn(draft: Draft, turn: Turn, limits: rules.Limits) -> None:
     entities = agent.get("entities") or []
     draft.registry = rules.merge_entities(draft.registry, entities, draft.turns, seq)
     draft.registry = rules.collect_garbage(draft.registry, draft.turns, limits.pending_ttl_turns)
+    draft.registry = rules.bounded_registry(draft.registry, limits.max_registry_entities)
     labels = [entity["label"] for entity in entities] + [
         record["label"] for record in draft.registry.values()
     ]
