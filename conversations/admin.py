@@ -53,19 +53,16 @@ class ReadOnlyAdmin(admin.ModelAdmin):
         return super().change_view(request, object_id, form_url, context)
 
 
-def history_counts(chat_ids: Sequence[int]) -> dict[str, int]:
-    return {
-        "messages": Message.objects.filter(chat_id__in=chat_ids).count(),
-        "consolidations": Consolidation.objects.filter(chat_id__in=chat_ids).count(),
-        "daily notes": DailyNote.objects.filter(chat_id__in=chat_ids).count(),
-    }
-
-
 def counted_deletion(objs: Sequence[Any], chat_ids: Sequence[int]) -> tuple[Any, ...]:
     """``get_deleted_objects`` as counts: Django's own page lists (and loads) every related
     row, hundreds of thousands for a long chat. A chat's messages, ledger and notes are its
     own, so deleting it needs no permission on them."""
-    counts = {"chats": len(chat_ids), **history_counts(chat_ids)}
+    counts = {
+        "chats": len(chat_ids),
+        "messages": Message.objects.filter(chat_id__in=chat_ids).count(),
+        "consolidations": Consolidation.objects.filter(chat_id__in=chat_ids).count(),
+        "daily notes": DailyNote.objects.filter(chat_id__in=chat_ids).count(),
+    }
     listed: list[str] = [
         format_html("{}: {}", obj._meta.verbose_name.capitalize(), obj) for obj in objs
     ]

@@ -87,6 +87,8 @@ _AT_LEAST_ONE = {
     "context_size",
     "max_memory_tokens",
 }
+# Integer knobs with bounds of their own (the others: 0 or 1 up to MAX_KNOB).
+_INT_BOUNDS = {"summary_token_cap": (MIN_SUMMARY_TOKEN_CAP, MAX_SUMMARY_TOKEN_CAP)}
 
 
 def knob_names() -> tuple[str, ...]:
@@ -118,12 +120,9 @@ def _coerce(name: str, value: object) -> object:
         value = int(value)  # 12.0 is an integer to JSON Schema, as the published schema says
     if not isinstance(value, int):
         raise PolicyError(f'Knob "{name}" must be an integer, got {value!r}.')
-    minimum = 1 if name in _AT_LEAST_ONE else 0
-    if name == "summary_token_cap":
-        minimum = MIN_SUMMARY_TOKEN_CAP
+    minimum, maximum = _INT_BOUNDS.get(name, (1 if name in _AT_LEAST_ONE else 0, MAX_KNOB))
     if value < minimum:
         raise PolicyError(f'Knob "{name}" must be at least {minimum}, got {value}.')
-    maximum = MAX_SUMMARY_TOKEN_CAP if name == "summary_token_cap" else MAX_KNOB
     if value > maximum:
         raise PolicyError(f'Knob "{name}" must be at most {maximum}, got {value}.')
     return value

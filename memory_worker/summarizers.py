@@ -694,7 +694,6 @@ HEADING_WORDS = {
 }
 HEADING_LINE = re.compile(r"^\s*#{1,6}\s*(?P<title>.+?)\s*$")
 MAX_BULLET_CHARS = 300
-MIN_OFFLINE_CAP_TOKENS = MIN_SUMMARY_TOKEN_CAP
 
 
 @dataclass(frozen=True)
@@ -715,8 +714,8 @@ class OfflineSummarizer:
     name = "offline"
 
     def __init__(self, cap_tokens: int = DEFAULT_CAP_TOKENS) -> None:
-        if cap_tokens < MIN_OFFLINE_CAP_TOKENS:
-            raise ValueError(f"cap_tokens must be at least {MIN_OFFLINE_CAP_TOKENS}")
+        if cap_tokens < MIN_SUMMARY_TOKEN_CAP:
+            raise ValueError(f"cap_tokens must be at least {MIN_SUMMARY_TOKEN_CAP}")
         self.cap_tokens = cap_tokens
 
     def summarize(self, current_summary: str, messages: Sequence[FoldMessage]) -> SummaryResult:

@@ -60,7 +60,7 @@ def turn_error(error: Exception) -> exceptions.APIException:
     """The API error for a turn that failed after its slot was claimed (JSON and streamed)."""
     if isinstance(error, Chat.DoesNotExist):  # the append found no chat to store into
         return ChatDeletedDuringTurn()
-    if isinstance(error, TurnInProgress):  # taken over during a long synchronous fold
+    if isinstance(error, TurnInProgress):  # busy, or taken over during a long fold
         return TurnConflict(str(error))
     if isinstance(error, ContextOverBound):
         return MemoryUnavailable(str(error))
@@ -79,9 +79,7 @@ def turn_refusals() -> Iterator[None]:
         yield
     except UnknownVariant as error:
         raise exceptions.ValidationError({"model_variant": [str(error)]}) from error
-    except TurnInProgress as error:
-        raise TurnConflict(str(error)) from error
-    except (ContextOverBound, ModelError, Chat.DoesNotExist) as error:
+    except (TurnInProgress, ContextOverBound, ModelError, Chat.DoesNotExist) as error:
         raise turn_error(error) from error
 
 

@@ -43,6 +43,10 @@ def _integer(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def _positive_integer(value: Any) -> bool:
+    return _integer(value) and value >= 1
+
+
 def _stop(value: Any) -> bool:
     return isinstance(value, str) or (
         isinstance(value, list) and all(isinstance(s, str) for s in value)
@@ -62,8 +66,8 @@ PASSTHROUGH_CHECKS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "parallel_tool_calls": (lambda v: isinstance(v, bool), "a boolean"),
     "temperature": (_number, "a number"),
     "top_p": (_number, "a number"),
-    "max_tokens": (lambda v: _integer(v) and v >= 1, "a positive integer"),
-    "max_completion_tokens": (lambda v: _integer(v) and v >= 1, "a positive integer"),
+    "max_tokens": (_positive_integer, "a positive integer"),
+    "max_completion_tokens": (_positive_integer, "a positive integer"),
     "stop": (_stop, "a string or an array of strings"),
     "seed": (_integer, "an integer"),
     "presence_penalty": (_number, "a number"),

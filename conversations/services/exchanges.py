@@ -288,16 +288,20 @@ class StreamedExchange:
         """Each delta; None after HEARTBEAT_SECONDS without one."""
         while True:
             event = self.events.get(HEARTBEAT_SECONDS)
-            if event is None or isinstance(event, TurnDelta):
-                yield event.content if event is not None else None
+            if event is None:
+                yield None
+            elif isinstance(event, TurnDelta):
+                yield event.content
             else:
                 return
 
     async def adeltas(self) -> AsyncIterator[str | None]:
         while True:
             event = await self.events.aget(HEARTBEAT_SECONDS)
-            if event is None or isinstance(event, TurnDelta):
-                yield event.content if event is not None else None
+            if event is None:
+                yield None
+            elif isinstance(event, TurnDelta):
+                yield event.content
             else:
                 return
 

@@ -36,7 +36,8 @@ def _parse_variants(spec: str, default_model: str, default_context: int) -> dict
 
 
 def context_tokens(item: str, context: str) -> int:
-    tokens = int(context) if context.strip().isascii() and context.strip().isdigit() else 0
+    digits = context.strip()
+    tokens = int(digits) if digits.isascii() and digits.isdigit() else 0
     if tokens < 1:
         raise ValueError(
             f"MODEL_VARIANTS entry {item!r}: the context window after the colon must be a "
