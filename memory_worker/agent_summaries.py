@@ -8,11 +8,17 @@ from celery import shared_task
 from django.conf import settings
 
 from memory_worker.dispatch import submit_inline
+from memory_worker.task_base import WorkerDeadlinesTask
 
 log = logging.getLogger("chatmem.agent_summaries")
 
 
-@shared_task(name="chatmem.summarize_agent_turns", queue="memory", acks_late=True)
+@shared_task(
+    name="chatmem.summarize_agent_turns",
+    queue="memory",
+    acks_late=True,
+    base=WorkerDeadlinesTask,
+)
 def summarize_agent_turns(chat_id: int, from_seq: int | None = None) -> int:
     # Late ack is safe: the service applies each turn once (a conditional commit on its
     # watermark), so a redelivered task finds nothing left to do.

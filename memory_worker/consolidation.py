@@ -14,7 +14,7 @@ import random
 import socket
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from functools import partial
 from typing import Any
@@ -40,7 +40,7 @@ from memory_worker.state import (
     load_snapshot,
     read_chat_and_snapshot,
 )
-from memory_worker.summarizers import FoldMessage, SummarizerError
+from memory_worker.summarizers import FoldMessage, Summarizer, SummarizerError, SummaryResult
 from memory_worker.tokens import count_tokens
 
 log = logging.getLogger("chatmem.fold")
@@ -62,15 +62,6 @@ class FoldOutcome:
     more_due: bool = False
 
 
-@dataclass(frozen=True)
-class SummaryDraft:
-    text: str
-    tokens: int
-    input_tokens: int
-    output_tokens: int
-    calls: int
-
-
 def decide_for_chat(
     chat: Chat, snapshot: MemorySnapshot, trigger: str, now: datetime
 ) -> engine.Decision | None:
@@ -82,10 +73,15 @@ def decide_for_chat(
 
 
 def consolidate_once(
-    chat_id: int, trigger: str, now: datetime | None = None, due_at: datetime | None = None
+    chat_id: int,
+    trigger: str,
+    now: datetime | None = None,
+    due_at: datetime | None = None,
+    deadline: float | None = None,
 ) -> FoldOutcome:
     """One policy evaluation and at most one fold (seed 000 §7: one summarization per cycle).
-    ``due_at``: when the turn that asked for this run found a fold due (for the lag figure)."""
+    ``due_at``: when the turn that asked for this run found a fold due (for the lag figure);
+    ``deadline``: see ``execute_fold``."""
     now = now or timezone.now()
     found = read_chat_and_snapshot(chat_id)
     if found is None:  # deleted while queued
@@ -98,7 +94,7 @@ def consolidate_once(
         if snapshot.next_attempt_at is not None:
             clear_failure_state(chat_id, snapshot.next_attempt_at)
         return FoldOutcome("nothing")
-    return execute_fold(chat, snapshot, decision, now=now, due_at=due_at)
+    return execute_fold(chat, snapshot, decision, now=now, due_at=due_at, deadline=deadline)
 
 
 def clear_failure_state(chat_id: int, next_attempt_at: datetime) -> None:
@@ -128,43 +124,106 @@ def execute_fold(
     now: datetime,
     synchronous: bool = False,
     due_at: datetime | None = None,
+    deadline: float | None = None,
 ) -> FoldOutcome:
+    """The decided range, summarized and committed chunk by chunk. A range larger than the
+    summarizer's input budget is split at turn boundaries (DESIGN §5: chunks, never trimming),
+    and each chunk is a fold of its own: one summarizer call, its own fencing step, summary
+    version and ledger row. A later chunk's failure, the task's time limit or the worker's death
+    keeps the chunks already committed, so the next attempt starts where they left off: when all
+    chunks committed together, a backlog whose chunks took longer than the task's time limit was
+    summarized again from its start by every retry, and never folded.
+
+    ``deadline`` (``time.monotonic()``): no chunk after the first starts unless it can finish
+    by then (``time_for_a_chunk``); the outcome then says more is due and the caller hands on.
+    The outcome is the last chunk's; ``decision`` stays the whole range's."""
+    to_fold = [m for m in snapshot.unfolded if decision.from_seq <= m.seq <= decision.to_seq]
+    # turn-digest (seed 004): replies with a response summary are folded from that summary.
+    to_fold = digest_fold_messages(chat, to_fold)
+    chunks = engine.split_for_summarizer(
+        [engine.Msg(m.seq, m.role, m.token_count) for m in to_fold],
+        settings.MEMORY_SUMMARIZER_INPUT_BUDGET,
+    )
+    # The chat's own summary cap: its policy's bound and the synchronous fold's plan count on it.
+    summarizer = get_summarizer(policy_for_chat(chat).summary_token_cap)
+    outcome = FoldOutcome("nothing", decision)
+    for index, (first, last) in enumerate(chunks):
+        if index and not time_for_a_chunk(deadline):
+            return replace(outcome, decision=decision, more_due=True)
+        chunk = engine.Decision(decision.trigger, first, last)
+        batch = [m for m in to_fold if first <= m.seq <= last]
+        outcome, snapshot = fold_chunk(
+            chat,
+            snapshot,
+            chunk,
+            batch,
+            summarizer,
+            now=now,
+            synchronous=synchronous,
+            due_at=due_at,
+        )
+        if outcome.status != ConsolidationStatus.SUCCEEDED:
+            return replace(outcome, decision=decision)
+    more_due = still_due(chat, snapshot, now)
+    return replace(outcome, decision=decision, more_due=more_due)
+
+
+def time_for_a_chunk(deadline: float | None) -> bool:
+    """Whether one more summarizer call, at its slowest (MEMORY_LLM_TIMEOUT_SECONDS), still ends
+    before ``deadline``. A rare stricter retry after an over-cap summary can still outrun it;
+    the soft time limit then fails that one chunk, and the chunks before it stay committed."""
+    if deadline is None:
+        return True
+    return time.monotonic() + settings.MEMORY_LLM_TIMEOUT_SECONDS <= deadline
+
+
+def fold_chunk(
+    chat: Chat,
+    snapshot: MemorySnapshot,
+    chunk: engine.Decision,
+    batch: list[Message],
+    summarizer: Summarizer,
+    *,
+    now: datetime,
+    synchronous: bool,
+    due_at: datetime | None,
+) -> tuple[FoldOutcome, MemorySnapshot]:
+    """One summarizer call over ``batch`` (the chunk's messages) and its commit. Returns the
+    outcome and the snapshot as it stands after it (``snapshot`` unless it committed)."""
     started = time.monotonic()
     ledger = Consolidation(
         chat=chat,
         due_at=due_at,
-        trigger=decision.trigger,
-        from_seq=decision.from_seq,
-        to_seq=decision.to_seq,
+        trigger=chunk.trigger,
+        from_seq=chunk.from_seq,
+        to_seq=chunk.to_seq,
         base_version=snapshot.version,
         synchronous=synchronous,
         summary_tokens_before=snapshot.summary_tokens,
         worker=WORKER_NAME,
     )
     record_running(ledger)
-    to_fold = [m for m in snapshot.unfolded if decision.from_seq <= m.seq <= decision.to_seq]
-    # turn-digest (seed 004): replies with a response summary are folded from that summary.
-    to_fold = digest_fold_messages(chat, to_fold)
     try:
-        draft = summarize_in_chunks(
-            snapshot.summary, to_fold, policy_for_chat(chat).summary_token_cap
+        result = summarizer.summarize(
+            snapshot.summary, [FoldMessage(m.seq, m.role, m.content) for m in batch]
         )
     except SummarizerError as error:
         plan = record_failure(chat.pk, snapshot, ledger, str(error), error.kind, now, started)
-        return FoldOutcome(
+        failed = FoldOutcome(
             "failed",
-            decision,
+            chunk,
             ledger.pk,
             str(error),
             error.transient,
             error.kind,
             plan.delay.total_seconds() if plan.fast_retry else None,
         )
+        return failed, snapshot
     except Exception as error:
         # Includes Celery's soft time limit: the ledger must not stay "running".
         record_failure(chat.pk, snapshot, ledger, repr(error), CRASH_KIND, now, started)
         raise
-    return commit_fold(chat, snapshot, decision, ledger, draft, now, started)
+    return commit_fold(chat, snapshot, chunk, ledger, result, now, started)
 
 
 def record_running(ledger: Consolidation) -> None:
@@ -177,45 +236,27 @@ def record_running(ledger: Consolidation) -> None:
         ledger.save(force_insert=True)
 
 
-def summarize_in_chunks(summary: str, to_fold: list[Message], cap_tokens: int) -> SummaryDraft:
-    """A fold larger than the summarizer's input budget runs chunk by chunk, each producing the
-    next summary version (DESIGN §5): never trimmed. ``cap_tokens``: the chat's summary cap,
-    which its policy's bound and the synchronous fold's plan count on."""
-    summarizer = get_summarizer(cap_tokens)
-    chunks = engine.split_for_summarizer(
-        [engine.Msg(m.seq, m.role, m.token_count) for m in to_fold],
-        settings.MEMORY_SUMMARIZER_INPUT_BUDGET,
-    )
-    input_tokens = output_tokens = 0
-    for first, last in chunks:
-        batch = [FoldMessage(m.seq, m.role, m.content) for m in to_fold if first <= m.seq <= last]
-        result = summarizer.summarize(summary, batch)
-        summary = result.text
-        input_tokens += result.input_tokens
-        output_tokens += result.output_tokens
-    return SummaryDraft(summary, count_tokens(summary), input_tokens, output_tokens, len(chunks))
-
-
 def commit_fold(
     chat: Chat,
     snapshot: MemorySnapshot,
     decision: engine.Decision,
     ledger: Consolidation,
-    draft: SummaryDraft,
+    result: SummaryResult,
     now: datetime,
     started: float,
-) -> FoldOutcome:
+) -> tuple[FoldOutcome, MemorySnapshot]:
     duration_ms = int((time.monotonic() - started) * 1000)
+    summary_tokens = count_tokens(result.text)
     finished_at = timezone.now()
     chat_id = chat.pk
     write = FoldWrite(
         chat_id=chat_id,
         snapshot=snapshot,
         ledger_id=ledger.pk,
-        summary_tokens=draft.tokens,
+        summary_tokens=summary_tokens,
         brief_values={
-            "summary": draft.text,
-            "summary_tokens": draft.tokens,
+            "summary": result.text,
+            "summary_tokens": summary_tokens,
             "last_consolidated": decision.to_seq,
             "last_consolidated_at": now,
             "turns_mark": snapshot.last_seq,
@@ -228,9 +269,9 @@ def commit_fold(
         ledger_values={
             "finished_at": finished_at,
             "duration_ms": duration_ms,
-            "input_tokens": draft.input_tokens,
-            "output_tokens": draft.output_tokens,
-            "summarizer_calls": draft.calls,
+            "input_tokens": result.input_tokens,
+            "output_tokens": result.output_tokens,
+            "summarizer_calls": 1,
         },
     )
     commit = commit_in_one_statement if connection.vendor == "postgresql" else commit_in_transaction
@@ -246,7 +287,7 @@ def commit_fold(
                 from_seq=decision.from_seq,
                 to_seq=decision.to_seq,
                 version=snapshot.version + 1,
-                summary=draft.text,
+                summary=result.text,
             )
         )
     log.info(
@@ -261,17 +302,17 @@ def commit_fold(
             "to_seq": decision.to_seq,
             "messages_folded": decision.to_seq - decision.from_seq + 1,
             "summary_tokens_before": snapshot.summary_tokens,
-            "summary_tokens_after": draft.tokens,
-            "input_tokens": draft.input_tokens,
-            "output_tokens": draft.output_tokens,
-            "summarizer_calls": draft.calls,
+            "summary_tokens_after": summary_tokens,
+            "input_tokens": result.input_tokens,
+            "output_tokens": result.output_tokens,
+            "summarizer_calls": 1,
             "duration_ms": duration_ms,
             "lag_ms": lag_ms(ledger.due_at, finished_at),
             "outcome": str(status),
         },
     )
-    more_due = committed and still_due(chat, after_fold(snapshot, write.brief_values), now)
-    return FoldOutcome(str(status), decision, ledger.pk, more_due=more_due)
+    outcome = FoldOutcome(str(status), decision, ledger.pk)
+    return outcome, after_fold(snapshot, write.brief_values) if committed else snapshot
 
 
 def still_due(chat: Chat, folded: MemorySnapshot, now: datetime) -> bool:
@@ -525,15 +566,18 @@ def consolidate_with_lock(
     if not lock.acquire_or_mark_pending(chat_id, token):
         log.info("lock busy, rerun marked", extra={"event": "lock_contended", "chat_id": chat_id})
         return []
+    # Reruns and a fold's later chunks stop in time to end the task before its soft time limit:
+    # what they leave is marked pending and handed to a fresh task.
+    deadline = time.monotonic() + settings.MEMORY_TASK_SOFT_TIME_LIMIT
     outcomes: list[FoldOutcome] = []
     try:
         while True:
-            outcome = consolidate_once(chat_id, trigger, due_at=due_at)
+            outcome = consolidate_once(chat_id, trigger, due_at=due_at, deadline=deadline)
             outcomes.append(outcome)
             if outcome.more_due:
                 # One fold per cycle; the backlog left another due: run again, on a fresh read.
                 lock.mark_pending(chat_id)
-            if len(outcomes) >= max_runs:
+            if len(outcomes) >= max_runs or not time_for_a_chunk(deadline):
                 break
             release = lock.release_or_rerun(chat_id, token)
             if release is Release.LOST:

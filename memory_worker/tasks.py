@@ -12,12 +12,23 @@ from memory_worker import consolidation, hooks
 from memory_worker.agent_summaries import summarize_agent_turns  # noqa: F401  (registers it)
 from memory_worker.dispatch import clear_queued, request_consolidation
 from memory_worker.runtime import chat_lock
+from memory_worker.task_base import WorkerDeadlinesTask
 
 log = logging.getLogger("chatmem.tasks")
 
 
-@shared_task(name="chatmem.consolidate_chat", queue="memory", acks_late=True)
-def consolidate_chat(chat_id: int, trigger: str = "turn", due_at: float | None = None) -> list[str]:
+# A manual fold asked for while another run holds the chat waits for it: that run's reruns
+# judge by the policy's own triggers, which need not want what was asked for by hand. Every
+# MANUAL_WAIT_SECONDS, for as long as a lock can be held (its TTL).
+MANUAL_WAIT_SECONDS = 5.0
+
+
+@shared_task(
+    name="chatmem.consolidate_chat", queue="memory", acks_late=True, base=WorkerDeadlinesTask
+)
+def consolidate_chat(
+    chat_id: int, trigger: str = "turn", due_at: float | None = None, waited: float = 0.0
+) -> list[str]:
     # Before reading anything: a turn that commits from here on queues a new task (dispatch).
     try:
         clear_queued(chat_id)
@@ -26,25 +37,34 @@ def consolidate_chat(chat_id: int, trigger: str = "turn", due_at: float | None =
         log.warning("could not clear the queued marker", extra={"chat_id": chat_id})
     due = datetime.fromtimestamp(due_at, UTC) if due_at is not None else None
     outcomes = consolidation.consolidate_with_lock(chat_id, trigger, chat_lock(), due_at=due)
+    if not outcomes and trigger == "manual":  # the lock was busy
+        if waited < settings.MEMORY_LOCK_TTL_SECONDS:
+            _queue_again(chat_id, "manual", MANUAL_WAIT_SECONDS, waited=waited)
+        else:
+            log.warning("manual fold gave up waiting for the lock", extra={"chat_id": chat_id})
     delay = consolidation.fast_retry_delay(outcomes)  # the policy lives in the service
     if delay is not None:
-        _queue_retry(chat_id, delay)
+        _queue_again(chat_id, "retry", delay)
     return [outcome.status for outcome in outcomes]
 
 
-def _queue_retry(chat_id: int, delay: float) -> None:
+def _queue_again(chat_id: int, trigger: str, delay: float, waited: float = 0.0) -> None:
     # A new delayed task rather than Celery's retry(): the attempt is already recorded, so this
-    # one ends cleanly. If the broker refuses, the sweep retries once next_attempt_at is due.
+    # one ends cleanly. If the broker refuses, the sweep retries a failed fold once
+    # next_attempt_at is due; a waiting manual request is lost (logged) and can be asked again.
+    kwargs = {"waited": waited + delay} if trigger == "manual" else {}
     try:
-        consolidate_chat.apply_async(args=(chat_id, "retry"), countdown=delay, retry=False)
+        consolidate_chat.apply_async(
+            args=(chat_id, trigger), kwargs=kwargs, countdown=delay, retry=False
+        )
     except Exception:
         log.exception(
-            "could not queue the retry; the sweep will pick the chat up",
-            extra={"event": "enqueue_failed", "chat_id": chat_id, "trigger": "retry"},
+            "could not queue the task again; the sweep will pick the chat up",
+            extra={"event": "enqueue_failed", "chat_id": chat_id, "trigger": trigger},
         )
 
 
-@shared_task(name="chatmem.sweep", queue="memory")
+@shared_task(name="chatmem.sweep", queue="memory", base=WorkerDeadlinesTask)
 def sweep() -> int:
     now = timezone.now()
     consolidation.abandon_stale_runs(now)
@@ -63,6 +83,7 @@ FLUSH_HOOK_RETRIES = 5
 
 
 @shared_task(
+    base=WorkerDeadlinesTask,
     name="chatmem.run_flush_hook",
     queue="memory",
     acks_late=True,

@@ -74,6 +74,9 @@ HTTP_FAULTS: dict[str, tuple[int, str, str | None, str]] = {
 # Faults that change a normal answer rather than replacing it.
 ANSWER_FAULTS = ("timeout", "truncated", "empty", "refusal", "stream_cut")
 FAULT_NAMES = (*HTTP_FAULTS, *ANSWER_FAULTS)
+# In a queue of faults: this request is answered normally (``queue_faults("summarize", ["ok",
+# "500"])`` fails the second request).
+NO_FAULT = "ok"
 
 FILLER_WORDS = ("lorem", "ipsum", "dolor", "sit", "amet", "consectetur", "adipiscing", "elit")
 GOAL_WORDS = ("want", "prefer", "goal", "like", "need", "plan", "hope", "aim")
@@ -456,6 +459,10 @@ class _FaultPlan:
                 self.configs.pop(key, None)
 
     def draw(self, kind: str) -> str | None:
+        fault = self._draw(kind)
+        return None if fault == NO_FAULT else fault
+
+    def _draw(self, kind: str) -> str | None:
         with self.lock:
             for key in (kind, "any"):
                 if self.queues[key]:
@@ -471,9 +478,9 @@ def validate_faults(kind: str, faults: Iterable[str]) -> list[str]:
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
     names = [str(name) for name in faults]
-    unknown = [name for name in names if name not in FAULT_NAMES]
+    unknown = [name for name in names if name not in (*FAULT_NAMES, NO_FAULT)]
     if unknown:
-        raise ValueError(f"unknown faults {unknown}; known: {FAULT_NAMES}")
+        raise ValueError(f"unknown faults {unknown}; known: {FAULT_NAMES} and {NO_FAULT!r}")
     return names
 
 

@@ -1,7 +1,9 @@
 """The fold service, called directly as a worker would (Zulip-style consume tests): the first
 working sliding-window fold, fencing, failures, and the post-commit enqueue."""
 
-from datetime import datetime
+import itertools
+import time
+from datetime import datetime, timedelta
 
 import pytest
 from django.utils import timezone
@@ -226,10 +228,9 @@ def test_large_fold_is_summarized_in_chunks(api, use_fake_openai, settings) -> N
     turns(api, chat_id, 26)
     outcome = consolidation.consolidate_once(chat_id, "turn")
     assert outcome.status == "succeeded"
-    assert outcome.ledger_id is not None
-    ledger = Consolidation.objects.get(pk=outcome.ledger_id)
+    assert outcome.decision is not None and outcome.decision.to_seq == 12  # the whole range
     requests = use_fake_openai.summarize_requests()
-    assert ledger.summarizer_calls == len(requests) > 1
+    assert len(requests) > 1
     # The first chunk starts from no summary; every later one from the previous chunk's output.
     existing = [
         r.text.split("=== EXISTING_SUMMARY ===")[1].split("=== END_EXISTING_SUMMARY ===")[0].strip()
@@ -240,6 +241,59 @@ def test_large_fold_is_summarized_in_chunks(api, use_fake_openai, settings) -> N
     folded = "\n".join(r.text for r in requests)
     for message in Message.objects.filter(chat_id=chat_id, seq__lte=12):
         assert message.content in folded
+    # Each chunk is a fold of its own: a ledger row, a summary version, consecutive ranges.
+    ledger = list(Consolidation.objects.filter(chat_id=chat_id).order_by("id"))
+    assert len(ledger) == len(requests)
+    assert [row.status for row in ledger] == ["succeeded"] * len(ledger)
+    assert [row.summarizer_calls for row in ledger] == [1] * len(ledger)
+    assert [row.base_version for row in ledger] == list(range(len(ledger)))
+    assert ledger[0].from_seq == 1 and ledger[-1].to_seq == 12
+    assert all(a.to_seq + 1 == b.from_seq for a, b in itertools.pairwise(ledger))
+    assert ledger[-1].pk == outcome.ledger_id
+    brief = Brief.objects.get(chat_id=chat_id)
+    assert (brief.last_consolidated, brief.version) == (12, len(ledger))
+
+
+def test_a_later_chunk_failing_keeps_the_chunks_before_it(api, use_fake_openai, settings) -> None:  # type: ignore[no-untyped-def]
+    """When all chunks committed together, a failure (or the task's time limit) in the last one
+    threw away the others, and every retry summarized the whole backlog again."""
+    settings.MEMORY_SUMMARIZER_INPUT_BUDGET = 120
+    chat_id = new_chat(api)
+    turns(api, chat_id, 26)
+    use_fake_openai.queue_faults("summarize", ["ok", "500"])
+    outcome = consolidation.consolidate_once(chat_id, "turn")
+    assert (outcome.status, outcome.kind) == ("failed", "server_error")
+    first, second = Consolidation.objects.filter(chat_id=chat_id).order_by("id")
+    assert (first.status, second.status) == ("succeeded", "failed")
+    brief = Brief.objects.get(chat_id=chat_id)
+    assert (brief.last_consolidated, brief.version) == (first.to_seq, 1)
+    assert 0 < first.to_seq < 12 and second.from_seq == first.to_seq + 1
+    assert brief.consecutive_failures == 1 and brief.next_attempt_at is not None
+    # The policy decides again from the new watermark: the 2 messages left are under the
+    # window, so the retry finds nothing due and ends the failure state...
+    retry_at = brief.next_attempt_at + timedelta(seconds=1)
+    assert consolidation.consolidate_once(chat_id, "retry", now=retry_at).status == "nothing"
+    assert Brief.objects.get(chat_id=chat_id).consecutive_failures == 0
+    # ...and a fold starts where the committed chunk ended.
+    manual = consolidation.consolidate_once(chat_id, "manual")
+    assert manual.status == "succeeded"
+    assert manual.decision is not None and manual.decision.from_seq == first.to_seq + 1
+    assert Brief.objects.get(chat_id=chat_id).last_consolidated == 12
+
+
+def test_chunks_stop_at_the_deadline_and_say_more_is_due(api, use_fake_openai, settings) -> None:  # type: ignore[no-untyped-def]
+    settings.MEMORY_SUMMARIZER_INPUT_BUDGET = 120
+    settings.MEMORY_LLM_TIMEOUT_SECONDS = 30
+    chat, snapshot, decision = chat_with_a_fold_due(api)
+    # Time for the first chunk only: each later one could take up to the 30 s LLM timeout.
+    deadline = time.monotonic() + 20
+    outcome = consolidation.execute_fold(
+        chat, snapshot, decision, now=timezone.now(), deadline=deadline
+    )
+    assert (outcome.status, outcome.more_due, outcome.decision) == ("succeeded", True, decision)
+    assert len(use_fake_openai.summarize_requests()) == 1
+    (only,) = Consolidation.objects.filter(chat_id=chat.pk)
+    assert Brief.objects.get(chat_id=chat.pk).last_consolidated == only.to_seq < decision.to_seq
 
 
 FLUSHED: list[tuple[int, list[int], int]] = []
@@ -448,6 +502,26 @@ def test_a_backlog_of_several_folds_is_folded_by_the_same_task(api) -> None:  # 
     assert statuses == ["succeeded", "succeeded", "succeeded"]
     assert Brief.objects.get(chat_id=chat_id).last_consolidated == 36
     assert not lock.is_pending(chat_id)
+
+
+def test_a_task_out_of_time_hands_the_backlog_on(api, settings, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """No rerun starts that could outrun the task's soft time limit: the lock is released and a
+    fresh task is queued for what is left."""
+    from memory_worker import dispatch
+    from memory_worker.locks import LocalChatLock
+
+    chat_id = new_chat(api, policy_overrides={"max_fold_turns": 6})
+    turns(api, chat_id, 38)  # three folds of 12 due, as above
+    settings.MEMORY_LLM_TIMEOUT_SECONDS = 60
+    settings.MEMORY_TASK_SOFT_TIME_LIMIT = 30  # not even one more summarizer call fits
+    requested: list[tuple[int, str]] = []
+    monkeypatch.setattr(dispatch, "request_consolidation", recorder(requested))
+    lock = LocalChatLock(ttl_seconds=60)
+    statuses, _ = task_run(chat_id, lock)
+    assert statuses == ["succeeded"]
+    assert Brief.objects.get(chat_id=chat_id).last_consolidated == 12
+    assert requested == [(chat_id, "rerun")]
+    assert lock.acquire_or_mark_pending(chat_id, "next")  # released
 
 
 def test_a_fold_made_due_during_a_fold_runs_as_a_rerun(api, monkeypatch) -> None:  # type: ignore[no-untyped-def]

@@ -188,6 +188,34 @@ def test_fast_retries_stop_at_the_degraded_limit(api, use_fake_openai, ladder, m
     assert Consolidation.objects.filter(chat_id=chat_id, status="failed").count() == 4
 
 
+@pytest.mark.django_db
+def test_a_manual_fold_waits_for_a_run_holding_the_chat(api, settings, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """The holder's reruns judge by the policy's triggers, and here none is due: a manual request
+    that only marked the chat pending was lost. It now comes back when the lock may be free."""
+    from memory_worker.runtime import chat_lock
+
+    published = queued_retries(monkeypatch)
+    chat_id = contract_chat_after_turns(api, 4)  # 8 messages: under K + B, a manual fold folds 2
+    assert consolidation.consolidate_once(chat_id, "turn").status == "nothing"
+    lock = chat_lock()
+    assert lock.acquire_or_mark_pending(chat_id, "another-run")
+    assert tasks.consolidate_chat(chat_id, "manual") == []
+    assert [(o["args"], o["kwargs"], o["countdown"]) for o in published] == [
+        ((chat_id, "manual"), {"waited": 5.0}, 5.0)
+    ]
+    assert lock.release(chat_id, "another-run")
+    lock.clear_pending(chat_id)
+    assert tasks.consolidate_chat(chat_id, "manual", waited=5.0) == ["succeeded"]
+    assert Brief.objects.get(chat_id=chat_id).last_consolidated == 2
+    # It waits for as long as a lock can be held, no longer.
+    assert lock.acquire_or_mark_pending(chat_id, "another-run")
+    waited = float(settings.MEMORY_LOCK_TTL_SECONDS)
+    assert tasks.consolidate_chat(chat_id, "manual", waited=waited) == []
+    assert len(published) == 1
+    lock.release(chat_id, "another-run")
+    lock.clear_pending(chat_id)
+
+
 # --------------------------------------------------------------------------------------------
 # The client: no retries of its own
 

@@ -133,6 +133,44 @@ def test_worker_killed_mid_llm_call_is_recovered(
     assert chat_violations(chat_id) == []
 
 
+def test_a_backlog_slower_than_the_time_limit_is_folded_chunk_by_chunk(
+    require_postgres, broker, settings, user, use_fake_openai
+) -> None:  # type: ignore[no-untyped-def]
+    """A fold of 9 turns, every turn its own summarizer chunk, each call 1 s: longer than the
+    task's 5 s soft time limit. Committed together, the chunks were thrown away at the limit by
+    every attempt and the chat never folded; committed one by one, each task folds what fits
+    and hands the rest on."""
+    use_fake_openai.summarize_latency = 1.0
+    settings.MEMORY_DISPATCH = "off"  # build the backlog without triggering anything
+    api = client_for(user)
+    body = {"policy": "sliding-window", "policy_overrides": {"tail_messages": 2, "window": 4}}
+    chat_id = api.post("/api/v1/chats/", body, format="json").json()["id"]
+    for number in range(10):  # 20 messages: 18 beyond the tail, under the hard limit (30)
+        api.post(f"/api/v1/chats/{chat_id}/turns/", {"content": f"fact {number}"}, format="json")
+    assert Brief.objects.get(chat_id=chat_id).last_consolidated == 0
+    settings.MEMORY_DISPATCH = "celery"
+    env = {**model_env(use_fake_openai), "MEMORY_SUMMARIZER_INPUT_BUDGET": "1"}
+    worker = Worker(broker, "chunks", env=env)
+    try:
+        worker.wait_ready()
+        assert request_consolidation(chat_id, "turn")
+        # Until the backlog beyond the tail is under the window again: W = 16 of 18.
+        assert wait_until(
+            lambda: (
+                Brief.objects.get(chat_id=chat_id).last_consolidated >= 16
+                and not Consolidation.objects.filter(chat_id=chat_id, status="running").exists()
+            ),
+            timeout=60,
+            interval=0.2,
+        ), worker.log()
+    finally:
+        worker.stop()
+    ledger = Consolidation.objects.filter(chat_id=chat_id)
+    assert set(ledger.values_list("status", flat=True)) == {"succeeded"}
+    assert ledger.count() == len(use_fake_openai.summarize_requests()) == 8
+    assert chat_violations(chat_id) == []
+
+
 def test_paused_worker_past_its_lock_writes_nothing(
     require_postgres, broker, settings, user, use_fake_openai
 ) -> None:  # type: ignore[no-untyped-def]

@@ -1,0 +1,60 @@
+"""Whose time limits a memory task runs under: the worker's (DESIGN §6). Celery writes the
+publishing process's limits into each message and the worker obeys the message, so the web
+process's deadlines (here the test process's defaults, 240 s and 300 s) used to govern every
+fold it queued, whatever the workers were configured with."""
+
+import threading
+
+import pytest
+
+from memory_worker import agent_summaries, tasks
+from tests.test_worker import celery_broker  # noqa: F401  (fixture)
+from tests.workers import FAST_DEADLINES, Worker, wait_until
+
+RELEASE = threading.Event()
+
+
+def sleeping_hook(chat_id: int, messages: list[object], version: int) -> None:
+    """A flush hook that outlives any soft time limit (run in the worker process)."""
+    RELEASE.wait(60)
+
+
+@pytest.mark.parametrize(
+    ("task", "args"),
+    [
+        (tasks.consolidate_chat, (1,)),
+        (tasks.sweep, ()),
+        (tasks.run_flush_hook, ("hook", 1, 1, 2, 1)),
+        (agent_summaries.summarize_agent_turns, (1,)),
+    ],
+    ids=lambda value: getattr(value, "name", ""),
+)
+def test_memory_tasks_are_published_without_time_limits(task, args, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from chatmem_project.celery import app
+
+    sent: list[object] = []
+    monkeypatch.setattr(app.amqp, "send_task_message", lambda *args, **kw: sent.append(args[2]))
+    task.apply_async(args=args)
+    (message,) = sent
+    assert message.headers["timelimit"] == [None, None]  # type: ignore[attr-defined]
+    # The worker falls back to the task's own, from its settings.
+    assert (task.soft_time_limit, task.time_limit) == (240, 300)
+
+
+@pytest.mark.postgres
+@pytest.mark.redis
+@pytest.mark.worker
+def test_a_task_queued_elsewhere_runs_under_the_workers_soft_time_limit(
+    require_postgres,
+    celery_broker,  # noqa: F811
+) -> None:  # type: ignore[no-untyped-def]
+    worker = Worker(celery_broker, "deadlines", env=dict(FAST_DEADLINES))
+    try:
+        worker.wait_ready()
+        hook = f"{__name__}.sleeping_hook"
+        tasks.run_flush_hook.apply_async(args=(hook, 1, 1, 2, 1), retry=False)
+        assert wait_until(lambda: "Soft time limit (5s) exceeded" in worker.log(), timeout=30), (
+            worker.log()
+        )
+    finally:
+        worker.stop()
