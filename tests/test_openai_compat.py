@@ -321,3 +321,45 @@ def test_a_silent_model_keeps_the_stream_alive(
         reply = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
     stored = Message.objects.filter(chat__external_id="silent").order_by("-seq").first()
     assert stored is not None and reply == stored.content and reply
+
+
+def sse_chunks(live_server: Any, token: str, chat: str, include_usage: bool) -> list[Any]:
+    import httpx
+
+    body: dict[str, Any] = {
+        "model": "default",
+        "messages": [{"role": "user", "content": "count the chunks"}],
+        "stream": True,
+    }
+    if include_usage:
+        body["stream_options"] = {"include_usage": True}
+    headers = {"Authorization": f"Bearer {token}", "X-Chatmem-Chat-Id": chat}
+    with httpx.stream(
+        "POST", f"{live_server.url}/v1/chat/completions", json=body, headers=headers, timeout=30
+    ) as response:
+        lines = [line for line in response.iter_lines() if line.startswith("data: ")]
+    assert lines[-1] == "data: [DONE]"
+    return [json.loads(line.removeprefix("data: ")) for line in lines[:-1]]
+
+
+def test_stream_chunks_share_one_id_unique_per_completion(
+    memory: FakeOpenAI, live_server: Any, token: str
+) -> None:
+    """As OpenAI sends them: every chunk of a completion has the same id and created, a new
+    completion a new id (two streams of one chat shared an id), and with include_usage every
+    chunk but the usage one says "usage": null."""
+    memory.reply_words = 12
+    first = sse_chunks(live_server, token, "ids", include_usage=True)
+    second = sse_chunks(live_server, token, "ids", include_usage=False)
+    for chunks in (first, second):
+        assert len(chunks) > 3
+        assert len({c["id"] for c in chunks}) == 1 and len({c["created"] for c in chunks}) == 1
+    assert first[0]["id"] != second[0]["id"]
+    assert all(c["usage"] is None for c in first[:-1])
+    assert first[-1]["choices"] == [] and first[-1]["usage"]["total_tokens"] > 0
+    assert all("usage" not in c for c in second)
+    # The chunk that ends the reply says where it was stored, as a JSON completion's body does.
+    (ending,) = [c for c in second if c["choices"] and c["choices"][0]["finish_reason"]]
+    chat = Chat.objects.get(external_id="ids")
+    stored = list(Message.objects.filter(chat=chat).order_by("seq").values_list("seq", flat=True))
+    assert ending["chatmem"] == {"chat_id": chat.pk, "seqs": stored[-2:]}

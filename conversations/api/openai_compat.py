@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import json
 import time
+import uuid
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from django.core.handlers.asgi import ASGIRequest
@@ -338,16 +340,37 @@ def sse(data: dict[str, Any] | str) -> bytes:
     return f"data: {payload}\n\n".encode()
 
 
-def chunk(
-    chat: Any, model: str, delta: dict[str, Any], finish_reason: str | None = None
-) -> dict[str, Any]:
-    return {
-        "id": completion_id(chat, "stream"),
-        "object": "chat.completion.chunk",
-        "created": int(time.time()),
-        "model": model,
-        "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}],
-    }
+@dataclass(frozen=True)
+class ChunkStream:
+    """What every chunk of one streamed completion shares, as OpenAI sends them: one id (unique
+    per completion: the stored reply's seq is not known when the first chunk goes out), one
+    ``created``, and with ``stream_options.include_usage`` a ``usage`` field, null on every
+    chunk but the final usage one."""
+
+    id: str
+    model: str
+    created: int
+    include_usage: bool
+    chat_id: int
+
+    @classmethod
+    def start(cls, chat: Any, model: str, include_usage: bool) -> ChunkStream:
+        stream_id = completion_id(chat, uuid.uuid4().hex[:16])
+        return cls(stream_id, model, int(time.time()), include_usage, chat.pk)
+
+    def chunk(self, delta: dict[str, Any], finish_reason: str | None = None) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "id": self.id,
+            "object": "chat.completion.chunk",
+            "created": self.created,
+            "model": self.model,
+            "choices": [
+                {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+            ],
+        }
+        if self.include_usage:
+            body["usage"] = None
+        return body
 
 
 def sse_events(
@@ -355,28 +378,26 @@ def sse_events(
 ) -> Iterator[bytes]:
     """The standard chunk stream. If the client goes away, this generator is closed, but the
     exchange thread goes on and stores the reply."""
-    model = variant.model
-    yield sse(chunk(chat, model, {"role": "assistant", "content": ""}))
+    stream = ChunkStream.start(chat, variant.model, usage)
+    yield sse(stream.chunk({"role": "assistant", "content": ""}))
     for delta in streamed.deltas():
-        yield KEEP_ALIVE if delta is None else sse(chunk(chat, model, {"content": delta}))
-    yield from closing_events(streamed, model, chat, usage)
+        yield KEEP_ALIVE if delta is None else sse(stream.chunk({"content": delta}))
+    yield from closing_events(streamed, stream)
 
 
 async def async_sse_events(
     streamed: exchanges.StreamedExchange, variant: ModelVariant, chat: Any, usage: bool
 ) -> AsyncIterator[bytes]:
     """``sse_events`` for ASGI servers: waits on the event loop, holding no thread."""
-    model = variant.model
-    yield sse(chunk(chat, model, {"role": "assistant", "content": ""}))
+    stream = ChunkStream.start(chat, variant.model, usage)
+    yield sse(stream.chunk({"role": "assistant", "content": ""}))
     async for delta in streamed.adeltas():
-        yield KEEP_ALIVE if delta is None else sse(chunk(chat, model, {"content": delta}))
-    for event in closing_events(streamed, model, chat, usage):
+        yield KEEP_ALIVE if delta is None else sse(stream.chunk({"content": delta}))
+    for event in closing_events(streamed, stream):
         yield event
 
 
-def closing_events(
-    streamed: exchanges.StreamedExchange, model: str, chat: Any, usage: bool
-) -> Iterator[bytes]:
+def closing_events(streamed: exchanges.StreamedExchange, stream: ChunkStream) -> Iterator[bytes]:
     """After the deltas: the tool calls, the finish reason, usage if asked, then [DONE]; or an
     error event when the exchange failed (nothing stored)."""
     if streamed.error is not None or streamed.result is None:
@@ -385,10 +406,12 @@ def closing_events(
     result = streamed.result
     if result.completion.tool_calls:
         calls = [{"index": i, **call} for i, call in enumerate(result.completion.tool_calls)]
-        yield sse(chunk(chat, model, {"tool_calls": calls}))
-    yield sse(chunk(chat, model, {}, result.completion.finish_reason))
-    if usage:
-        yield sse({**chunk(chat, model, {}), "choices": [], "usage": usage_of(result)})
+        yield sse(stream.chunk({"tool_calls": calls}))
+    # What a JSON completion says in its body, on the chunk that ends the reply.
+    stored = {"chat_id": stream.chat_id, "seqs": [m.seq for m in result.stored]}
+    yield sse({**stream.chunk({}, result.completion.finish_reason), "chatmem": stored})
+    if stream.include_usage:
+        yield sse({**stream.chunk({}), "choices": [], "usage": usage_of(result)})
     yield sse("[DONE]")
 
 
