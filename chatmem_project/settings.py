@@ -17,18 +17,20 @@ environ.Env.read_env(BASE_DIR / ".env", overwrite=False)
 def env_number(name: str, default: float, kind: type[int] | type[float]) -> float:
     """A number from the environment, or a start-up error naming the variable. Not django-
     environ's: its float() drops every character but digits, "," "." and "-" ("1e3" is 13.0),
-    and its int() error does not say which variable. Empty means the default."""
+    and its int() error does not say which variable. Read as Python reads a float, so "1e3" is
+    1000 for an integer too. Empty means the default."""
     raw = env.str(name, default="").strip()
     if not raw:
         return default
     what = "an integer" if kind is int else "a finite number"
     try:
-        value = kind(raw)
+        value = float(raw)
     except ValueError:
         raise ImproperlyConfigured(f"{name} must be {what}, got {raw!r}") from None
-    if not math.isfinite(value):  # float() reads "nan" and "inf"
+    # float() reads "nan" and "inf"
+    if not math.isfinite(value) or (kind is int and not value.is_integer()):
         raise ImproperlyConfigured(f"{name} must be {what}, got {raw!r}")
-    return value
+    return int(value) if kind is int else value
 
 
 def env_int(name: str, default: int) -> int:
@@ -39,24 +41,38 @@ def env_float(name: str, default: float) -> float:
     return float(env_number(name, default, float))
 
 
-DEBUG = env.bool("DEBUG", default=False)
-SECRET_KEY = env("SECRET_KEY", default="django-insecure-chatmem-local-only-set-SECRET_KEY")
-ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=["127.0.0.1", "localhost"])
+def env_bool(name: str, default: bool) -> bool:
+    """Empty means the default (django-environ reads an empty variable as false, so
+    ``CHAT_DIRECT_HTTP=`` turned a default-on setting off)."""
+    if not env.str(name, default="").strip():
+        return default
+    return env.bool(name)
+
+
+def env_text(name: str, default: str) -> str:
+    """For settings that cannot be empty (a model name, a preset, a key): empty means the
+    default. Not for those where empty means something (``TURN_RATE_LIMIT``: no limit)."""
+    return env.str(name, default="").strip() or default
+
+
+DEBUG = env_bool("DEBUG", False)
+SECRET_KEY = env_text("SECRET_KEY", "django-insecure-chatmem-local-only-set-SECRET_KEY")
+ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=[]) or ["127.0.0.1", "localhost"]
 CSRF_TRUSTED_ORIGINS = env.list("CSRF_TRUSTED_ORIGINS", default=[])
 
 # HTTPS hardening for production (`manage.py check --deploy` passes with the values in
 # .env.example's production block). Off by default: the embedded mode serves plain HTTP locally.
-SECURE_SSL_REDIRECT = env.bool("SECURE_SSL_REDIRECT", default=False)
+SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", False)
 # Health probes come over plain HTTP from inside the container or the orchestrator.
 SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^readyz$"]
 SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 0)
-SECURE_HSTS_INCLUDE_SUBDOMAINS = env.bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", default=False)
-SECURE_HSTS_PRELOAD = env.bool("SECURE_HSTS_PRELOAD", default=False)
-SESSION_COOKIE_SECURE = env.bool("SESSION_COOKIE_SECURE", default=False)
-CSRF_COOKIE_SECURE = env.bool("CSRF_COOKIE_SECURE", default=False)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", False)
+SECURE_HSTS_PRELOAD = env_bool("SECURE_HSTS_PRELOAD", False)
+SESSION_COOKIE_SECURE = env_bool("SESSION_COOKIE_SECURE", False)
+CSRF_COOKIE_SECURE = env_bool("CSRF_COOKIE_SECURE", False)
 # Behind a TLS-terminating proxy that sets X-Forwarded-Proto (set only if the proxy strips it
 # from client requests).
-if env.bool("SECURE_PROXY_SSL_HEADER", default=False):
+if env_bool("SECURE_PROXY_SSL_HEADER", False):
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
 
 INSTALLED_APPS = [
@@ -116,7 +132,7 @@ DATABASES["default"]["CONN_MAX_AGE"] = env_int("DB_CONN_MAX_AGE", 60)
 # Off by default (Django's default): a health check is a `SELECT 1` round trip at the start of
 # every request, about a tenth of a turn's time under load. Without it a connection PostgreSQL
 # dropped fails the one request that finds it, and Django replaces it for the next.
-DATABASES["default"]["CONN_HEALTH_CHECKS"] = env.bool("DB_CONN_HEALTH_CHECKS", default=False)
+DATABASES["default"]["CONN_HEALTH_CHECKS"] = env_bool("DB_CONN_HEALTH_CHECKS", False)
 # A bounded connection pool per process (PostgreSQL; psycopg_pool), for servers that hold many
 # requests open at once (ASGI, many slow streams): a burst waits for a free connection instead
 # of failing with "too many clients". Pooled connections replace persistent ones.
@@ -161,7 +177,7 @@ TIME_ZONE = "UTC"
 USE_I18N = True
 USE_TZ = True
 STATIC_URL = "static/"
-STATIC_ROOT = env("STATIC_ROOT", default=str(BASE_DIR / "staticfiles"))
+STATIC_ROOT = env_text("STATIC_ROOT", str(BASE_DIR / "staticfiles"))
 
 # --- REST API -------------------------------------------------------------------------------
 REST_FRAMEWORK = {
@@ -221,7 +237,7 @@ LLM_TIMEOUT_SECONDS = env_float("LLM_TIMEOUT_SECONDS", 60.0)
 # A turn's non-streamed model request goes over the worker thread's own keep-alive connection
 # (conversations.model_http) rather than the SDK's shared pool; false: the SDK sends it. With an
 # HTTP(S) proxy in the environment the SDK always sends it.
-CHAT_DIRECT_HTTP = env.bool("CHAT_DIRECT_HTTP", default=True)
+CHAT_DIRECT_HTTP = env_bool("CHAT_DIRECT_HTTP", True)
 MEMORY_LLM_TIMEOUT_SECONDS = env_float("MEMORY_LLM_TIMEOUT_SECONDS", 60.0)
 # Ordered deadlines (DESIGN §6): LLM < soft < hard < lock TTL < broker visibility timeout.
 MEMORY_TASK_SOFT_TIME_LIMIT = env_int("MEMORY_TASK_SOFT_TIME_LIMIT", 240)
@@ -273,7 +289,7 @@ CELERY_BEAT_SCHEDULE = {
 # --- Models ---------------------------------------------------------------------------------
 OPENAI_BASE_URL = env("OPENAI_BASE_URL", default="") or None
 OPENAI_API_KEY = env("OPENAI_API_KEY", default="")
-CHAT_MODEL = env("CHAT_MODEL", default="gpt-4o-mini")
+CHAT_MODEL = env_text("CHAT_MODEL", "gpt-4o-mini")
 CHAT_MODEL_CONTEXT_TOKENS = env_int("CHAT_MODEL_CONTEXT_TOKENS", 128000)
 # Extra variants a turn may pick: "name=model:context_tokens,..." (seed 003 §6).
 MODEL_VARIANTS = env("MODEL_VARIANTS", default="")
@@ -281,15 +297,15 @@ MODEL_VARIANTS = env("MODEL_VARIANTS", default="")
 CHAT_BACKEND = env("CHAT_BACKEND", default="")
 
 # --- Memory ---------------------------------------------------------------------------------
-MEMORY_POLICY = env("MEMORY_POLICY", default="sliding-window")
-MEMORY_SUMMARIZER_MODEL = env("MEMORY_SUMMARIZER_MODEL", default="gpt-4o-mini")
+MEMORY_POLICY = env_text("MEMORY_POLICY", "sliding-window")
+MEMORY_SUMMARIZER_MODEL = env_text("MEMORY_SUMMARIZER_MODEL", "gpt-4o-mini")
 # "chat" (Chat Completions), "responses" (hosted prompt, seed 003), "offline";
 # empty = chat when OPENAI_API_KEY is set, else offline.
 MEMORY_SUMMARIZER_BACKEND = env("MEMORY_SUMMARIZER_BACKEND", default="")
 MEMORY_SUMMARY_TOKEN_CAP = env_int("MEMORY_SUMMARY_TOKEN_CAP", 500)
 MEMORY_SUMMARIZER_INPUT_BUDGET = env_int("MEMORY_SUMMARIZER_INPUT_BUDGET", 12000)
-PROMPT_ID_SUMMARY_GLOBAL = env(
-    "PROMPT_ID_SUMMARY_GLOBAL", default="pmpt_6917ebe9367c819396fe4840cf0f0e050c18a965a3366120"
+PROMPT_ID_SUMMARY_GLOBAL = env_text(
+    "PROMPT_ID_SUMMARY_GLOBAL", "pmpt_6917ebe9367c819396fe4840cf0f0e050c18a965a3366120"
 )
 PROMPT_VERSION_SUMMARY_GLOBAL = env("PROMPT_VERSION_SUMMARY_GLOBAL", default="") or None
 
@@ -312,7 +328,7 @@ TURN_SLOT_STALE_SECONDS = env_float("TURN_SLOT_STALE_SECONDS", LLM_TIMEOUT_SECON
 TURN_STREAM_HEARTBEAT_SECONDS = 15.0
 
 # --- Logging --------------------------------------------------------------------------------
-LOG_LEVEL = env("LOG_LEVEL", default="INFO")
+LOG_LEVEL = env_text("LOG_LEVEL", "INFO")
 # /metrics (Prometheus): open by default, like /healthz; set a token to require
 # "Authorization: Bearer <token>". WORKER_METRICS_PORT: Celery workers serve theirs there.
 METRICS_TOKEN = env("METRICS_TOKEN", default="")
@@ -353,8 +369,8 @@ MEMORY_SWEEP_BATCH = env_int("MEMORY_SWEEP_BATCH", 500)
 MEMORY_FLUSH_HOOKS = env.list("MEMORY_FLUSH_HOOKS", default=[])
 # Seed 002's daily tier: a built-in flush hook that extracts durable facts from folded messages
 # into one note per chat and day ("offline": deterministic rules; "chat": one model call).
-MEMORY_DAILY_NOTES = env.bool("MEMORY_DAILY_NOTES", default=True)
-MEMORY_DAILY_NOTES_BACKEND = env("MEMORY_DAILY_NOTES_BACKEND", default="offline")
+MEMORY_DAILY_NOTES = env_bool("MEMORY_DAILY_NOTES", True)
+MEMORY_DAILY_NOTES_BACKEND = env_text("MEMORY_DAILY_NOTES_BACKEND", "offline")
 if MEMORY_DAILY_NOTES and "memory_worker.daily_notes.extract_daily_notes" not in MEMORY_FLUSH_HOOKS:
     MEMORY_FLUSH_HOOKS.append("memory_worker.daily_notes.extract_daily_notes")
 

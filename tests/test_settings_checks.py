@@ -111,18 +111,44 @@ def test_an_empty_dispatch_mode_means_the_default() -> None:
 
 
 def test_numbers_are_read_as_written_or_refused_by_name() -> None:
-    found = settings_in(
-        {"LLM_TIMEOUT_SECONDS": "1e3", "MEMORY_SWEEP_BATCH": " 250 "},
-        "LLM_TIMEOUT_SECONDS",
-        "MEMORY_SWEEP_BATCH",
-    )
-    assert found == {"LLM_TIMEOUT_SECONDS": 1000.0, "MEMORY_SWEEP_BATCH": 250}  # was 13.0
-    error = settings_in({"MEMORY_TASK_TIME_LIMIT": "60.0"}, "MEMORY_TASK_TIME_LIMIT")
-    assert "MEMORY_TASK_TIME_LIMIT must be an integer, got '60.0'" in error
+    # An integer is read the same way: a whole number however written (int("1e3") refused it).
+    written = {
+        "LLM_TIMEOUT_SECONDS": "1e3",
+        "MEMORY_SWEEP_BATCH": " 250 ",
+        "MEMORY_TASK_TIME_LIMIT": "60.0",
+        "DB_POOL_MAX_SIZE": "1e1",
+    }
+    found = settings_in(written, *written)
+    assert found == {
+        "LLM_TIMEOUT_SECONDS": 1000.0,  # was 13.0
+        "MEMORY_SWEEP_BATCH": 250,
+        "MEMORY_TASK_TIME_LIMIT": 60,
+        "DB_POOL_MAX_SIZE": 10,
+    }
+    error = settings_in({"MEMORY_TASK_TIME_LIMIT": "60.5"}, "MEMORY_TASK_TIME_LIMIT")
+    assert "MEMORY_TASK_TIME_LIMIT must be an integer, got '60.5'" in error
     error = settings_in({"LLM_TIMEOUT_SECONDS": "3,600"}, "LLM_TIMEOUT_SECONDS")
     assert "LLM_TIMEOUT_SECONDS must be a finite number, got '3,600'" in error  # was 3.6
     error = settings_in({"MEMORY_SWEEP_MIN_COOLDOWN_SECONDS": "nan"}, "DEBUG")
     assert "MEMORY_SWEEP_MIN_COOLDOWN_SECONDS must be a finite number, got 'nan'" in error
+
+
+def test_an_empty_setting_means_its_default() -> None:
+    """django-environ reads an empty boolean as false and an empty string as itself: a chat
+    model named "", a preset named "" (every process refused to start), default-on settings off.
+    Where empty means something, it still does (TURN_RATE_LIMIT: no limit)."""
+    empty = ("CHAT_DIRECT_HTTP", "CHAT_MODEL", "MEMORY_POLICY", "LOG_LEVEL", "ALLOWED_HOSTS")
+    env = {name: "" for name in (*empty, "TURN_RATE_LIMIT")} | {"MEMORY_DAILY_NOTES": "false"}
+    found = settings_in(env, *empty, "TURN_RATE_LIMIT", "MEMORY_DAILY_NOTES")
+    assert found == {
+        "CHAT_DIRECT_HTTP": True,
+        "CHAT_MODEL": "gpt-4o-mini",
+        "MEMORY_POLICY": "sliding-window",
+        "LOG_LEVEL": "INFO",
+        "ALLOWED_HOSTS": ["127.0.0.1", "localhost"],
+        "TURN_RATE_LIMIT": "",
+        "MEMORY_DAILY_NOTES": False,
+    }
 
 
 def test_an_empty_database_url_means_the_embedded_database() -> None:
