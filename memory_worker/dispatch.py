@@ -29,7 +29,9 @@ def request_consolidation(chat_id: int, trigger: str, due_at: datetime | None = 
         if mode == "celery":
             _publish(chat_id, trigger, due_at)
         elif mode == "inline":
-            _executor().submit(_run_inline, chat_id, trigger, due_at)
+            # The copied context carries the request id into the fold's log lines.
+            context = contextvars.copy_context()
+            _executor().submit(context.run, _run_inline, chat_id, trigger, due_at)
         else:
             return False
     except Exception:

@@ -107,6 +107,16 @@ def test_policies_endpoint_lists_every_preset(api) -> None:  # type: ignore[no-u
     assert names == sorted(["contract", "sliding-window", "token-budget", "chunked", "turn-digest"])
 
 
+def test_policies_endpoint_shows_the_operators_environment_knobs(api, settings) -> None:  # type: ignore[no-untyped-def]
+    """It listed the presets as shipped while chats got them with MEMORY_CONTEXT_SIZE & co."""
+    settings.MEMORY_PRESET_ENV_OVERRIDES = {"sliding-window": {"context_size": 100, "window": 8}}
+    listed = {p["name"]: p["parameters"] for p in api.get("/api/v1/policies/").json()["results"]}
+    window = listed["sliding-window"]
+    assert (window["context_size"], window["window"]) == (100, 8)
+    chat = api.post("/api/v1/chats/", {"policy": "sliding-window"}, format="json").json()
+    assert api.get(f"/api/v1/chats/{chat['id']}/").json()["effective_policy"] == window
+
+
 @pytest.mark.parametrize(
     "content",
     ["", "   \n\t ", 42, None, ["hi"], {"text": "hi"}, True, "x" * 32001],

@@ -106,3 +106,34 @@ def test_a_worker_logs_the_id_of_the_turn_that_queued_its_fold(
         assert Brief.objects.get(chat_id=chat_id).last_consolidated == 10
     finally:
         worker.stop()
+
+
+def test_the_embedded_runner_logs_the_id_of_the_request_that_queued_its_fold(
+    settings: Any, user: Any, transactional_db: None
+) -> None:
+    """The in-process runner's thread starts with an empty context: its fold lines had none."""
+    from memory_worker.dispatch import drain_inline
+
+    settings.MEMORY_DISPATCH = "inline"
+    settings.MEMORY_DAILY_NOTES = False  # no hook task left running into the flush
+    handler = Lines()
+    logging.getLogger("chatmem").addHandler(handler)
+    try:
+        api = client_for(user)
+        body = {"policy": "sliding-window", "policy_overrides": {"tail_messages": 2}}
+        chat_id = api.post("/api/v1/chats/", body, format="json").json()["id"]
+        for number in range(6):  # backlog 10 < window 12: the turns queue no fold
+            api.post(
+                f"/api/v1/chats/{chat_id}/turns/", {"content": f"fact {number}"}, format="json"
+            )
+        queued = api.post(
+            f"/api/v1/chats/{chat_id}/consolidate/", HTTP_X_REQUEST_ID="inline-fold-1"
+        )
+        assert queued.status_code == 202
+        drain_inline()
+        drain_inline()  # and what the fold queued after it (its flush hooks)
+    finally:
+        logging.getLogger("chatmem").removeHandler(handler)
+    folds = [line for line in handler.lines if line.get("event") == "fold"]
+    assert [fold.get("request_id") for fold in folds] == ["inline-fold-1"]
+    assert Brief.objects.get(chat_id=chat_id).last_consolidated == 10

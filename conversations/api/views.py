@@ -32,6 +32,7 @@ from conversations.services import turns as turn_service
 from conversations.services.variants import UnknownVariant
 from conversations.throttling import TurnRateThrottle
 from memory_worker.dispatch import request_consolidation
+from memory_worker.policies import effective_policy
 from memory_worker.presets import PRESETS, policy_parameters
 
 NOT_QUEUED = (
@@ -201,8 +202,9 @@ class PolicyListView(APIView):
         return Response(
             {
                 "results": [
-                    {"name": name, "parameters": policy_parameters(preset)}
-                    for name, preset in sorted(PRESETS.items())
+                    # As chats get them: with the operator's environment knobs.
+                    {"name": name, "parameters": policy_parameters(effective_policy(name))}
+                    for name in sorted(PRESETS)
                 ]
             }
         )
