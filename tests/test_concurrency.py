@@ -46,6 +46,9 @@ def test_twenty_concurrent_turns_on_one_chat(require_postgres, user, use_fake_op
     assert sorted(set(statuses)) <= [201, 409]
     assert statuses.count(201) >= 1
     assert statuses.count(201) + statuses.count(409) == 20
+    # One turn at a time: the turns that got through called the model one after the other (the
+    # append stores even a turn whose slot was taken over, so the rows alone would not show it).
+    assert use_fake_openai.counters()["max_in_flight"] == 1
     stored = assert_turn_aligned(chat["id"])
     assert stored == 2 * statuses.count(201)
     assert Chat.objects.get(pk=chat["id"]).turn_token is None

@@ -49,6 +49,10 @@ def chat_with_fold_due(user, settings) -> int:  # type: ignore[no-untyped-def]
     return chat_id
 
 
+def ledger_running(chat_id: int) -> bool:
+    return Consolidation.objects.filter(chat_id=chat_id, status="running").exists()
+
+
 def queue_is_empty(redis_url: str) -> bool:
     import redis
 
@@ -59,6 +63,7 @@ def test_burst_of_200_triggers_across_4_workers(
     require_postgres, broker, settings, user, use_fake_openai
 ) -> None:  # type: ignore[no-untyped-def]
     use_fake_openai.summarize_latency = 1.0  # runs overlap the whole burst
+    settings.MEMORY_ENQUEUE_DEDUP_SECONDS = 0  # all 200 tasks reach the broker: the lock decides
     chat_id = chat_with_fold_due(user, settings)
     workers = [Worker(broker, f"burst{n}", env=model_env(use_fake_openai)) for n in range(4)]
     try:
@@ -94,6 +99,8 @@ def test_burst_of_200_triggers_across_4_workers(
         if "chatmem.consolidate_chat" in line and "succeeded" in line
     }
     assert handled_by, "no worker reported a finished task"
+    contended = [w.name for w in workers if "lock busy, rerun marked" in w.log()]
+    assert contended, "no task met the held lock: the burst did not test it"
 
 
 def test_worker_killed_mid_llm_call_is_recovered(
@@ -123,12 +130,16 @@ def test_worker_killed_mid_llm_call_is_recovered(
         assert wait_until(recovered, timeout=40, interval=1.0), rescuer.log()
         recovery_seconds = time.monotonic() - killed_at
         print(f"\nrecovery after kill -9: {recovery_seconds:.1f} s (lock TTL 8 s)")
+        tasks.sweep()  # past the lock TTL by now: the victim's row is abandoned
     finally:
         victim.stop()
         if rescuer is not None:
             rescuer.stop()
     succeeded = Consolidation.objects.filter(chat_id=chat_id, status="succeeded")
     assert succeeded.count() == 1
+    # The killed run's ledger row does not stay "running": the sweep marks it abandoned.
+    abandoned = Consolidation.objects.filter(chat_id=chat_id, error="abandoned: worker died")
+    assert abandoned.count() == 1 and not ledger_running(chat_id)
     assert Brief.objects.get(chat_id=chat_id).version == 1
     assert chat_violations(chat_id) == []
 
