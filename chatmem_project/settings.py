@@ -274,6 +274,10 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {
     "max_retries": 0,
 }
 CELERY_BROKER_CONNECTION_TIMEOUT = 2
+# A publish waits at most this long for one of the process's broker_pool_limit (10) producers:
+# with gevent, hundreds of turns in a process wait on a broker that stopped answering (5 s per
+# call), unbounded by default, while a turn's answer waits on its publish.
+CELERY_BROKER_POOL_ACQUIRE_TIMEOUT = 2.0
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_TASK_PUBLISH_RETRY = False
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False

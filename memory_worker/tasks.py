@@ -52,6 +52,10 @@ def _queue_again(chat_id: int, trigger: str, delay: float, waited: float = 0.0) 
     # A new delayed task rather than Celery's retry(): the attempt is already recorded, so this
     # one ends cleanly. If the broker refuses, the sweep retries a failed fold once
     # next_attempt_at is due; a waiting manual request is lost (logged) and can be asked again.
+    if delay >= settings.BROKER_VISIBILITY_TIMEOUT / 2:
+        # Redis hands a delayed message held that long by a worker to another one (its restore
+        # ignores the ETA): the fold would run twice. The sweep retries it when it is due.
+        return
     kwargs = {"waited": waited + delay} if trigger == "manual" else {}
     try:
         consolidate_chat.apply_async(

@@ -68,3 +68,19 @@ def test_env_example_lists_every_setting_read_from_the_environment() -> None:
         re.findall(r"^#?\s*([A-Z][A-Z_0-9]+)=", (ROOT / ".env.example").read_text(), re.M)
     )
     assert read - documented == set()
+
+
+def test_compose_lets_a_stopping_worker_finish_its_fold() -> None:
+    """Docker's default 10 s before SIGKILL cut folds short on every deploy, and the messages
+    the worker held came back only after the broker's visibility timeout."""
+    from django.conf import settings
+
+    worker = COMPOSE.split("\n  worker:")[1].split("\n  beat:")[0]
+    grace = re.search(r"^\s+stop_grace_period: (\d+)s$", worker, re.M)
+    assert grace is not None
+    assert int(grace.group(1)) > settings.MEMORY_TASK_TIME_LIMIT
+
+
+def test_a_publish_waits_a_bounded_time_for_a_broker_producer() -> None:
+    app = importlib.import_module("chatmem_project").celery_app
+    assert app.conf.broker_pool_acquire_timeout == 2.0  # Celery's default waits forever

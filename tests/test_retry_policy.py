@@ -172,6 +172,21 @@ def test_non_transient_failure_is_not_retried_fast(
 
 
 @pytest.mark.django_db
+def test_a_retry_delayed_past_half_the_visibility_timeout_is_left_to_the_sweep(
+    api, use_fake_openai, ladder, monkeypatch
+) -> None:  # type: ignore[no-untyped-def]
+    """Redis gives a delayed message a worker has held for the visibility timeout to another
+    worker (its restore ignores the ETA): the retry would run twice."""
+    ladder.BROKER_VISIBILITY_TIMEOUT = 50  # the ~30 s first backoff is past half of it
+    published = queued_retries(monkeypatch)
+    chat_id = chat_with_fold_due(api)
+    use_fake_openai.queue_faults("summarize", ["500"])
+    assert tasks.consolidate_chat(chat_id, "turn") == ["failed"]
+    assert published == []
+    assert Brief.objects.get(chat_id=chat_id).next_attempt_at is not None  # the sweep's cue
+
+
+@pytest.mark.django_db
 def test_fast_retries_stop_at_the_degraded_limit(api, use_fake_openai, ladder, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     published = queued_retries(monkeypatch)
     chat_id = chat_with_fold_due(api)
