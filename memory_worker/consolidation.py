@@ -508,13 +508,22 @@ def record_failure(
         duration_ms=int((time.monotonic() - started) * 1000),
         error=error[:2000],
     )
+    return fail_brief(ledger, snapshot.version, error, kind, now)
+
+
+def fail_brief(
+    ledger: Consolidation, version: int, error: str, kind: str, now: datetime
+) -> RetryPlan:
+    """A failed attempt on the chat's brief: one more consecutive failure, the retry time, and
+    degraded per the retry plan; and its log line. Filtered by the version the attempt read: if
+    another fold committed meanwhile, this failure is old news."""
+    chat_id = ledger.chat_id
     failures = (
         Brief.objects.filter(chat_id=chat_id).values_list("consecutive_failures", flat=True).first()
         or 0
     ) + 1
     plan = retry_plan(kind, failures)
-    # Filtered by version: if another fold committed meanwhile, this failure is old news.
-    current = Brief.objects.filter(chat_id=chat_id, version=snapshot.version).update(
+    current = Brief.objects.filter(chat_id=chat_id, version=version).update(
         consecutive_failures=failures,
         degraded=plan.degraded,
         next_attempt_at=now + plan.delay,
@@ -596,13 +605,27 @@ def consolidate_with_lock(
     return outcomes
 
 
+ABANDONED = "abandoned: worker died"
+
+
 def abandon_stale_runs(now: datetime) -> int:
-    """Ledger rows left ``running`` by a killed worker: nothing was written for them (the fold
-    commits atomically), so they are marked failed once no lock can still cover them."""
+    """Ledger rows left ``running`` by a killed worker: nothing was written for them (each chunk
+    commits atomically), so they are marked failed once no lock can still cover them, and the
+    chat's brief counts the failure like a crash. A fold that kills its worker every time (out of
+    memory) backs off and turns degraded instead of being retried every lock TTL for ever."""
     cutoff = now - timedelta(seconds=settings.MEMORY_LOCK_TTL_SECONDS)
-    return Consolidation.objects.filter(
-        status=ConsolidationStatus.RUNNING, started_at__lt=cutoff
-    ).update(status=ConsolidationStatus.FAILED, error="abandoned: worker died", finished_at=now)
+    stale = list(
+        Consolidation.objects.filter(status=ConsolidationStatus.RUNNING, started_at__lt=cutoff)
+    )
+    abandoned = 0
+    for ledger in stale:
+        # Conditional: a row that finished meanwhile keeps its own outcome.
+        if Consolidation.objects.filter(pk=ledger.pk, status=ConsolidationStatus.RUNNING).update(
+            status=ConsolidationStatus.FAILED, error=ABANDONED, finished_at=now
+        ):
+            fail_brief(ledger, ledger.base_version, ABANDONED, CRASH_KIND, now)
+            abandoned += 1
+    return abandoned
 
 
 def sweep_candidates(now: datetime, lock: ChatLock, limit: int) -> list[int]:

@@ -413,11 +413,22 @@ def test_abandoned_running_rows_are_marked_failed(api, settings) -> None:  # typ
     Consolidation.objects.filter(pk=old.pk).update(
         started_at=timezone.now() - timedelta(seconds=settings.MEMORY_LOCK_TTL_SECONDS + 1)
     )
-    assert consolidation.abandon_stale_runs(timezone.now()) == 1
+    now = timezone.now()
+    assert consolidation.abandon_stale_runs(now) == 1
     old.refresh_from_db()
     fresh.refresh_from_db()
     assert (old.status, fresh.status) == ("failed", "running")
     assert "abandoned" in old.error
+    # Counted on the brief like a crash: a fold that kills its worker every time backs off and
+    # degrades instead of being retried every lock TTL for ever.
+    brief = Brief.objects.get(chat_id=chat_id)
+    assert (brief.consecutive_failures, brief.last_error) == (1, old.error)
+    assert brief.next_attempt_at is not None and brief.next_attempt_at > now
+    # A run that read an older version than the brief's is old news for the brief.
+    Brief.objects.filter(chat_id=chat_id).update(version=5)
+    Consolidation.objects.filter(pk=fresh.pk).update(started_at=old.started_at)
+    assert consolidation.abandon_stale_runs(timezone.now()) == 1
+    assert Brief.objects.get(chat_id=chat_id).consecutive_failures == 1
 
 
 def committed_rows(chat_id: int) -> tuple[dict[str, object], list[dict[str, object]]]:

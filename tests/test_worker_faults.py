@@ -107,6 +107,9 @@ def test_worker_killed_mid_llm_call_is_recovered(
     require_postgres, broker, settings, user, use_fake_openai
 ) -> None:  # type: ignore[no-untyped-def]
     use_fake_openai.summarize_latency = 3.0
+    # The sweep below runs here: the abandoned run counts as a crash on the brief, whose first
+    # backoff (30 s by default) would otherwise outlast the test's patience.
+    settings.MEMORY_FAILURE_BACKOFF_SECONDS = 1
     chat_id = chat_with_fold_due(user, settings)
     victim = Worker(broker, "victim", env=model_env(use_fake_openai))
     rescuer = None
