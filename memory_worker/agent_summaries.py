@@ -18,6 +18,9 @@ log = logging.getLogger("chatmem.agent_summaries")
     queue="memory",
     acks_late=True,
     base=WorkerDeadlinesTask,
+    # No lock bounds it: a task whose process dies is retried (3 times, 3 minutes apart), not
+    # put back on the queue at once for ever (reject_on_worker_lost alone requeues uncounted).
+    retry_on_worker_lost=True,
 )
 def summarize_agent_turns(chat_id: int, from_seq: int | None = None) -> int:
     # Late ack is safe: the service applies each turn once (a conditional commit on its

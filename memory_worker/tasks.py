@@ -79,10 +79,13 @@ def sweep() -> int:
     return len(chat_ids)
 
 
-# A hook that fails (the daily notes' model call hit a 429, the database blinked) is retried
-# with backoff: once its task was acknowledged, nothing else would ever run that fold range
-# through it again. Hooks must therefore be idempotent per range (the daily notes merge a range
-# at most once).
+# A hook that fails (the daily notes' model call hit a 429, the database blinked, the soft time
+# limit) is retried with backoff, 30 s doubling to 480 s (no jitter: each task is its own fold
+# range, there is no herd to spread): once its task was acknowledged, nothing else would ever
+# run that fold range through it again. Hooks must therefore be idempotent per range (the daily
+# notes merge a range at most once). A hook whose process dies (out of memory) is retried the
+# same number of times, 3 minutes apart, not put back on the queue at once for ever
+# (retry_on_worker_lost; reject_on_worker_lost alone requeues without counting).
 FLUSH_HOOK_RETRIES = 5
 
 
@@ -94,8 +97,9 @@ FLUSH_HOOK_RETRIES = 5
     autoretry_for=(Exception,),
     max_retries=FLUSH_HOOK_RETRIES,
     retry_backoff=30,
-    retry_backoff_max=1800,
-    retry_jitter=True,
+    retry_backoff_max=480,
+    retry_jitter=False,
+    retry_on_worker_lost=True,
 )
 def run_flush_hook(hook_path: str, chat_id: int, from_seq: int, to_seq: int, version: int) -> None:
     hooks.run_hook(hook_path, chat_id, from_seq, to_seq, version)

@@ -58,3 +58,16 @@ def test_a_task_queued_elsewhere_runs_under_the_workers_soft_time_limit(
         )
     finally:
         worker.stop()
+
+
+@pytest.mark.parametrize("task", [tasks.run_flush_hook, agent_summaries.summarize_agent_turns])
+def test_a_task_no_lock_bounds_is_retried_a_bounded_number_of_times_after_worker_loss(
+    task,  # type: ignore[no-untyped-def]
+) -> None:
+    """reject_on_worker_lost puts the message back at once, uncounted: a hook that kills its
+    process (out of memory) would run again and again for ever. Celery's retry_on_worker_lost
+    counts it against max_retries instead (celery/worker/request.py, on_failure)."""
+    assert task.acks_late and task.reject_on_worker_lost
+    assert task.retry_on_worker_lost is True  # type: ignore[attr-defined]
+    assert task.max_retries is not None and task.max_retries <= 5
+    assert tasks.consolidate_chat.retry_on_worker_lost is False  # type: ignore[attr-defined]
