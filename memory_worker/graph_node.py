@@ -13,10 +13,15 @@ first), folds with one model call per fold in seed 003's input format, and write
 the running summary as a system message, then every unfolded message verbatim. The running
 summary is kept in ``state["context"]["running_summary"]``. When the two keys are equal the node
 first emits ``RemoveMessage(REMOVE_ALL_MESSAGES)`` so the folded messages leave the state.
+
+A state without a ``context`` key (LangGraph's ``MessagesState``) cannot keep it there: in
+equal-keys mode the node then takes the running summary back from its own summary message.
+Messages need ids (``add_messages`` gives them), except in equal-keys mode.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
@@ -55,11 +60,28 @@ DEFAULT_CONTEXT_TOKENS = 128_000
 
 @dataclass
 class RunningSummary:
-    """Seed 002's RunningSummary: the summary text and which messages it covers."""
+    """Seed 002's RunningSummary: the summary text, which messages it covers, and when it was
+    last rewritten (ISO 8601: policies with a cooldown count from it)."""
 
     summary: str
     summarized_message_ids: set[str] = field(default_factory=set)
     last_summarized_message_id: str | None = None
+    last_summarized_at: str | None = None
+
+    @classmethod
+    def from_state(cls, value: Any) -> RunningSummary | None:
+        """As a checkpointer gives it back: the dataclass, or a plain mapping (LangGraph's
+        strict msgpack mode, which will not rebuild an unregistered class)."""
+        if value is None or isinstance(value, RunningSummary):
+            return value
+        if isinstance(value, Mapping):
+            return cls(
+                summary=str(value.get("summary") or ""),
+                summarized_message_ids=set(value.get("summarized_message_ids") or ()),
+                last_summarized_message_id=value.get("last_summarized_message_id"),
+                last_summarized_at=value.get("last_summarized_at"),
+            )
+        raise TypeError(f"context['running_summary'] is a {type(value).__name__}")
 
 
 def message_role(message: BaseMessage) -> str:
@@ -75,11 +97,20 @@ def message_role(message: BaseMessage) -> str:
 
 
 def message_text(message: BaseMessage) -> str:
+    """The text a message gives the model: its content, and an assistant message's tool calls
+    (their arguments are prompt tokens too, and what the summarizer needs to know was done)."""
     content = message.content
     if isinstance(content, str):
-        return content
-    parts = [part if isinstance(part, str) else str(part.get("text", "")) for part in content]
-    return "".join(parts)
+        text = content
+    else:
+        text = "".join(
+            part if isinstance(part, str) else str(part.get("text", "")) for part in content
+        )
+    calls = getattr(message, "tool_calls", None)
+    if calls:
+        named = [{"name": call.get("name"), "args": call.get("args")} for call in calls]
+        text += ("\n" if text else "") + "Tool calls: " + json.dumps(named, ensure_ascii=False)
+    return text
 
 
 class SummarizationNode(RunnableLambda):  # type: ignore[type-arg]
@@ -98,6 +129,10 @@ class SummarizationNode(RunnableLambda):  # type: ignore[type-arg]
     ) -> None:
         super().__init__(self._run, name=name)
         self.model = model
+        if not isinstance(policy, str) and overrides:
+            raise ValueError(
+                "overrides apply to a preset name; give a Policy with its knobs already set"
+            )
         self.policy = resolve_policy(policy, overrides or {}) if isinstance(policy, str) else policy
         self.input_messages_key = input_messages_key
         self.output_messages_key = output_messages_key
@@ -108,17 +143,34 @@ class SummarizationNode(RunnableLambda):  # type: ignore[type-arg]
     def _run(self, state: Mapping[str, Any]) -> dict[str, Any]:
         messages: list[AnyMessage] = list(state[self.input_messages_key])
         context = dict(state.get("context") or {})
-        running: RunningSummary | None = context.get("running_summary")
-        # Our own summary message (equal-keys mode) is memory, not history to fold again.
+        running = RunningSummary.from_state(context.get("running_summary"))
+        # Our own summary message (equal-keys mode) is memory, not history to fold again; with
+        # no "context" in the state's schema, LangGraph dropped the running summary, and the
+        # message is where it still is.
+        own = [m for m in messages if m.id == SUMMARY_MESSAGE_ID]
+        if running is None and own:
+            running = RunningSummary(message_text(own[-1]).removeprefix(SUMMARY_PREFIX))
         messages = [m for m in messages if m.id != SUMMARY_MESSAGE_ID]
         leading = leading_system_messages(messages)
         history = messages[len(leading) :]
+        self._require_ids(history)
         folded = already_folded(history, running)
         running = self._fold_due(history, folded, leading, running)
         new_folded = already_folded(history, running)
         output = self._output(leading, history[new_folded:], running)
         context["running_summary"] = running
         return {self.output_messages_key: output, "context": context}
+
+    def _require_ids(self, history: Sequence[AnyMessage]) -> None:
+        """Which messages the summary covers is known by id: without ids, every call would fold
+        the same messages again and show them beside their own summary."""
+        if self.input_messages_key == self.output_messages_key:
+            return  # the folded messages leave the state: nothing to recognise
+        if any(not m.id for m in history):
+            raise ValueError(
+                f"every message in state[{self.input_messages_key!r}] needs an id "
+                "(declare the key with add_messages, which assigns them)"
+            )
 
     def _fold_due(
         self,
@@ -131,11 +183,13 @@ class SummarizationNode(RunnableLambda):  # type: ignore[type-arg]
         system_tokens = sum(self.token_counter(message_text(m)) for m in leading)
         for _ in range(MAX_FOLDS_PER_CALL):
             summary = running.summary if running else ""
-            state = self._state(history, tokens, folded, summary, system_tokens)
-            decision = decide(state, self.policy, self.clock())
+            last_at = running.last_summarized_at if running else None
+            state = self._state(history, tokens, folded, summary, system_tokens, last_at)
+            now = self.clock()
+            decision = decide(state, self.policy, now)
             if decision is None:
                 return running
-            running = self._fold(history, decision, running)
+            running = self._fold(history, decision, running, now)
             folded = decision.to_seq
         return running
 
@@ -146,6 +200,7 @@ class SummarizationNode(RunnableLambda):  # type: ignore[type-arg]
         folded: int,
         summary: str,
         system_tokens: int,
+        last_summarized_at: str | None,
     ) -> ChatState:
         unfolded = tuple(
             Msg(seq, message_role(history[seq - 1]), tokens[seq - 1])
@@ -158,12 +213,20 @@ class SummarizationNode(RunnableLambda):  # type: ignore[type-arg]
             summary_tokens=self.token_counter(summary) if summary else 0,
             system_tokens=system_tokens,
             turns_mark=folded,
-            last_consolidated_at=None,
+            # A cooldown counts from the last fold (None before the first: elapsed, as the
+            # node has no creation time to count from).
+            last_consolidated_at=(
+                datetime.fromisoformat(last_summarized_at) if last_summarized_at else None
+            ),
             model_context_tokens=self.model_context_tokens,
         )
 
     def _fold(
-        self, history: Sequence[AnyMessage], decision: Decision, running: RunningSummary | None
+        self,
+        history: Sequence[AnyMessage],
+        decision: Decision,
+        running: RunningSummary | None,
+        now: datetime,
     ) -> RunningSummary:
         chunk = history[decision.from_seq - 1 : decision.to_seq]
         fold_messages = [
@@ -178,6 +241,7 @@ class SummarizationNode(RunnableLambda):  # type: ignore[type-arg]
             summary=text,
             summarized_message_ids=previous.summarized_message_ids | ids,
             last_summarized_message_id=chunk[-1].id,
+            last_summarized_at=now.isoformat(),
         )
 
     def _summarize(self, summary: str, messages: Sequence[FoldMessage]) -> str:

@@ -169,3 +169,124 @@ def test_a_fold_never_separates_a_tool_call_from_its_result() -> None:
     assert running.last_summarized_message_id.startswith("t")  # a turn ends at its tool result
     first_kept = result["summarized_messages"][1]  # after the summary message
     assert isinstance(first_kept, HumanMessage)
+
+
+def existing_summaries(summarizer: Any) -> list[str]:
+    return [
+        str(prompt[-1].content)
+        .split("=== EXISTING_SUMMARY ===")[1]
+        .split("=== END_EXISTING_SUMMARY ===")[0]
+        .strip()
+        for prompt in summarizer.prompts
+    ]
+
+
+def test_equal_keys_in_messages_state_keep_the_summary_across_calls() -> None:
+    """LangGraph's MessagesState has no "context" key and drops the node's update to it: every
+    fold started from no summary, so everything folded before was lost."""
+    from langgraph.graph import MessagesState
+
+    summarizer, chat = RecordingSummarizer(prompts=[]), Echo(seen=[])
+    node = SummarizationNode(
+        model=summarizer,
+        policy="token-budget",
+        overrides=SMALL_BUDGET,
+        output_messages_key="messages",
+    )
+
+    def call_model(state: MessagesState) -> dict[str, Any]:
+        return {"messages": [chat.invoke(state["messages"])]}
+
+    builder = StateGraph(MessagesState)
+    builder.add_node("summarize", node)
+    builder.add_node("call_model", call_model)
+    builder.add_edge(START, "summarize")
+    builder.add_edge("summarize", "call_model")
+    builder.add_edge("call_model", END)
+    graph = builder.compile()
+    state: dict[str, Any] = {"messages": []}
+    for number in range(1, 16):
+        state = graph.invoke({"messages": [*state["messages"], HumanMessage(user_text(number))]})
+    existing = existing_summaries(summarizer)
+    assert len(existing) >= 2
+    assert existing[0] == "NONE"
+    # Every later fold rewrites the previous one: "fold 1" is carried into fold 2, and so on.
+    for number, text in enumerate(existing[1:], start=1):
+        assert f"fold {number}" in text, (number, text)
+
+
+def test_a_running_summary_given_back_as_a_mapping_is_read() -> None:
+    """LangGraph's strict msgpack mode gives an unregistered dataclass back as a dict."""
+    summarizer = RecordingSummarizer(prompts=[])
+    node = SummarizationNode(model=summarizer, policy="token-budget", overrides=SMALL_BUDGET)
+    messages = [HumanMessage(user_text(n), id=f"u{n}") for n in range(1, 4)]
+    running = {
+        "summary": "## Facts / Constraints\n- earlier",
+        "summarized_message_ids": ["u1"],
+        "last_summarized_message_id": "u1",
+    }
+    result = node.invoke({"messages": messages, "context": {"running_summary": running}})
+    output = result["summarized_messages"]
+    assert output[0].id == SUMMARY_MESSAGE_ID and "- earlier" in str(output[0].content)
+    assert [m.id for m in output[1:]] == ["u2", "u3"]  # u1 is covered by the summary
+    assert isinstance(result["context"]["running_summary"], RunningSummary)
+
+
+def test_tool_call_arguments_count_toward_the_bound() -> None:
+    """An assistant message with tool calls and no text counted as 0 tokens: a tool-heavy agent
+    never folded, however large its calls' arguments."""
+    summarizer = RecordingSummarizer(prompts=[])
+    node = SummarizationNode(model=summarizer, policy="token-budget", overrides=SMALL_BUDGET)
+    messages: list[Any] = []
+    for number in range(1, 5):
+        call = {"name": "write_file", "args": {"text": "data " * 150}, "id": f"c{number}"}
+        messages += [
+            HumanMessage(f"[u{number}] save it", id=f"u{number}"),
+            AIMessage("", tool_calls=[call], id=f"a{number}"),
+            ToolMessage("ok", tool_call_id=f"c{number}", id=f"t{number}"),
+        ]
+    node.invoke({"messages": messages, "context": {}})
+    assert summarizer.prompts, "the calls' arguments are far over the 400-token bound"
+    assert "write_file" in str(summarizer.prompts[0][-1].content)  # the summarizer sees them
+
+
+def test_a_cooldown_counts_from_the_last_fold() -> None:
+    """sliding-window with a small tail: with no time of the last fold, every turn past the
+    tail found the cooldown elapsed and folded one turn (a summarizer call per turn)."""
+    from datetime import UTC, datetime
+
+    summarizer = RecordingSummarizer(prompts=[])
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+    node = SummarizationNode(
+        model=summarizer,
+        policy="sliding-window",
+        overrides={"tail_messages": 4, "window": 12},
+        clock=lambda: now,
+    )
+    messages: list[Any] = []
+    context: dict[str, Any] = {}
+    for number in range(1, 13):
+        messages += [
+            HumanMessage(f"[u{number}]", id=f"u{number}"),
+            AIMessage(f"[a{number}]", id=f"a{number}"),
+        ]
+        context = node.invoke({"messages": messages, "context": context})["context"]
+    # The first fold (the cooldown has no start yet); then the window of 12, every 6 turns.
+    assert 1 <= len(summarizer.prompts) <= 3, len(summarizer.prompts)
+
+
+def test_messages_without_ids_are_refused_clearly() -> None:
+    node = SummarizationNode(model=RecordingSummarizer(prompts=[]), policy="token-budget")
+    with pytest.raises(ValueError, match="needs an id"):
+        node.invoke({"messages": [HumanMessage("no id")], "context": {}})
+
+
+def test_overrides_with_a_policy_object_are_refused() -> None:
+    from memory_worker.presets import PRESETS
+
+    with pytest.raises(ValueError, match="overrides apply to a preset name"):
+        SummarizationNode(
+            model=RecordingSummarizer(prompts=[]),
+            policy=PRESETS["token-budget"],
+            overrides={"max_tokens": 100},
+        )
