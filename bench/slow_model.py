@@ -168,17 +168,13 @@ def backlog(chat_ids: Sequence[int]) -> dict[str, int]:
     return {"unfolded_messages": totals["unfolded"] or 0, "worst_chat": totals["worst"] or 0}
 
 
-def after_warmup(phase: Phase, warmup: float) -> list[float]:
-    """Latencies of the requests that finished after the warm-up."""
-    return [
-        latency
-        for finished, latency in zip(phase.finished_at, phase.latencies_ms, strict=True)
-        if finished >= warmup
-    ]
+def in_window(phase: Phase, args: argparse.Namespace) -> list[float]:
+    """Latencies of the requests that finished in the measured window, after the warm-up."""
+    return phase.finished_within(args.warmup, args.warmup + args.seconds)
 
 
 def proxy_figures(proxy: Phase, args: argparse.Namespace) -> dict[str, Any]:
-    measured = after_warmup(proxy, args.warmup)
+    measured = in_window(proxy, args)
     return {
         "turns_per_second": round(len(measured) / args.seconds, 1),
         "latency_p50_ms": round(percentile(measured, 0.50), 1),
@@ -242,7 +238,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             worker.stop()
         model.terminate()
         model.wait(timeout=30)
-    measured = after_warmup(phase, args.warmup)
+    measured = in_window(phase, args)
     turns_per_second = len(measured) / args.seconds
     goal_rate = 0.9 * args.clients / args.model_latency
     report = {
@@ -262,8 +258,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "cpu": phase.cpu,
         "stateless_proxy": proxy_figures(proxy, args) if proxy else None,
         "ratio_to_proxy": (
-            round(len(measured) / len(after_warmup(proxy, args.warmup)), 3)
-            if proxy and after_warmup(proxy, args.warmup)
+            round(len(measured) / len(in_window(proxy, args)), 3)
+            if proxy and in_window(proxy, args)
             else None
         ),
         "consolidation": folds,
