@@ -53,3 +53,20 @@ def test_unknown_chat_and_policy_are_clear_errors() -> None:
         run_chat([], "--chat", "999")
     with pytest.raises(CommandError, match="policy"):
         run_chat([], "--policy", "no-such-policy")
+
+
+def test_turn_failures_are_reported_and_fail_a_run_that_stored_nothing(settings) -> None:  # type: ignore[no-untyped-def]
+    """A chat whose model_variant left MODEL_VARIANTS printed a traceback on every line; a run
+    whose every turn failed exited 0; over-long lines went past the API's limit."""
+    run_chat(["first"])
+    chat = Chat.objects.get()
+    Chat.objects.filter(pk=chat.pk).update(model_variant="retired")
+    with pytest.raises(CommandError, match="1 turn\\(s\\) failed and none was stored"):
+        run_chat(["second"], "--chat", str(chat.pk))
+    Chat.objects.filter(pk=chat.pk).update(model_variant="")
+    settings.CHATMEM_MAX_MESSAGE_CHARS = 10
+    with pytest.raises(CommandError, match="failed"):
+        run_chat(["x" * 11], "--chat", str(chat.pk))
+    assert Message.objects.filter(chat=chat).count() == 2
+    output = run_chat(["café", "/context"], "--chat", str(chat.pk))
+    assert '"café"' in output  # as the model receives it, not \\u00e9

@@ -85,3 +85,33 @@ def test_brief_works_while_redis_is_down(api, settings) -> None:  # type: ignore
         _lock.cache_clear()
     assert response.status_code == 200
     assert response.json()["pending"] is False
+
+
+def test_serve_demo_refuses_a_real_database(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """It creates a superuser with a password it prints: on a production DATABASE_URL (read from
+    .env) that was a known-password admin."""
+    from django.contrib.auth import get_user_model
+    from django.db import connection
+
+    from conversations.management.commands import serve_demo
+
+    served: list[str] = []
+    monkeypatch.setattr(serve_demo, "call_command", lambda name, *a, **k: served.append(name))
+    if connection.vendor == "sqlite":
+        pytest.skip("the refusal is for other databases")
+    with pytest.raises(CommandError, match="embedded SQLite database only"):
+        call_command("serve_demo", stdout=io.StringIO())
+    assert served == [] and not get_user_model().objects.filter(username="demo").exists()
+
+
+def test_serve_demo_prints_an_address_and_login_that_work(user) -> None:  # type: ignore[no-untyped-def]
+    from conversations.management.commands.serve_demo import Command, admin_login
+
+    command = Command(stdout=io.StringIO())
+    # Host "0.0.0.0" is refused by ALLOWED_HOSTS: print where the server can be reached.
+    assert command.reachable("0.0.0.0:8000") == "127.0.0.1:8000"
+    assert command.reachable("8001") == "127.0.0.1:8001"
+    assert command.reachable("localhost:9000") == "localhost:9000"
+    # A user that existed before keeps its own password (it was printed as "demo-password").
+    assert admin_login(user, created=True).endswith("password demo-password")
+    assert "not staff" in admin_login(user, created=False)

@@ -91,8 +91,8 @@ def test_turns_documents_json_and_event_stream(schema: dict) -> None:
     assert "event: accepted" in next(iter(stream["examples"].values()))["value"]
     for event in ("accepted", "delta", "done", "error"):
         assert f"`event: {event}`" in responses["200"]["description"]
-    for code in ("400", "401", "404", "409", "502", "503", "504"):
-        assert code in responses, code
+    for code in ("400", "401", "404", "409", "429", "502", "503", "504"):
+        assert code in responses, code  # 429: the turn limit is on by default
     turn = schema["components"]["schemas"]["TurnResponse"]["properties"]
     assert set(turn) == {"user_message", "assistant_message"}
     message = schema["components"]["schemas"]["Message"]["properties"]
@@ -126,3 +126,10 @@ def test_schema_and_docs_are_served_without_a_cdn() -> None:
     assert "swagger-ui" in html
     assert "drf_spectacular_sidecar/swagger-ui-dist" in html
     assert "cdn.jsdelivr.net" not in html and "unpkg.com" not in html
+
+
+def test_the_context_schema_has_the_tool_fields_the_endpoint_returns(schema: dict) -> None:
+    """conversations.services.context.model_message adds them to tool traffic."""
+    message = schema["components"]["schemas"]["ContextMessage"]
+    assert {"tool_calls", "tool_call_id", "name"} <= set(message["properties"])
+    assert set(message["required"]) == {"role", "content"}

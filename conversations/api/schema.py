@@ -93,7 +93,15 @@ class StepResultFieldSchema(OpenApiSerializerFieldExtension):
 
 class ContextMessageSerializer(serializers.Serializer):
     role = serializers.ChoiceField(choices=["system", "user", "assistant", "tool"])
-    content = serializers.CharField()
+    content = serializers.CharField(allow_blank=True)
+    # Tool traffic, in the shape the model produced it (conversations.services.context).
+    tool_calls = serializers.ListField(
+        child=serializers.DictField(), required=False, help_text="An assistant's tool calls."
+    )
+    tool_call_id = serializers.CharField(
+        required=False, help_text="A tool result: the call it answers."
+    )
+    name = serializers.CharField(required=False)
 
 
 class ContextSerializer(serializers.Serializer):
@@ -149,7 +157,8 @@ TURN_STREAM_DESCRIPTION = """Server-sent events, when the body has `"stream": tr
 - `event: delta`: `{"content": "..."}` for each piece of the reply as the model produces it;
 - then exactly one of `event: done`, with the JSON turn's 201 body (`user_message`,
   `assistant_message`, both stored), or `event: error`, with `{"code", "detail", "status"}` (the
-  JSON turn's 502/503/504 error; nothing was stored).
+  JSON turn's error: 502/503/504 from the model or the memory bound, 409 `turn_in_progress`,
+  404 `chat_deleted`, 500 `server_error`; nothing was stored).
 
 Lines starting with `:` are keep-alive comments. A client that disconnects does not cancel the
 turn: it is completed and stored. See docs/streaming.md."""
@@ -204,6 +213,11 @@ turn_schema = extend_schema(
         504: OpenApiResponse(
             ErrorSerializer,
             description="`model_timeout`: the model did not answer in time; nothing was stored.",
+        ),
+        429: OpenApiResponse(
+            ErrorSerializer,
+            description="`throttled`: the user's turn limit (`TURN_RATE_LIMIT`) is reached; the "
+            "`Retry-After` header says when to retry. Nothing was stored.",
         ),
     },
 )

@@ -13,6 +13,7 @@ import sys
 from argparse import ArgumentParser
 from typing import Any, TextIO
 
+from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 
@@ -20,6 +21,7 @@ from conversations.llm import ModelError
 from conversations.models import Chat
 from conversations.services import chats as chat_service
 from conversations.services import turns as turn_service
+from conversations.services.variants import UnknownVariant
 from memory_worker.presets import PolicyError
 
 HELP = "Type a message, or /brief, /context, /help, /quit."
@@ -38,7 +40,11 @@ class Command(BaseCommand):
         user, _ = get_user_model().objects.get_or_create(username=options["user"])
         chat = self.open_chat(user, options["chat"], options["policy"])
         self.stdout.write(f"chat {chat.pk} (policy {chat.policy}). {HELP}")
+        self.failed_turns = self.stored_turns = 0
         self.loop(chat, options.get("stdin") or sys.stdin)
+        if self.failed_turns and not self.stored_turns:
+            # Piped input whose every turn failed is a failed run, for scripts.
+            raise CommandError(f"{self.failed_turns} turn(s) failed and none was stored")
 
     def open_chat(self, user: Any, chat_id: int | None, policy: str | None) -> Chat:
         if chat_id is not None:
@@ -69,18 +75,32 @@ class Command(BaseCommand):
         elif line == "/brief":
             self.show_brief(chat)
         elif line == "/context":
-            self.stdout.write(json.dumps(chat_service.next_context(chat), indent=2))
+            context = chat_service.next_context(chat)
+            self.stdout.write(json.dumps(context, indent=2, ensure_ascii=False))
         elif line.startswith("/"):
             self.stdout.write(f"unknown command {line}. {HELP}")
         else:
             self.turn(chat, line)
 
     def turn(self, chat: Chat, content: str) -> None:
+        limit = settings.CHATMEM_MAX_MESSAGE_CHARS
+        if len(content) > limit:  # the API's limit (the serializer is not on this path)
+            self.stderr.write(f"error: a message holds at most {limit} characters (nothing stored)")
+            self.failed_turns += 1
+            return
         try:
             result = turn_service.run_turn(chat, content)
-        except (ModelError, turn_service.ContextOverBound, turn_service.TurnInProgress) as error:
+        except (
+            ModelError,
+            turn_service.ContextOverBound,
+            turn_service.TurnInProgress,
+            UnknownVariant,  # the chat's model_variant was removed from MODEL_VARIANTS
+            Chat.DoesNotExist,  # the chat was deleted meanwhile
+        ) as error:
             self.stderr.write(f"error: {error or type(error).__name__} (nothing stored)")
+            self.failed_turns += 1
             return
+        self.stored_turns += 1
         reply = result.assistant_message
         self.stdout.write(f"assistant> {reply.content}")
         self.stdout.write(f"  [seq {reply.seq}, {reply.token_count} tokens]")

@@ -4,12 +4,17 @@ then serve on 127.0.0.1:8000 (SQLite, in-process consolidation, offline model un
 from argparse import ArgumentParser
 from typing import Any
 
+from django.conf import settings
 from django.core.management import call_command
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandError
+from django.db import connection
+
+DEMO_PASSWORD = "demo-password"
+ANY_ADDRESS = ("0.0.0.0", "::", "[::]")
 
 
 class Command(BaseCommand):
-    help = "Run chatmem locally with a ready demo user and API token."
+    help = "Run chatmem locally with a ready demo user and API token (embedded SQLite only)."
 
     def add_arguments(self, parser: ArgumentParser) -> None:
         parser.add_argument("--addrport", default="127.0.0.1:8000")
@@ -21,20 +26,49 @@ class Command(BaseCommand):
 
         from conversations.services.backends import chat_backend_name
 
+        if connection.vendor != "sqlite":
+            # It makes a superuser with a password printed here: never on a real database.
+            raise CommandError(
+                "serve_demo runs on the embedded SQLite database only (it creates a superuser "
+                f"with a known password); DATABASE_URL points at {connection.vendor}. Serve "
+                "with gunicorn as docs/operations.md shows."
+            )
         call_command("migrate", interactive=False, verbosity=0)
         user, created = get_user_model().objects.get_or_create(username=options["username"])
         if created:
-            user.set_password("demo-password")
+            user.set_password(DEMO_PASSWORD)
             user.is_staff = user.is_superuser = True
             user.save()
         token, _ = Token.objects.get_or_create(user=user)
-        url = f"http://{options['addrport']}"
+        url = f"http://{self.reachable(options['addrport'])}"
         self.stdout.write(
             f"\nchatmem is serving at {url}/api/v1/  (model backend: {chat_backend_name()})\n"
             f"API token for user '{user.get_username()}': {token.key}\n"
-            f"Admin: {url}/admin/  (user {user.get_username()}, password demo-password)\n\n"
+            f"Admin: {url}/admin/  ({admin_login(user, created)})\n\n"
             f"Try:\n"
             f"  curl -s -X POST {url}/api/v1/chats/ -H 'Authorization: Token {token.key}' "
             f"-H 'Content-Type: application/json' -d '{{\"title\": \"first chat\"}}'\n"
         )
         call_command("runserver", options["addrport"], use_reloader=False)
+
+    def reachable(self, addrport: str) -> str:
+        """The address to print: a server bound to every interface is reached at 127.0.0.1
+        (a client sending "Host: 0.0.0.0" is refused by ALLOWED_HOSTS)."""
+        host, _, port = addrport.rpartition(":")
+        if host in ANY_ADDRESS:
+            hosts = settings.ALLOWED_HOSTS
+            self.stdout.write(
+                f"Serving on every interface: other machines reach it only by a name in "
+                f"ALLOWED_HOSTS (now {', '.join(hosts) or 'none'})."
+            )
+            return f"127.0.0.1:{port}"
+        return addrport if host else f"127.0.0.1:{port}"
+
+
+def admin_login(user: Any, created: bool) -> str:
+    name = user.get_username()
+    if created:
+        return f"user {name}, password {DEMO_PASSWORD}"
+    if not user.is_staff:
+        return f"user {name} existed before and is not staff: use createsuperuser"
+    return f"user {name} existed before: its own password"
