@@ -257,7 +257,7 @@ def percentile(values: Sequence[float], share: float) -> float:
 
 
 def describe(phases: Sequence[Phase]) -> dict[str, Any]:
-    latencies = [value for phase in phases for value in phase.latencies_ms]
+    latencies = [value for phase in phases for value in phase.finished_within(0.0, phase.seconds)]
     return {
         "turns_per_second_median": round(statistics.median(p.per_second for p in phases), 1),
         "turns_per_second_rounds": [round(p.per_second, 1) for p in phases],

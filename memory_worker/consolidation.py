@@ -60,6 +60,8 @@ class FoldOutcome:
     # Succeeded: whether the state this fold committed, judged on the messages it read, still
     # has a fold due (one fold per cycle: a long backlog takes several).
     more_due: bool = False
+    # Succeeded: the deadline stopped it before the end of the decided range.
+    cut_short: bool = False
 
 
 def decide_for_chat(
@@ -149,7 +151,7 @@ def execute_fold(
     outcome = FoldOutcome("nothing", decision)
     for index, (first, last) in enumerate(chunks):
         if index and not time_for_a_chunk(deadline):
-            return replace(outcome, decision=decision, more_due=True)
+            return replace(outcome, decision=decision, more_due=True, cut_short=True)
         chunk = engine.Decision(decision.trigger, first, last)
         batch = [m for m in to_fold if first <= m.seq <= last]
         outcome, snapshot = fold_chunk(
@@ -175,6 +177,13 @@ def time_for_a_chunk(deadline: float | None) -> bool:
     if deadline is None:
         return True
     return time.monotonic() + settings.MEMORY_LLM_TIMEOUT_SECONDS <= deadline
+
+
+def task_deadline(started: float) -> float:
+    """When a task that started at ``started`` (``time.monotonic()``) stops starting summarizer
+    calls: its soft time limit, less a tenth for the commit and the hand-off (Celery's limit
+    counts from the task's start, before the lock was even asked for)."""
+    return started + 0.9 * settings.MEMORY_TASK_SOFT_TIME_LIMIT
 
 
 def fold_chunk(
@@ -562,6 +571,7 @@ def consolidate_with_lock(
     *,
     max_runs: int | None = None,
     due_at: datetime | None = None,
+    started: float | None = None,
 ) -> list[FoldOutcome]:
     """Seed 001's is_consolidating / pending_consolidation, made atomic: acquire or mark pending;
     after each run release, or (pending was set) clear it and re-judge once more. Bounded by
@@ -576,9 +586,10 @@ def consolidate_with_lock(
         log.info("lock busy, rerun marked", extra={"event": "lock_contended", "chat_id": chat_id})
         return []
     # Reruns and a fold's later chunks stop in time to end the task before its soft time limit:
-    # what they leave is marked pending and handed to a fresh task.
-    deadline = time.monotonic() + settings.MEMORY_TASK_SOFT_TIME_LIMIT
+    # what they leave is marked pending and handed to a fresh task. ``started``: the task's.
+    deadline = task_deadline(time.monotonic() if started is None else started)
     outcomes: list[FoldOutcome] = []
+    next_trigger = "rerun"
     try:
         while True:
             outcome = consolidate_once(chat_id, trigger, due_at=due_at, deadline=deadline)
@@ -586,6 +597,9 @@ def consolidate_with_lock(
             if outcome.more_due:
                 # One fold per cycle; the backlog left another due: run again, on a fresh read.
                 lock.mark_pending(chat_id)
+            # What a manual fold cut short by the deadline left was asked for by hand: a rerun
+            # judged by the policy's own triggers might leave it.
+            next_trigger = "manual" if trigger == "manual" and outcome.cut_short else "rerun"
             if len(outcomes) >= max_runs or not time_for_a_chunk(deadline):
                 break
             release = lock.release_or_rerun(chat_id, token)
@@ -593,7 +607,7 @@ def consolidate_with_lock(
                 log.warning("lock expired during a run", extra={"chat_id": chat_id})
             if release is not Release.RERUN:
                 return outcomes
-            trigger = "rerun"
+            trigger = next_trigger
     except BaseException:
         lock.release(chat_id, token)
         raise
@@ -601,7 +615,7 @@ def consolidate_with_lock(
     if lock.is_pending(chat_id):
         from memory_worker.dispatch import request_consolidation
 
-        request_consolidation(chat_id, "rerun", due_at)
+        request_consolidation(chat_id, next_trigger, due_at)
     return outcomes
 
 
@@ -623,8 +637,11 @@ def abandon_stale_runs(now: datetime) -> int:
         if Consolidation.objects.filter(pk=ledger.pk, status=ConsolidationStatus.RUNNING).update(
             status=ConsolidationStatus.FAILED, error=ABANDONED, finished_at=now
         ):
-            fail_brief(ledger, ledger.base_version, ABANDONED, CRASH_KIND, now)
             abandoned += 1
+            # A synchronous fold dies with its web process (a gunicorn timeout): not a reason
+            # to hold the chat's background folds back.
+            if not ledger.synchronous:
+                fail_brief(ledger, ledger.base_version, ABANDONED, CRASH_KIND, now)
     return abandoned
 
 

@@ -2,6 +2,7 @@
 are stable so queued messages survive deploys."""
 
 import logging
+import time
 from datetime import UTC, datetime
 
 from celery import shared_task
@@ -29,6 +30,7 @@ MANUAL_WAIT_SECONDS = 5.0
 def consolidate_chat(
     chat_id: int, trigger: str = "turn", due_at: float | None = None, waited: float = 0.0
 ) -> list[str]:
+    started = time.monotonic()  # Celery's time limits count from here
     # Before reading anything: a turn that commits from here on queues a new task (dispatch).
     try:
         clear_queued(chat_id)
@@ -36,7 +38,9 @@ def consolidate_chat(
         # Redis is down: the marker expires on its own; the lock below will fail the task.
         log.warning("could not clear the queued marker", extra={"chat_id": chat_id})
     due = datetime.fromtimestamp(due_at, UTC) if due_at is not None else None
-    outcomes = consolidation.consolidate_with_lock(chat_id, trigger, chat_lock(), due_at=due)
+    outcomes = consolidation.consolidate_with_lock(
+        chat_id, trigger, chat_lock(), due_at=due, started=started
+    )
     if not outcomes and trigger == "manual":  # the lock was busy
         if waited < settings.MEMORY_LOCK_TTL_SECONDS:
             _queue_again(chat_id, "manual", MANUAL_WAIT_SECONDS, waited=waited)

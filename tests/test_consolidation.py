@@ -424,6 +424,18 @@ def test_abandoned_running_rows_are_marked_failed(api, settings) -> None:  # typ
     brief = Brief.objects.get(chat_id=chat_id)
     assert (brief.consecutive_failures, brief.last_error) == (1, old.error)
     assert brief.next_attempt_at is not None and brief.next_attempt_at > now
+    # A synchronous fold dies with its web process: no reason to hold background folds back.
+    killed_turn = Consolidation.objects.create(
+        chat_id=chat_id,
+        trigger="hard_bound",
+        from_seq=1,
+        to_seq=2,
+        base_version=0,
+        synchronous=True,
+    )
+    Consolidation.objects.filter(pk=killed_turn.pk).update(started_at=old.started_at)
+    assert consolidation.abandon_stale_runs(timezone.now()) == 1
+    assert Brief.objects.get(chat_id=chat_id).consecutive_failures == 1
     # A run that read an older version than the brief's is old news for the brief.
     Brief.objects.filter(chat_id=chat_id).update(version=5)
     Consolidation.objects.filter(pk=fresh.pk).update(started_at=old.started_at)
@@ -535,6 +547,28 @@ def test_a_task_out_of_time_hands_the_backlog_on(api, settings, monkeypatch) -> 
     assert Brief.objects.get(chat_id=chat_id).last_consolidated == 12
     assert requested == [(chat_id, "rerun")]
     assert lock.acquire_or_mark_pending(chat_id, "next")  # released
+
+
+def test_a_manual_fold_out_of_time_hands_its_rest_on_as_manual(
+    api, use_fake_openai, settings, monkeypatch
+) -> None:  # type: ignore[no-untyped-def]
+    """Handed on as a "rerun", the rest of a manual fold was judged by the policy's triggers,
+    which need not want it: the API had answered 202 for a fold that never finished."""
+    from memory_worker import dispatch
+    from memory_worker.locks import LocalChatLock
+
+    settings.MEMORY_SUMMARIZER_INPUT_BUDGET = 1  # a chunk per turn
+    settings.MEMORY_LLM_TIMEOUT_SECONDS = 60
+    settings.MEMORY_TASK_SOFT_TIME_LIMIT = 30  # time for the first chunk only
+    chat_id = new_chat(api)
+    turns(api, chat_id, 25)  # 10 messages beyond the tail: under the window, nothing due
+    requested: list[tuple[int, str]] = []
+    monkeypatch.setattr(dispatch, "request_consolidation", recorder(requested))
+    lock = LocalChatLock(ttl_seconds=60)
+    outcomes = consolidation.consolidate_with_lock(chat_id, "manual", lock)
+    assert [(o.status, o.cut_short) for o in outcomes] == [("succeeded", True)]
+    assert Brief.objects.get(chat_id=chat_id).last_consolidated > 0
+    assert requested == [(chat_id, "manual")]
 
 
 def test_a_fold_made_due_during_a_fold_runs_as_a_rerun(api, monkeypatch) -> None:  # type: ignore[no-untyped-def]
