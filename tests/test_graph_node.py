@@ -97,7 +97,12 @@ def build_graph(summarizer: Any, chat: Any, *, same_keys: bool = False) -> Any:
     def call_model(state: State) -> dict[str, Any]:
         return {"messages": [chat.invoke(state[output_key])]}  # type: ignore[literal-required]
 
-    graph = StateGraph(State)
+    return summarize_then_call(State, node, call_model)
+
+
+def summarize_then_call(state_type: Any, node: Any, call_model: Any) -> Any:
+    """START -> the summarization node -> the chat model -> END."""
+    graph = StateGraph(state_type)
     graph.add_node("summarize", node)
     graph.add_node("call_model", call_model)
     graph.add_edge(START, "summarize")
@@ -197,13 +202,7 @@ def test_equal_keys_in_messages_state_keep_the_summary_across_calls() -> None:
     def call_model(state: MessagesState) -> dict[str, Any]:
         return {"messages": [chat.invoke(state["messages"])]}
 
-    builder = StateGraph(MessagesState)
-    builder.add_node("summarize", node)
-    builder.add_node("call_model", call_model)
-    builder.add_edge(START, "summarize")
-    builder.add_edge("summarize", "call_model")
-    builder.add_edge("call_model", END)
-    graph = builder.compile()
+    graph = summarize_then_call(MessagesState, node, call_model)
     state: dict[str, Any] = {"messages": []}
     for number in range(1, 16):
         state = graph.invoke({"messages": [*state["messages"], HumanMessage(user_text(number))]})

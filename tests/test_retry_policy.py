@@ -177,7 +177,7 @@ def test_a_retry_delayed_past_half_the_visibility_timeout_is_left_to_the_sweep(
 ) -> None:  # type: ignore[no-untyped-def]
     """Redis gives a delayed message a worker has held for the visibility timeout to another
     worker (its restore ignores the ETA): the retry would run twice."""
-    ladder.BROKER_VISIBILITY_TIMEOUT = 50  # the ~30 s first backoff is past half of it
+    ladder.BROKER_VISIBILITY_TIMEOUT = 40  # the first backoff (30 s ± 20 %) is past half of it
     published = queued_retries(monkeypatch)
     chat_id = chat_with_fold_due(api)
     use_fake_openai.queue_faults("summarize", ["500"])
