@@ -29,9 +29,7 @@ def request_consolidation(chat_id: int, trigger: str, due_at: datetime | None = 
         if mode == "celery":
             _publish(chat_id, trigger, due_at)
         elif mode == "inline":
-            # The copied context carries the request id into the fold's log lines.
-            context = contextvars.copy_context()
-            _executor().submit(context.run, _run_inline, chat_id, trigger, due_at)
+            submit_inline(_run_inline, chat_id, trigger, due_at)
         else:
             return False
     except Exception:
@@ -103,6 +101,7 @@ def submit_inline(function: Callable[..., None], *args: object) -> None:
 
 
 def _closing_connection(function: Callable[..., None], *args: object) -> None:
+    # The executor thread lives on: its connection is not left open between tasks.
     close_old_connections()
     try:
         function(*args)
@@ -116,14 +115,7 @@ def _run_inline(chat_id: int, trigger: str, due_at: datetime | None = None) -> N
     from memory_worker.consolidation import consolidate_with_lock
     from memory_worker.runtime import chat_lock
 
-    close_old_connections()
-    try:
-        consolidate_with_lock(chat_id, trigger, chat_lock(), due_at=due_at)
-    except Exception:
-        log.exception("inline consolidation failed", extra={"chat_id": chat_id})
-    finally:
-        # The executor thread lives on: do not leave its connection open between folds.
-        connection.close()
+    consolidate_with_lock(chat_id, trigger, chat_lock(), due_at=due_at)
 
 
 def drain_inline(timeout: float = 30.0) -> None:
