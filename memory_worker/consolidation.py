@@ -496,10 +496,38 @@ def fast_retry_delay(outcomes: list[FoldOutcome]) -> float | None:
     attempt that did something (a later ``deferred`` rerun does not cancel the retry)."""
     for outcome in reversed(outcomes):
         if outcome.status == "failed":
-            return outcome.retry_in
+            return within_visibility(outcome.retry_in)
         if outcome.status in (ConsolidationStatus.SUCCEEDED, ConsolidationStatus.SUPERSEDED):
             return None
     return None
+
+
+def within_visibility(delay: float | None) -> float | None:
+    """A delayed task held by a worker longer than the broker's visibility timeout is handed to
+    another worker too (Redis' restore ignores the ETA): the fold would run twice. Past half of
+    it, no delayed task; the sweep retries the chat when its next_attempt_at is due."""
+    if delay is None or delay >= settings.BROKER_VISIBILITY_TIMEOUT / 2:
+        return None
+    return delay
+
+
+# A manual fold asked for while another run holds the chat waits for it: that run's reruns
+# judge by the policy's own triggers, which need not want what was asked for by hand. Every
+# MANUAL_WAIT_SECONDS, for as long as a lock can be held (its TTL).
+MANUAL_WAIT_SECONDS = 5.0
+
+
+def manual_wait_delay(
+    chat_id: int, trigger: str, outcomes: list[FoldOutcome], waited: float
+) -> float | None:
+    """Seconds after which a manual request that met a held lock (no outcome) asks again, or
+    None: not such a request, or it has waited as long as a lock can be held."""
+    if outcomes or trigger != "manual":
+        return None
+    if waited >= settings.MEMORY_LOCK_TTL_SECONDS:
+        log.warning("manual fold gave up waiting for the lock", extra={"chat_id": chat_id})
+        return None
+    return MANUAL_WAIT_SECONDS
 
 
 def record_failure(

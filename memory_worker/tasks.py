@@ -18,12 +18,6 @@ from memory_worker.task_base import WorkerDeadlinesTask
 log = logging.getLogger("chatmem.tasks")
 
 
-# A manual fold asked for while another run holds the chat waits for it: that run's reruns
-# judge by the policy's own triggers, which need not want what was asked for by hand. Every
-# MANUAL_WAIT_SECONDS, for as long as a lock can be held (its TTL).
-MANUAL_WAIT_SECONDS = 5.0
-
-
 @shared_task(
     name="chatmem.consolidate_chat", queue="memory", acks_late=True, base=WorkerDeadlinesTask
 )
@@ -41,29 +35,25 @@ def consolidate_chat(
     outcomes = consolidation.consolidate_with_lock(
         chat_id, trigger, chat_lock(), due_at=due, started=started
     )
-    if not outcomes and trigger == "manual":  # the lock was busy
-        if waited < settings.MEMORY_LOCK_TTL_SECONDS:
-            _queue_again(chat_id, "manual", MANUAL_WAIT_SECONDS, waited=waited)
-        else:
-            log.warning("manual fold gave up waiting for the lock", extra={"chat_id": chat_id})
-    delay = consolidation.fast_retry_delay(outcomes)  # the policy lives in the service
+    # The policy lives in the service; the task only queues what it says.
+    wait = consolidation.manual_wait_delay(chat_id, trigger, outcomes, waited)
+    if wait is not None:
+        _queue_again(chat_id, "manual", wait, {"waited": waited + wait})
+    delay = consolidation.fast_retry_delay(outcomes)
     if delay is not None:
         _queue_again(chat_id, "retry", delay)
     return [outcome.status for outcome in outcomes]
 
 
-def _queue_again(chat_id: int, trigger: str, delay: float, waited: float = 0.0) -> None:
+def _queue_again(
+    chat_id: int, trigger: str, delay: float, kwargs: dict[str, float] | None = None
+) -> None:
     # A new delayed task rather than Celery's retry(): the attempt is already recorded, so this
     # one ends cleanly. If the broker refuses, the sweep retries a failed fold once
     # next_attempt_at is due; a waiting manual request is lost (logged) and can be asked again.
-    if delay >= settings.BROKER_VISIBILITY_TIMEOUT / 2:
-        # Redis hands a delayed message held that long by a worker to another one (its restore
-        # ignores the ETA): the fold would run twice. The sweep retries it when it is due.
-        return
-    kwargs = {"waited": waited + delay} if trigger == "manual" else {}
     try:
         consolidate_chat.apply_async(
-            args=(chat_id, trigger), kwargs=kwargs, countdown=delay, retry=False
+            args=(chat_id, trigger), kwargs=kwargs or {}, countdown=delay, retry=False
         )
     except Exception:
         log.exception(
