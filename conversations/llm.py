@@ -39,6 +39,7 @@ from memory_worker.summarizers import (
     chat_completion_json,
     stream_chat_completion,
 )
+from memory_worker.text import storable
 from memory_worker.tokens import count_tokens
 
 log = logging.getLogger(__name__)
@@ -236,7 +237,7 @@ class StreamState:
 
     def absorb(self, chunk: Any) -> str:
         """Record one chunk; return its content delta ("" when it has none)."""
-        self.model = chunk.model or self.model
+        self.model = storable(chunk.model or "") or self.model
         if chunk.usage:  # the last chunk, with include_usage, has usage and no choices
             self.prompt_tokens = chunk.usage.prompt_tokens
             self.completion_tokens = chunk.usage.completion_tokens
@@ -246,7 +247,7 @@ class StreamState:
         self.finish_reason = choice.finish_reason or self.finish_reason
         for piece in choice.delta.tool_calls or ():
             self.absorb_tool_call(piece)
-        delta = choice.delta.content or getattr(choice.delta, "refusal", None) or ""
+        delta = storable(choice.delta.content or getattr(choice.delta, "refusal", None) or "")
         self.content += delta
         return delta
 
@@ -254,10 +255,10 @@ class StreamState:
         call = self.tool_calls.setdefault(
             piece.index, {"id": "", "type": "function", "function": {"name": "", "arguments": ""}}
         )
-        call["id"] = piece.id or call["id"]
+        call["id"] = storable(piece.id or "") or call["id"]
         if piece.function is not None:
-            call["function"]["name"] += piece.function.name or ""
-            call["function"]["arguments"] += piece.function.arguments or ""
+            call["function"]["name"] += storable(piece.function.name or "")
+            call["function"]["arguments"] += storable(piece.function.arguments or "")
 
     def completion(self, messages: ModelMessages) -> ChatCompletion:
         if self.finish_reason is None:
@@ -294,11 +295,13 @@ def reply_text(content: str | None, refusal: str | None) -> str:
 
 
 def require_reply(content: str, has_tool_calls: bool, finish_reason: str | None) -> None:
-    """An empty reply is a failure; a reply cut by the length limit is still a reply."""
+    """An empty reply is a failure; a reply cut by the length limit is still a reply. A reply
+    the content filter stopped is a failure even with text: what came before the cut is not
+    the model's answer, and once stored it would be in every later context and the summary."""
+    if finish_reason == "content_filter":
+        raise ModelError("The model's reply was stopped by its content filter; nothing was stored.")
     if content.strip() or has_tool_calls:
         return
-    if finish_reason == "content_filter":
-        raise ModelError("The model's reply was blocked by its content filter.")
     raise ModelError("The model returned an empty reply.")
 
 
@@ -363,7 +366,7 @@ def completion_from_json(data: Any, messages: ModelMessages, model: str) -> Chat
     ):
         raise invalid_response_error()
     finish_reason = text_or_none(choice.get("finish_reason"))
-    reply = reply_text(content, refusal)
+    reply = storable(reply_text(content, refusal))
     require_reply(reply, bool(tool_calls), finish_reason)
     usage = data.get("usage")
     if not isinstance(usage, dict):
@@ -378,8 +381,8 @@ def completion_from_json(data: Any, messages: ModelMessages, model: str) -> Chat
         completion_tokens=(
             completion_tokens if isinstance(completion_tokens, int) else count_tokens(reply, model)
         ),
-        model=text_or_none(data.get("model")) or model,
-        tool_calls=tuple(without_none(call) for call in tool_calls),
+        model=storable(text_or_none(data.get("model")) or model),
+        tool_calls=tuple(storable_json(without_none(call)) for call in tool_calls),
     )
 
 
@@ -393,6 +396,17 @@ def without_none(value: Any) -> Any:
         return {key: without_none(item) for key, item in value.items() if item is not None}
     if isinstance(value, list):
         return [without_none(item) for item in value]
+    return value
+
+
+def storable_json(value: Any) -> Any:
+    """``value`` with every string storable (jsonb refuses NUL too)."""
+    if isinstance(value, str):
+        return storable(value)
+    if isinstance(value, dict):
+        return {storable_json(key): storable_json(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [storable_json(item) for item in value]
     return value
 
 

@@ -26,6 +26,7 @@ from openai.types.chat import ChatCompletion as ChatCompletionResponse
 from openai.types.chat import ChatCompletionChunk
 
 from memory_worker.presets import MIN_SUMMARY_TOKEN_CAP
+from memory_worker.text import storable
 from memory_worker.tokens import count_tokens
 
 log = logging.getLogger(__name__)
@@ -227,7 +228,7 @@ def validate_summary(
         raise SummarizerError("refused", "summarizer refused to summarize (refusal/content filter)")
     if finish_reason == "length":
         raise SummarizerError("truncated", "summarizer output was cut off by the token limit")
-    summary = (text or "").strip()
+    summary = storable(text or "").strip()
     if not summary:
         raise SummarizerError("empty", "summarizer returned an empty summary")
     tokens = count_tokens(summary, model)
