@@ -11,6 +11,7 @@ urlpatterns = [
 ]
 
 
-# A path no route matches (an id that is not a number, a typo) answers like the API it is under:
-# JSON for /api/ and the OpenAI shape for /v1/, Django's page elsewhere.
+# A path no route matches (an id that is not a number, a typo), and a bug's 500, answer like the
+# API they are under: JSON for /api/ and the OpenAI shape for /v1/, Django's page elsewhere.
 handler404 = "conversations.api.errors.page_not_found"
+handler500 = "conversations.api.errors.server_error"

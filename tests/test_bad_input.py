@@ -447,3 +447,90 @@ def test_a_turn_that_outlived_its_slot_stores_without_freeing_the_next_turns(
     reply = turns.reply_row(second.chat, completion, resolve_variant(None))
     turns.append_messages(second.chat, second.token, [user_row, reply])
     assert Chat.objects.get(pk=chat_id).turn_token is None  # its own slot: freed
+
+
+def contract_chat_at_its_bound(api: APIClient) -> int:
+    """A contract chat (at most 10 messages in the context) whose next turn must fold first:
+    with dispatch off, nothing folded its 12 messages in the background."""
+    chat_id = new_chat(api, policy="contract")
+    for number in range(6):
+        response = api.post(
+            f"/api/v1/chats/{chat_id}/turns/", {"content": f"fact {number}"}, format="json"
+        )
+        assert response.status_code == 201, response.content
+    return chat_id
+
+
+def test_a_chat_deleted_during_its_synchronous_fold_is_a_404(
+    api: APIClient, monkeypatch: Any
+) -> None:
+    """The fold's commit finds no chat, the turn renews its slot and finds none either: the
+    chat is gone, not taken over by another turn (it answered 409 turn_in_progress)."""
+    from memory_worker import consolidation
+
+    chat_id = contract_chat_at_its_bound(api)
+    real = consolidation.get_summarizer
+
+    def deleting_summarizer(*args: Any, **kwargs: Any) -> Any:
+        summarizer = real(*args, **kwargs)
+        summarize = summarizer.summarize
+
+        def summarize_after_deleting(*call: Any) -> Any:
+            Chat.objects.filter(pk=chat_id).delete()
+            return summarize(*call)
+
+        summarizer.summarize = summarize_after_deleting
+        return summarizer
+
+    monkeypatch.setattr(consolidation, "get_summarizer", deleting_summarizer)
+    response = api.post(f"/api/v1/chats/{chat_id}/turns/", {"content": "hi"}, format="json")
+    assert response.status_code == 404, response.content
+    assert response.json()["code"] == "chat_deleted"
+    assert not Chat.objects.filter(pk=chat_id).exists()
+
+
+def test_a_chat_deleted_before_its_snapshot_is_read_again_is_a_404(
+    api: APIClient, monkeypatch: Any
+) -> None:
+    """After the synchronous fold the turn reads the memory again; the chat (and its brief)
+    deleted in between was a missing brief, a 500."""
+    chat_id = contract_chat_at_its_bound(api)
+    real = turn_service.load_snapshot
+
+    def load_after_deleting(wanted: int) -> Any:
+        Chat.objects.filter(pk=wanted).delete()
+        return real(wanted)
+
+    monkeypatch.setattr(turn_service, "load_snapshot", load_after_deleting)
+    response = api.post(f"/api/v1/chats/{chat_id}/turns/", {"content": "hi"}, format="json")
+    assert response.status_code == 404, response.content
+    assert response.json()["code"] == "chat_deleted"
+
+
+# --- a bug's 500 ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("path", "error_of"),
+    [
+        ("/api/v1/policies/", lambda body: body["code"]),
+        ("/v1/models", lambda body: body["error"]["code"]),
+    ],
+)
+def test_an_unexpected_error_is_a_json_500(
+    api: APIClient, user: Any, monkeypatch: Any, path: str, error_of: Any
+) -> None:
+    from conversations.api import openai_compat, views
+
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(views, "policy_parameters", broken)
+    monkeypatch.setattr(openai_compat, "model_variants", broken)
+    client = bearer(user) if path.startswith("/v1/") else api
+    client.raise_request_exception = False
+    response = client.get(path)
+    assert response.status_code == 500
+    assert response["Content-Type"] == "application/json"
+    assert error_of(response.json()) == "server_error"
+    assert "a bug" not in response.content.decode()

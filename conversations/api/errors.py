@@ -108,3 +108,15 @@ def page_not_found(request: HttpRequest, exception: Exception | None = None) -> 
         error = {"message": "Not found.", "type": "invalid_request_error", "param": None}
         return JsonResponse({"error": {**error, "code": "not_found"}}, status=404)
     return defaults.page_not_found(request, exception or Http404())
+
+
+def server_error(request: HttpRequest) -> HttpResponse:
+    """A bug's 500 in the shape of the API it is under, so a client's error handling (which
+    parses JSON) does not fail on Django's HTML page; the traceback is in the log, not here."""
+    detail = "Internal server error; it has been logged."
+    if request.path.startswith("/api/"):
+        return JsonResponse({"detail": detail, "code": "server_error"}, status=500)
+    if request.path.startswith("/v1/"):
+        error = {"message": detail, "type": "server_error", "param": None, "code": "server_error"}
+        return JsonResponse({"error": error}, status=500)
+    return defaults.server_error(request)

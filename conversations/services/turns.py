@@ -28,7 +28,7 @@ from django.utils import timezone
 
 from conversations import rows
 from conversations.llm import ChatCompletion, ModelError, ModelMessages
-from conversations.models import Chat, Message, Role
+from conversations.models import Brief, Chat, Message, Role
 from conversations.services.agent_state import queue_agent_summary
 from conversations.services.backends import get_chat_model
 from conversations.services.context import build_model_messages
@@ -252,7 +252,7 @@ def bounded_snapshot(
     for attempt in range(SYNC_FOLD_ATTEMPTS):
         if attempt:
             renew_turn_slot(chat, token)
-        snapshot = first if attempt == 0 and first is not None else load_snapshot(chat.pk)
+        snapshot = first if attempt == 0 and first is not None else snapshot_of_live_chat(chat)
         state = engine_state(chat, snapshot, variant.context_tokens)
         pre_turn = engine.decide_before_turn(state, policy, user_tokens)
         if not pre_turn.fits:
@@ -282,6 +282,21 @@ def bounded_snapshot(
     raise ContextOverBound("The context could not be brought within its bound; retry later.")
 
 
+def snapshot_of_live_chat(chat: Chat) -> MemorySnapshot:
+    """Chat.DoesNotExist (the turn's 404 ``chat_deleted``) when the chat was deleted since the
+    claim: its brief went with it, and a missing brief is otherwise a bug's 500."""
+    try:
+        return load_snapshot(chat.pk)
+    except Brief.DoesNotExist:
+        raise_if_deleted(chat)
+        raise
+
+
+def raise_if_deleted(chat: Chat) -> None:
+    if not Chat.objects.filter(pk=chat.pk).exists():
+        raise Chat.DoesNotExist(f"chat {chat.pk} was deleted during its turn")
+
+
 def renew_turn_slot(chat: Chat, token: uuid.UUID) -> None:
     """After a synchronous fold: the slot's age counts from now again. A slot older than
     TURN_SLOT_STALE_SECONDS (the model's deadline and a margin) is taken to be a dead process's,
@@ -292,6 +307,7 @@ def renew_turn_slot(chat: Chat, token: uuid.UUID) -> None:
         turn_started_at=timezone.now()
     )
     if not renewed:
+        raise_if_deleted(chat)
         raise TurnInProgress(
             "The memory fold before this turn took so long that another turn of this chat "
             "started; nothing was stored. Retry when it completes."
