@@ -331,24 +331,45 @@ def _within_bound(
     return prompt <= PROMPT_WINDOW_SHARE * state.model_context_tokens
 
 
-def decide_before_turn(state: ChatState, policy: Policy, new_message_tokens: int) -> PreTurn:
+def decide_before_turn(
+    state: ChatState, policy: Policy, new_message_tokens: int, *, opens_turn: bool = True
+) -> PreTurn:
     """DESIGN §3 step 4: if the context with the new message is over the hard bound, the fold to
-    run synchronously first. Every stored message is foldable here (the new message is the
-    newest turn). ``fits`` is False when even folding everything would not fit."""
+    run synchronously first. ``fits`` is False when even folding everything foldable would not
+    fit.
+
+    ``opens_turn``: the new messages start a turn (a user message), so every stored message is
+    foldable. When they continue the newest stored turn instead (tool results answering its
+    assistant's calls), that turn is not: folding the call would send its results to the model
+    with no call before them, which OpenAI-compatible servers refuse."""
     if _within_bound(
         state, policy, state.last_consolidated, state.summary_tokens, new_message_tokens
     ):
         return PreTurn(None, True)
     # After a fold the summary may grow up to its cap: plan with the cap.
     summary_after = max(state.summary_tokens, policy.summary_token_cap)
-    candidates = [*boundaries(state), state.last_seq]
+    candidates = [*boundaries(state), state.last_seq] if opens_turn else boundaries(state)
     for boundary in sorted(set(candidates)):
         if boundary <= state.last_consolidated:
             continue
         if _within_bound(state, policy, boundary, summary_after, new_message_tokens):
-            end = max(boundary, compress_end(state, policy, keep_newest_turn=False))
+            end = max(boundary, _pre_turn_fold_end(state, policy, opens_turn))
             return PreTurn(Decision("hard_bound", state.last_consolidated + 1, end), True)
     return PreTurn(None, False)
+
+
+def _pre_turn_fold_end(state: ChatState, policy: Policy, opens_turn: bool) -> int:
+    """How far a synchronous fold goes once the context fits: down to the policy's verbatim
+    tail (seed 000 §5 keeps exactly K) or, for a policy with a token budget and no tail (seed
+    002), to the same low-water target as its background folds. Folding down to the newest turn
+    instead left one turn of verbatim history."""
+    if policy.tail_messages == 0 and policy.tail_turns <= 1 and _has_token_target(policy):
+        return _token_fold_end(state, policy, _newest_turn_boundary(state))
+    return compress_end(state, policy, keep_newest_turn=not opens_turn)
+
+
+def _has_token_target(policy: Policy) -> bool:
+    return policy.max_tokens is not None or policy.fold_target_tokens is not None
 
 
 # --- summarizer input ------------------------------------------------------------------------

@@ -479,7 +479,7 @@ def test_a_chat_deleted_during_its_synchronous_fold_is_a_404(
             Chat.objects.filter(pk=chat_id).delete()
             return summarize(*call)
 
-        summarizer.summarize = summarize_after_deleting
+        summarizer.summarize = summarize_after_deleting  # type: ignore[method-assign,assignment]
         return summarizer
 
     monkeypatch.setattr(consolidation, "get_summarizer", deleting_summarizer)

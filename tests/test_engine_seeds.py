@@ -281,3 +281,48 @@ def test_resolve_policy_explains_what_is_wrong(
 def test_overrides_apply() -> None:
     policy = resolve_policy("sliding-window", {"window": 6, "cooldown_seconds": 60})
     assert (policy.window, policy.cooldown_seconds, policy.tail_messages) == (6, 60.0, 40)
+
+
+def tool_loop(turns: int, calls: int, tokens: int) -> list[Msg]:
+    """``turns`` plain turns, then a user message answered by ``calls`` rounds of an assistant's
+    tool call and its result, ending on an assistant call still waiting for its result."""
+    messages = alternating(2 * turns, tokens)
+    seq = len(messages) + 1
+    messages.append(Msg(seq, "user", tokens))
+    for _ in range(calls):
+        messages += [Msg(seq + 1, "assistant", tokens), Msg(seq + 2, "tool", tokens)]
+        seq += 2
+    messages.append(Msg(seq + 1, "assistant", tokens))
+    return messages
+
+
+@pytest.mark.parametrize("preset", sorted(PRESETS))
+def test_a_fold_before_tool_results_keeps_the_turn_they_continue(preset: str) -> None:
+    """The new messages are tool results for the newest stored turn's last call: folding that
+    turn (its calls) would send the results with no call before them, which the model refuses.
+    When even that turn alone does not fit, the turn cannot be taken (503), where a user
+    message could still go ahead with everything stored folded."""
+    messages = tool_loop(turns=40, calls=3, tokens=60)  # the newest turn: 8 messages, 480 tokens
+    newest_user = max(m.seq for m in messages if m.role == "user")
+    policy = PRESETS[preset]
+    # 1,980 tokens of prompt: the newest turn fits beside a full summary, the history does not.
+    state = state_of(messages, window=2200)
+    pre = decide_before_turn(state, policy, new_message_tokens=60, opens_turn=False)
+    assert pre.fits and pre.fold is not None
+    assert pre.fold.to_seq < newest_user
+    # 900 tokens: not even the newest turn fits beside a full summary.
+    small = state_of(messages, window=1000)
+    assert not decide_before_turn(small, policy, new_message_tokens=60, opens_turn=False).fits
+    opening = decide_before_turn(small, policy, new_message_tokens=60)
+    assert opening.fold is not None and opening.fold.to_seq == messages[-1].seq
+
+
+def test_a_token_budget_fold_before_a_turn_stops_at_its_low_water_mark() -> None:
+    """Seed 002: fold the oldest until the rest fits max_tokens - max_summary_tokens; it folded
+    everything but the newest turn, leaving one turn of verbatim history."""
+    policy = PRESETS["token-budget"]  # bound 4,000 tokens of history; low water 3,744
+    messages = alternating(40, tokens=102)  # 4,080 tokens
+    pre = decide_before_turn(state_of(messages), policy, new_message_tokens=10)
+    assert pre.fold is not None
+    kept = sum(m.tokens for m in messages if m.seq > pre.fold.to_seq)
+    assert 3744 - 2 * 102 < kept + policy.max_summary_tokens <= 3744

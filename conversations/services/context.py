@@ -3,6 +3,8 @@ state (seed 004: session theme, active entities, pending clarification) as a sys
 there is one, the summary as a system message when non-empty, every unfolded message verbatim in
 order, then the new user message."""
 
+from typing import Any
+
 from conversations.models import Chat, Message, Role
 
 SUMMARY_HEADER = "Summary of the earlier conversation (memory):\n\n"
@@ -34,4 +36,45 @@ def build_model_messages(
     messages.extend(model_message(message) for message in unfolded)
     if new_user_content is not None:
         messages.append({"role": Role.USER.value, "content": new_user_content})
-    return messages
+    return without_unanswered_tool_calls(messages)
+
+
+# What an assistant message whose calls all went unanswered says instead, when it said nothing.
+UNANSWERED_CALLS_NOTE = "(Called tools; no results came back.)"
+
+
+def without_unanswered_tool_calls(messages: list[dict[str, object]]) -> list[dict[str, object]]:
+    """The messages with every tool call that no tool message right after it answers taken out
+    of its assistant message (a client that sent its next user message instead of the results).
+    OpenAI-compatible servers refuse a context with an unanswered call, so the chat would fail
+    every turn until the call was folded. The stored message keeps its calls; taking them out
+    here only makes the context smaller than its counted bound. The last message is left as it
+    is: nothing has followed it yet."""
+    repaired = list(messages)
+    for index, message in enumerate(messages[:-1]):
+        calls = message.get("tool_calls")
+        if message.get("role") != Role.ASSISTANT.value or not isinstance(calls, list):
+            continue
+        answered = _answered_ids(messages[index + 1 :])
+        kept = [call for call in calls if isinstance(call, dict) and call.get("id") in answered]
+        if len(kept) < len(calls):
+            repaired[index] = _with_calls(message, kept)
+    return repaired
+
+
+def _answered_ids(following: list[dict[str, object]]) -> set[object]:
+    answered = set()
+    for message in following:
+        if message.get("role") != Role.TOOL.value:
+            break
+        answered.add(message.get("tool_call_id"))
+    return answered
+
+
+def _with_calls(message: dict[str, object], calls: list[dict[str, Any]]) -> dict[str, object]:
+    entry = {key: value for key, value in message.items() if key != "tool_calls"}
+    if calls:
+        entry["tool_calls"] = calls
+    elif not str(entry.get("content") or "").strip():
+        entry["content"] = UNANSWERED_CALLS_NOTE
+    return entry

@@ -24,11 +24,11 @@ from django.contrib.auth.models import User
 from django.db import IntegrityError, connections, transaction
 
 from conversations.llm import ChatCompletion, CompletionStream, ToolOptions
-from conversations.models import Chat, Message
+from conversations.models import Chat, Message, Role
 from conversations.services import chats as chat_service
 from conversations.services.agent_state import queue_agent_summary
 from conversations.services.backends import get_chat_model
-from conversations.services.context import build_model_messages
+from conversations.services.context import build_model_messages, without_unanswered_tool_calls
 from conversations.services.turns import (
     TurnDelta,
     TurnDone,
@@ -187,11 +187,14 @@ def prepare(chat: Chat, incoming: list[Incoming], variant_name: str | None) -> P
     with turn_slot(chat, None) as token:
         variant = resolve_variant(variant_name or chat.model_variant or None)
         tokens = [count_tokens(m.content, variant.model) for m in incoming]
-        snapshot = bounded_snapshot(chat, token, variant, sum(tokens))
+        # Tool results continue the newest stored turn: a fold before them must keep it whole.
+        opens_turn = incoming[0].role == Role.USER.value
+        snapshot = bounded_snapshot(chat, token, variant, sum(tokens), opens_turn=opens_turn)
         context = build_model_messages(
             chat, snapshot.summary, snapshot.unfolded, None, snapshot.agent_context
         )
         context.extend(model_entry(m) for m in incoming)
+        context = without_unanswered_tool_calls(context)
     return Prepared(chat, token, variant, snapshot, incoming, tokens, context)
 
 

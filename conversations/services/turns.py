@@ -244,6 +244,8 @@ def bounded_snapshot(
     variant: ModelVariant,
     user_tokens: int,
     first: MemorySnapshot | None = None,
+    *,
+    opens_turn: bool = True,
 ) -> MemorySnapshot:
     """The memory snapshot to build the context from (``first``, when the caller has read it
     since claiming the slot), folding synchronously first when the context with the new message
@@ -254,12 +256,9 @@ def bounded_snapshot(
             renew_turn_slot(chat, token)
         snapshot = first if attempt == 0 and first is not None else snapshot_of_live_chat(chat)
         state = engine_state(chat, snapshot, variant.context_tokens)
-        pre_turn = engine.decide_before_turn(state, policy, user_tokens)
+        pre_turn = engine.decide_before_turn(state, policy, user_tokens, opens_turn=opens_turn)
         if not pre_turn.fits:
-            raise ContextOverBound(
-                "This message does not fit the chat's context bound even after folding the "
-                "whole history into the summary; send a shorter message."
-            )
+            raise ContextOverBound(too_big_message(opens_turn))
         if pre_turn.fold is None:
             return snapshot
         log.info(
@@ -280,6 +279,20 @@ def bounded_snapshot(
             )
         # succeeded or superseded (a background fold won): re-read and check again
     raise ContextOverBound("The context could not be brought within its bound; retry later.")
+
+
+def too_big_message(opens_turn: bool) -> str:
+    if opens_turn:
+        return (
+            "This message does not fit the chat's context bound even after folding the whole "
+            "history into the summary; send a shorter message."
+        )
+    # Folding part of the turn would send these results without the calls they answer.
+    return (
+        "These tool results and the turn they continue do not fit the chat's context bound, "
+        "and a turn is never split by a fold; start a new turn with a user message, or use a "
+        "policy with a larger bound."
+    )
 
 
 def snapshot_of_live_chat(chat: Chat) -> MemorySnapshot:
