@@ -2,14 +2,17 @@
 then the chat's own overrides (most specific wins)."""
 
 import json
+import logging
 from functools import lru_cache
 
 from django.conf import settings
 
 from conversations.models import Chat
-from conversations.services.variants import resolve_variant
+from conversations.services.variants import chat_variant
 from memory_worker import policy as engine
-from memory_worker.presets import resolve_policy
+from memory_worker.presets import PolicyError, resolve_policy
+
+log = logging.getLogger(__name__)
 
 
 def env_overrides(preset: str) -> dict[str, object]:
@@ -27,8 +30,37 @@ def effective_policy(preset: str, chat_overrides: dict[str, object] | None = Non
 
 
 def policy_for_chat(chat: Chat) -> engine.Policy:
-    return effective_policy(chat.policy, chat.policy_overrides)
+    """A stored chat's policy. Its overrides were checked against the operator's knobs when it
+    was saved; knobs changed since (MEMORY_CONTEXT_SIZE=45 under a chat's tail_messages 50) can
+    make the two inconsistent, and every turn, fold and read of that chat failed with a 500.
+    Then the chat's own overrides win over the operator's knobs (most specific wins, as ever),
+    and if even they clash with the preset, the operator's knobs alone (checked at start-up)
+    apply; logged. An unknown preset still raises."""
+    overrides = chat.policy_overrides or {}
+    try:
+        return effective_policy(chat.policy, overrides)
+    except PolicyError as clash:
+        _log_clash(chat.policy, overrides, str(clash))
+    try:
+        return _resolve(chat.policy, json.dumps(overrides, sort_keys=True))
+    except PolicyError:
+        return effective_policy(chat.policy)
+
+
+_clashes_logged: set[tuple[str, str]] = set()
+
+
+def _log_clash(preset: str, overrides: dict[str, object], error: str) -> None:
+    # Once per process and combination: every turn and fold of such a chat resolves its policy.
+    key = (preset, json.dumps({**env_overrides(preset), **overrides}, sort_keys=True))
+    if key in _clashes_logged:
+        return
+    _clashes_logged.add(key)
+    log.warning(
+        "a chat's policy overrides clash with the environment's knobs",
+        extra={"event": "policy_clash", "policy": preset, "error": error},
+    )
 
 
 def variant_context_tokens(chat: Chat) -> int:
-    return resolve_variant(chat.model_variant or None).context_tokens
+    return chat_variant(chat.model_variant).context_tokens

@@ -198,3 +198,52 @@ def test_health_endpoints_need_no_auth(client, db) -> None:  # type: ignore[no-u
     ready = client.get("/readyz")
     assert ready.status_code == 200
     assert json.loads(ready.content)["database"] == "ok"
+
+
+def test_a_chat_whose_overrides_clash_with_knobs_changed_since_keeps_working(api, settings) -> None:  # type: ignore[no-untyped-def]
+    """Valid when saved; the operator then lowered the context below the chat's own tail. The
+    user's whole chat list, the chat, its brief and its turns were 500s: the chat's own
+    overrides now win over the knobs they clash with."""
+    chat = api.post(
+        "/api/v1/chats/",
+        {"policy": "sliding-window", "policy_overrides": {"tail_messages": 50}},
+        format="json",
+    ).json()
+    settings.MEMORY_PRESET_ENV_OVERRIDES = {
+        "sliding-window": {"context_size": 45, "tail_messages": 20, "hard_limit": 20}
+    }
+    assert api.get("/api/v1/chats/").status_code == 200
+    detail = api.get(f"/api/v1/chats/{chat['id']}/")
+    assert detail.status_code == 200
+    effective = detail.json()["effective_policy"]
+    assert (effective["tail_messages"], effective["context_size"]) == (50, 75)
+    assert api.get(f"/api/v1/chats/{chat['id']}/brief/").status_code == 200
+    turn = api.post(f"/api/v1/chats/{chat['id']}/turns/", {"content": "hi"}, format="json")
+    assert turn.status_code == 201, turn.content
+    # A chat without overrides gets the operator's knobs, as before.
+    plain = api.post("/api/v1/chats/", {"policy": "sliding-window"}, format="json").json()
+    assert plain["effective_policy"]["context_size"] == 45
+
+
+def test_a_chat_whose_variant_was_removed_falls_back_to_the_default(api, settings) -> None:  # type: ignore[no-untyped-def]
+    """Its turns were 400s about a model_variant the client never sent, and its brief a 500."""
+    from conversations.services.variants import _parse_variants
+
+    settings.MODEL_VARIANTS = "deep=gpt-deep:128000"
+    _parse_variants.cache_clear()
+    chat = api.post("/api/v1/chats/", {"model_variant": "deep"}, format="json").json()
+    settings.MODEL_VARIANTS = ""
+    _parse_variants.cache_clear()
+    try:
+        turn = api.post(f"/api/v1/chats/{chat['id']}/turns/", {"content": "hi"}, format="json")
+        assert turn.status_code == 201, turn.content
+        assert turn.json()["assistant_message"]["model_variant"] == "default"
+        assert api.get(f"/api/v1/chats/{chat['id']}/brief/").status_code == 200
+        asked = api.post(
+            f"/api/v1/chats/{chat['id']}/turns/",
+            {"content": "hi", "model_variant": "deep"},
+            format="json",
+        )
+        assert asked.status_code == 400 and "model_variant" in asked.json()
+    finally:
+        _parse_variants.cache_clear()

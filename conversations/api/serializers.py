@@ -8,7 +8,7 @@ from rest_framework import serializers
 from conversations.api.agent_serializers import AgentContextSerializer
 from conversations.models import Brief, Chat, Consolidation, DailyNote, Message, Role
 from conversations.services import chats as chat_service
-from memory_worker.policies import effective_policy
+from memory_worker.policies import effective_policy, policy_for_chat
 from memory_worker.presets import PRESETS, PolicyError, policy_parameters
 
 
@@ -52,7 +52,7 @@ class ChatSerializer(serializers.ModelSerializer):
 
     @extend_schema_field(OpenApiTypes.OBJECT)
     def get_effective_policy(self, chat: Chat) -> dict[str, object]:
-        return policy_parameters(effective_policy(chat.policy, chat.policy_overrides))
+        return policy_parameters(policy_for_chat(chat))
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         preset = attrs.get("policy") or settings.MEMORY_POLICY

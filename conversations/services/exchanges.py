@@ -43,7 +43,7 @@ from conversations.services.turns import (
     reply_row,
     turn_slot,
 )
-from conversations.services.variants import ModelVariant, resolve_variant
+from conversations.services.variants import ModelVariant, turn_variant
 from memory_worker.state import MemorySnapshot, with_appended
 from memory_worker.tokens import count_tokens
 
@@ -185,7 +185,7 @@ def prepare(chat: Chat, incoming: list[Incoming], variant_name: str | None) -> P
     """Claims the chat's turn slot (TurnInProgress if taken) and bounds the context; the caller
     must ``release`` it. Raises UnknownVariant, ContextOverBound."""
     with turn_slot(chat, None) as token:
-        variant = resolve_variant(variant_name or chat.model_variant or None)
+        variant = turn_variant(variant_name, chat.model_variant)
         tokens = [count_tokens(m.content, variant.model) for m in incoming]
         # Tool results continue the newest stored turn: a fold before them must keep it whole.
         opens_turn = incoming[0].role == Role.USER.value

@@ -32,7 +32,7 @@ from conversations.models import Brief, Chat, Message, Role
 from conversations.services.agent_state import queue_agent_summary
 from conversations.services.backends import get_chat_model
 from conversations.services.context import build_model_messages
-from conversations.services.variants import ModelVariant, resolve_variant
+from conversations.services.variants import ModelVariant, turn_variant
 from memory_worker import policy as engine
 from memory_worker.consolidation import decide_for_chat, execute_fold
 from memory_worker.dispatch import request_consolidation
@@ -165,7 +165,7 @@ def turn_slot(chat: Chat, token: uuid.UUID | None) -> Iterator[uuid.UUID]:
 def turn_input(chat: Chat, variant_name: str | None, content: str) -> tuple[ModelVariant, int]:
     """The turn's model variant (UnknownVariant if not configured) and the new message's
     tokens, counted for that variant's model."""
-    variant = resolve_variant(variant_name or chat.model_variant or None)
+    variant = turn_variant(variant_name, chat.model_variant)
     return variant, count_tokens(content, variant.model)
 
 

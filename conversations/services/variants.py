@@ -1,12 +1,15 @@
 """Model variants a turn may choose (seed 003 §6). Memory is model-agnostic; a variant's context
 window only feeds the token-budget trigger."""
 
+import logging
 from dataclasses import dataclass
 from functools import lru_cache
 
 from django.conf import settings
 
 DEFAULT_VARIANT = "default"
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -59,3 +62,24 @@ def resolve_variant(name: str | None) -> ModelVariant:
         known = ", ".join(sorted(variants))
         raise UnknownVariant(f'Unknown model_variant "{key}". Known variants: {known}.')
     return variants[key]
+
+
+def turn_variant(requested: str | None, chat_default: str) -> ModelVariant:
+    """The variant a turn runs on: the one it asked for (UnknownVariant, the client's 400, if
+    not configured), else the chat's default. A chat's default that the operator has since
+    removed from MODEL_VARIANTS falls back to the configured default, logged: the chat was
+    valid when it was saved, and its user did not ask for the variant on this turn."""
+    if requested:
+        return resolve_variant(requested)
+    return chat_variant(chat_default)
+
+
+def chat_variant(chat_default: str) -> ModelVariant:
+    try:
+        return resolve_variant(chat_default or None)
+    except UnknownVariant:
+        log.warning(
+            "a chat's model_variant is no longer configured; using the default variant",
+            extra={"event": "variant_removed", "model_variant": chat_default},
+        )
+        return resolve_variant(None)
