@@ -10,7 +10,7 @@ from django.conf import settings
 from conversations.models import Chat
 from conversations.services.variants import chat_variant
 from memory_worker import policy as engine
-from memory_worker.presets import PolicyError, resolve_policy
+from memory_worker.presets import PolicyError, resolve_policy, synchronous_only
 
 log = logging.getLogger(__name__)
 
@@ -27,6 +27,17 @@ def _resolve(preset: str, overrides_json: str) -> engine.Policy:
 def effective_policy(preset: str, chat_overrides: dict[str, object] | None = None) -> engine.Policy:
     merged = {**env_overrides(preset), **(chat_overrides or {})}
     return _resolve(preset, json.dumps(merged, sort_keys=True))
+
+
+def policy_for_new_settings(preset: str, chat_overrides: dict[str, object]) -> engine.Policy:
+    """The policy of a chat being created or edited; PolicyError when its overrides are
+    unusable, including overrides that would leave every fold to the request path (a trigger
+    at or past the hard bound). A configuration the operator chose is not refused here."""
+    policy = effective_policy(preset, chat_overrides)
+    problem = synchronous_only(policy)
+    if problem and chat_overrides and synchronous_only(effective_policy(preset)) is None:
+        raise PolicyError(problem)
+    return policy
 
 
 def policy_for_chat(chat: Chat) -> engine.Policy:

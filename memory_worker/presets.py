@@ -151,6 +151,43 @@ def _check_consistency(policy: Policy) -> None:
         )
 
 
+def synchronous_only(policy: Policy) -> str | None:
+    """Why the policy's background trigger could never fire before its hard bound (every fold
+    would then run synchronously, in a turn, and a failed one would be that turn's 503), or None.
+    Not a reason to refuse the policy everywhere: chats already stored with it keep working, and
+    chat creation refuses only overrides that cause it (memory_worker.policies)."""
+    bound = policy.max_memory_tokens
+    token_trigger = (
+        policy.max_tokens - policy.max_summary_tokens if policy.max_tokens is not None else None
+    )
+    if bound is not None and policy.chunk_threshold is not None and policy.chunk_threshold > bound:
+        return (
+            f"chunk_threshold ({policy.chunk_threshold}) must be at most max_memory_tokens "
+            f"({bound}), the hard bound; raise max_memory_tokens with it."
+        )
+    if bound is not None and token_trigger is not None and token_trigger > bound:
+        return (
+            f"max_tokens - max_summary_tokens ({token_trigger}) must be at most "
+            f"max_memory_tokens ({bound}), the hard bound; raise max_memory_tokens with it."
+        )
+    target = policy.fold_target_tokens
+    if target is not None and token_trigger is not None and target > token_trigger:
+        return (
+            f"fold_target_tokens ({target}) must be at most max_tokens - max_summary_tokens "
+            f"({token_trigger}), where token folds start."
+        )
+    if (
+        policy.context_size is not None
+        and policy.window is not None
+        and policy.tail_messages + policy.window > policy.context_size
+    ):
+        return (
+            f"tail_messages + window ({policy.tail_messages} + {policy.window}) must be at most "
+            f"context_size ({policy.context_size}), the hard bound."
+        )
+    return None
+
+
 def resolve_policy(name: str, overrides: Mapping[str, object] | None = None) -> Policy:
     if name not in PRESETS:
         known = ", ".join(sorted(PRESETS))

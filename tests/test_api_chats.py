@@ -247,3 +247,40 @@ def test_a_chat_whose_variant_was_removed_falls_back_to_the_default(api, setting
         assert asked.status_code == 400 and "model_variant" in asked.json()
     finally:
         _parse_variants.cache_clear()
+
+
+@pytest.mark.parametrize(
+    ("policy", "overrides", "words"),
+    [
+        ("chunked", {"chunk_threshold": 20000}, "chunk_threshold (20000) must be at most"),
+        ("token-budget", {"max_tokens": 20000}, "max_tokens - max_summary_tokens (19744)"),
+        ("token-budget", {"fold_target_tokens": 3800}, "fold_target_tokens (3800)"),
+        ("sliding-window", {"tail_messages": 70}, "tail_messages + window (70 + 12)"),
+    ],
+)
+def test_overrides_that_leave_every_fold_to_the_turn_are_refused(  # type: ignore[no-untyped-def]
+    api, policy, overrides, words
+) -> None:
+    """Their background trigger could never fire before the hard bound: every fold would run in
+    a turn, and a failed one would be that turn's 503."""
+    response = api.post(
+        "/api/v1/chats/", {"policy": policy, "policy_overrides": overrides}, format="json"
+    )
+    assert response.status_code == 400, response.content
+    assert words in response.json()["policy_overrides"][0]
+    assert Chat.objects.count() == 0
+
+
+def test_raising_the_bound_with_the_trigger_is_accepted(api) -> None:  # type: ignore[no-untyped-def]
+    overrides = {"chunk_threshold": 20000, "max_memory_tokens": 23000}
+    response = api.post(
+        "/api/v1/chats/", {"policy": "chunked", "policy_overrides": overrides}, format="json"
+    )
+    assert response.status_code == 201, response.content
+
+
+def test_the_operators_own_knobs_are_not_refused_at_chat_creation(api, settings) -> None:  # type: ignore[no-untyped-def]
+    """Set that way on purpose (a synchronous fold on every bound); chats are still created."""
+    settings.MEMORY_PRESET_ENV_OVERRIDES = {"sliding-window": {"context_size": 50}}
+    response = api.post("/api/v1/chats/", {"policy": "sliding-window"}, format="json")
+    assert response.status_code == 201, response.content

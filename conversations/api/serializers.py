@@ -8,7 +8,7 @@ from rest_framework import serializers
 from conversations.api.agent_serializers import AgentContextSerializer
 from conversations.models import Brief, Chat, Consolidation, DailyNote, Message, Role
 from conversations.services import chats as chat_service
-from memory_worker.policies import effective_policy, policy_for_chat
+from memory_worker.policies import policy_for_chat, policy_for_new_settings
 from memory_worker.presets import PRESETS, PolicyError, policy_parameters
 
 
@@ -57,7 +57,7 @@ class ChatSerializer(serializers.ModelSerializer):
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         preset = attrs.get("policy") or settings.MEMORY_POLICY
         try:
-            effective_policy(preset, attrs.get("policy_overrides") or {})
+            policy_for_new_settings(preset, attrs.get("policy_overrides") or {})
         except PolicyError as error:
             raise serializers.ValidationError({"policy_overrides": [str(error)]}) from error
         return attrs

@@ -12,7 +12,7 @@ from conversations.models import Brief, Chat, Message
 from conversations.services.context import build_model_messages
 from conversations.services.variants import resolve_variant
 from memory_worker.consolidation import decide_for_chat
-from memory_worker.policies import effective_policy
+from memory_worker.policies import policy_for_new_settings
 from memory_worker.presets import PolicyError
 from memory_worker.runtime import chat_lock
 from memory_worker.state import MemorySnapshot, load_snapshot
@@ -65,7 +65,7 @@ def validate_chat_settings(chat: Chat) -> None:
     """Raises PolicyError or UnknownVariant, with the reason, for a chat whose turns would fail."""
     if not isinstance(chat.policy_overrides or {}, dict):
         raise PolicyError("policy_overrides must be an object of knobs and their values.")
-    effective_policy(chat.policy, chat.policy_overrides or {})
+    policy_for_new_settings(chat.policy, chat.policy_overrides or {})
     resolve_variant(chat.model_variant or None)
 
 
