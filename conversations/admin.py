@@ -5,12 +5,14 @@ from typing import Any
 
 from django import forms
 from django.contrib import admin, messages
+from django.contrib.admin.widgets import AdminTextareaWidget, AdminTextInputWidget
 from django.contrib.auth.admin import UserAdmin
 from django.contrib.auth.models import User
-from django.core.exceptions import PermissionDenied
-from django.db.models import F, QuerySet
+from django.core.exceptions import PermissionDenied, ValidationError
+from django.db.models import CASCADE, F, Model, QuerySet
 from django.http import HttpRequest
 from django.urls import reverse
+from django.utils import formats, timezone
 from django.utils.html import format_html, format_html_join, linebreaks
 from django.utils.safestring import mark_safe
 
@@ -21,6 +23,7 @@ from conversations.services.chats import next_context
 from conversations.services.variants import UnknownVariant
 from memory_worker.consolidation import lag_ms
 from memory_worker.dispatch import request_consolidation
+from memory_worker.policy import TRIGGER_PRIORITY
 from memory_worker.presets import PRESETS, PolicyError
 
 
@@ -53,10 +56,13 @@ class ReadOnlyAdmin(admin.ModelAdmin):
         return super().change_view(request, object_id, form_url, context)
 
 
-def counted_deletion(objs: Sequence[Any], chat_ids: Sequence[int]) -> tuple[Any, ...]:
+def counted_deletion(
+    objs: Sequence[Any], chat_ids: Sequence[int], perms_needed: set[str] | None = None
+) -> tuple[Any, ...]:
     """``get_deleted_objects`` as counts: Django's own page lists (and loads) every related
     row, hundreds of thousands for a long chat. A chat's messages, ledger and notes are its
-    own, so deleting it needs no permission on them."""
+    own, so deleting it needs no permission on them; ``perms_needed`` names what else the
+    staff user lacks (the page then refuses)."""
     counts = {
         "chats": len(chat_ids),
         "messages": Message.objects.filter(chat_id__in=chat_ids).count(),
@@ -67,12 +73,46 @@ def counted_deletion(objs: Sequence[Any], chat_ids: Sequence[int]) -> tuple[Any,
         format_html("{}: {}", obj._meta.verbose_name.capitalize(), obj) for obj in objs
     ]
     listed += [f"{count} {name}" for name, count in counts.items() if count]
-    return listed, counts, set(), []
+    return listed, counts, perms_needed or set(), []
+
+
+class PolicyOverridesField(forms.JSONField):
+    """A JSON object of knob -> value, as the API's ``policy_overrides`` (a DictField): a list,
+    number, boolean, string or null stored here would make every listing of the owner's chats
+    fail. An empty box means no overrides, the model's default."""
+
+    default_error_messages = {
+        "not_an_object": 'Enter a JSON object of knobs and their values, e.g. {"window": 12}.',
+    }
+
+    def to_python(self, value: Any) -> Any:
+        if value in self.empty_values:
+            return {}
+        converted = super().to_python(value)
+        if not isinstance(converted, dict):
+            raise ValidationError(self.error_messages["not_an_object"], code="not_an_object")
+        return converted
 
 
 class ChatForm(forms.ModelForm):
     """The checks a chat created through the API gets: a policy or variant its turns cannot
     use is refused here, with the reason, instead of failing every turn."""
+
+    # Text as the API stores it (trim_whitespace=False), and the API's cap on the prompt, whose
+    # tokens every turn's bound counts: an uncapped prompt can leave no room for any turn.
+    title = forms.CharField(
+        required=False,
+        strip=False,
+        max_length=Chat._meta.get_field("title").max_length,
+        widget=AdminTextInputWidget,
+    )
+    system_prompt = forms.CharField(
+        required=False,
+        strip=False,
+        max_length=chat_service.MAX_SYSTEM_PROMPT_CHARS,
+        widget=AdminTextareaWidget,
+    )
+    policy_overrides = PolicyOverridesField(required=False)
 
     class Meta:
         model = Chat
@@ -82,7 +122,8 @@ class ChatForm(forms.ModelForm):
         cleaned = super().clean() or {}
         chat = Chat(
             policy=cleaned.get("policy") or "",
-            policy_overrides=cleaned.get("policy_overrides") or {},
+            # Absent when its field refused it (the error is on the form already).
+            policy_overrides=cleaned.get("policy_overrides", {}),
             model_variant=cleaned.get("model_variant") or "",
         )
         try:
@@ -112,24 +153,9 @@ class BriefInline(admin.StackedInline):
     fields = readonly_fields
 
 
-class DailyNoteInline(admin.TabularInline):
-    """Seed 002's daily tier, read-only: written only by the flush hook."""
-
-    model = DailyNote
-    extra = 0
-    can_delete = False
-    readonly_fields = ("day", "facts_list", "extractor", "updated_at")
-    fields = readonly_fields
-
-    def has_add_permission(self, request: HttpRequest, obj: object = None) -> bool:
-        return False
-
-    @admin.display(description="facts")
-    def facts_list(self, note: DailyNote) -> str:
-        return "\n".join(f"- {fact['text']}" for fact in note.facts)
-
-
-@admin.action(description="Consolidate now")
+# Viewing a chat must not queue folds (each costs a model call): the action needs the change
+# permission, as editing the chat would.
+@admin.action(description="Consolidate now", permissions=["change"])
 def consolidate_now(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: QuerySet) -> None:
     chat_ids = list(queryset.values_list("pk", flat=True))
     queued = 0
@@ -149,8 +175,12 @@ def consolidate_now(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset
     modeladmin.message_user(request, f"Queued {queued} consolidation(s).", messages.SUCCESS)
 
 
-LAGGING_UNFOLDED = 60  # more unfolded messages than this: folding has fallen behind
+# A count, not a verdict: whether a chat is behind depends on its policy (a token-budget chat may
+# hold 100 short messages within its bound, a contract chat folds long before 60), and only the
+# engine, in Python, per chat, can tell. "Backing off" is the cheap sign that folding is failing.
+MANY_UNFOLDED = 60
 RECENT_ROWS = 30
+RECENT_NOTES = 10  # a year of daily notes made a 22 MB page
 
 
 class MemoryFilter(admin.SimpleListFilter):
@@ -159,17 +189,46 @@ class MemoryFilter(admin.SimpleListFilter):
 
     def lookups(self, request: HttpRequest, model_admin: admin.ModelAdmin) -> list[tuple[str, str]]:
         return [
-            ("lagging", f"Lagging (over {LAGGING_UNFOLDED} unfolded)"),
+            ("many_unfolded", f"Over {MANY_UNFOLDED} unfolded messages (any policy)"),
+            ("backing_off", "Backing off (the last fold failed; retried with backoff)"),
             ("degraded", "Degraded (folds keep failing)"),
         ]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
-        if self.value() == "lagging":
+        if self.value() == "many_unfolded":
             backlog = F("last_seq") - F("brief__last_consolidated")
-            return queryset.alias(backlog=backlog).filter(backlog__gt=LAGGING_UNFOLDED)
+            return queryset.alias(backlog=backlog).filter(backlog__gt=MANY_UNFOLDED)
+        if self.value() == "backing_off":
+            # Set by every failed fold; cleared by the next success, or a retry that finds
+            # nothing due (memory_worker.consolidation.clear_failure_state).
+            return queryset.filter(brief__next_attempt_at__isnull=False)
         if self.value() == "degraded":
             return queryset.filter(brief__degraded=True)
         return queryset
+
+
+# Every trigger a ledger row can name: the engine's own, the synchronous fold before a turn, and
+# a manual request. Fixed, because the field's own filter lists its distinct values: a scan of
+# the whole ledger on every page.
+LEDGER_TRIGGERS = [(trigger, trigger) for trigger in (*TRIGGER_PRIORITY, "hard_bound", "manual")]
+
+
+class TriggerFilter(admin.SimpleListFilter):
+    title = "trigger"
+    parameter_name = "trigger"
+
+    def lookups(self, request: HttpRequest, model_admin: admin.ModelAdmin) -> list[tuple[str, str]]:
+        return LEDGER_TRIGGERS
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
+        return queryset.filter(trigger=self.value()) if self.value() else queryset
+
+
+# Sorting the message or ledger list by its "chat" column would sort by the chat's own ordering
+# (a join over the whole table); by the id, the table's index serves it.
+@admin.display(description="chat", ordering="chat_id")
+def chat_column(row: Message | Consolidation) -> str:
+    return str(row.chat)
 
 
 def table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
@@ -212,6 +271,7 @@ class ChatAdmin(admin.ModelAdmin):
         "context_preview",
         "recent_messages",
         "ledger",
+        "daily_notes",
     ]
     fieldsets = [
         (None, {"fields": list(chat_service.EDITABLE_FIELDS)}),
@@ -230,6 +290,7 @@ class ChatAdmin(admin.ModelAdmin):
         ),
         ("What the model sees next", {"fields": ["context_preview"]}),
         ("History (append-only)", {"fields": ["recent_messages", "ledger"]}),
+        ("Daily notes (seed 002)", {"fields": ["daily_notes"]}),
         (
             "Turn slot",
             {
@@ -238,9 +299,11 @@ class ChatAdmin(admin.ModelAdmin):
             },
         ),
     ]
-    inlines = [BriefInline, DailyNoteInline, AgentStateInline]
+    inlines = [BriefInline, AgentStateInline]
     actions = [consolidate_now]
     form = ChatForm
+    # A select of every user: 2 MB and seconds per page with 50,000 of them.
+    raw_id_fields = ["owner"]
 
     def save_model(self, request: HttpRequest, obj: Chat, form: Any, change: bool) -> None:
         chat_service.save_chat(obj)
@@ -287,6 +350,7 @@ class ChatAdmin(admin.ModelAdmin):
     def recent_messages(self, chat: Chat) -> str:
         latest = chat.messages.order_by("-seq")[:RECENT_ROWS]
         rows = [[m.seq, m.role, m.token_count, m.content[:300]] for m in reversed(latest)]
+        # The message list is newest first (MessageAdmin.ordering): the link continues this table.
         link = reverse("admin:conversations_message_changelist") + f"?chat__id__exact={chat.pk}"
         return format_html(
             '{}<p><a href="{}">all messages</a></p>',
@@ -318,14 +382,38 @@ class ChatAdmin(admin.ModelAdmin):
             link,
         )
 
+    @admin.display(description=f"latest {RECENT_NOTES} daily notes")
+    def daily_notes(self, chat: Chat) -> str:
+        """Seed 002's daily tier, read-only (written only by the flush hook), newest first."""
+        latest = chat.daily_notes.order_by("-day")[:RECENT_NOTES]
+        rows = [
+            [
+                formats.date_format(note.day),
+                format_html_join(mark_safe("<br>"), "- {}", ((f["text"],) for f in note.facts)),
+                note.extractor,
+                formats.localize(timezone.localtime(note.updated_at)),
+            ]
+            for note in latest
+        ]
+        return format_html(
+            "{}<p>All of them, newest first: <code>GET {}</code> (with the owner's token).</p>",
+            table(["day", "facts", "extractor", "updated"], rows),
+            reverse("chat-notes", args=[chat.pk]),
+        )
+
 
 @admin.register(Message)
 class MessageAdmin(ReadOnlyAdmin):
-    list_display = ["chat", "seq", "role", "token_count", "model_variant", "created_at"]
+    list_display = [chat_column, "seq", "role", "token_count", "model_variant", "created_at"]
     list_filter = ["role"]
     list_select_related = ["chat"]
+    # Newest first, on the table's own UNIQUE (chat, seq) index: the model's ordering ("chat")
+    # sorts by the chat's ordering, a join and a sort of every message (1.2 s at 2M).
+    ordering = ["-chat_id", "-seq"]
+    # A scan, meant for one chat's list (?chat__id__exact=): whole-table searches are slow.
     search_fields = ["content"]
-    # The paginator's count is a scan of the whole table; "N results" of a filtered page only.
+    # Spares the second count, of the whole table, that a filtered page shows as "(N total)".
+    # The paginator still counts the rows it pages: all of them on the unfiltered list.
     show_full_result_count = False
 
 
@@ -333,7 +421,7 @@ class MessageAdmin(ReadOnlyAdmin):
 class ConsolidationAdmin(ReadOnlyAdmin):
     list_display = [
         "id",
-        "chat",
+        chat_column,
         "trigger",
         "status",
         "from_seq",
@@ -341,8 +429,11 @@ class ConsolidationAdmin(ReadOnlyAdmin):
         "duration_ms",
         "lag_ms",
     ]
-    list_filter = ["status", "trigger", "synchronous"]
+    list_filter = ["status", TriggerFilter, "synchronous"]
     list_select_related = ["chat"]
+    # Newest first, by the primary key: the model's ordering starts with the chat's (a join).
+    ordering = ["-id"]
+    # As on the message list: spares the "(N total)" count of a filtered page.
     show_full_result_count = False
 
     @admin.display(description="lag (ms)")
@@ -365,7 +456,31 @@ class ChatOwnerAdmin(UserAdmin):
     def get_deleted_objects(self, objs: Any, request: HttpRequest) -> tuple[Any, ...]:
         users = list(objs)
         chat_ids = list(Chat.objects.filter(owner__in=users).values_list("pk", flat=True))
-        return counted_deletion(users, chat_ids)
+        return counted_deletion(users, chat_ids, self.cascade_perms_lacking(request, users))
+
+    def cascade_perms_lacking(self, request: HttpRequest, users: Sequence[User]) -> set[str]:
+        """What Django's own page would ask for: the delete permission on each admin-registered
+        model with rows that go with these users (their chats: delete_chat). A chat's history
+        goes with it, as on the chat's own delete page."""
+        lacking: set[str] = set()
+        for model, owner_field in self.cascaded_models():
+            model_admin = self.admin_site.get_model_admin(model)
+            if model_admin.has_delete_permission(request):
+                continue
+            if model._base_manager.filter(**{f"{owner_field}__in": users}).exists():
+                lacking.add(str(model._meta.verbose_name))
+        return lacking
+
+    def cascaded_models(self) -> list[tuple[type[Model], str]]:
+        """The registered models whose rows a user's deletion cascades to, with the field that
+        names the user."""
+        return [
+            (relation.related_model, relation.field.name)
+            for relation in self.model._meta.related_objects
+            if not relation.many_to_many
+            and relation.on_delete is CASCADE
+            and self.admin_site.is_registered(relation.related_model)
+        ]
 
 
 admin.site.unregister(User)

@@ -52,13 +52,15 @@ def test_chat_page_shows_summary_ledger_and_context(client: Any, admin_user: Any
 
 
 @pytest.mark.django_db
-def test_filters_find_lagging_and_degraded_chats(client: Any, admin_user: Any, api: Any) -> None:
+def test_filters_find_chats_with_many_unfolded_and_degraded(
+    client: Any, admin_user: Any, api: Any
+) -> None:
     quiet = api.post("/api/v1/chats/", {"title": "quiet-chat"}, format="json").json()["id"]
     lagging = api.post("/api/v1/chats/", {"title": "lagging-chat"}, format="json").json()["id"]
     Chat.objects.filter(pk=lagging).update(last_seq=500)
     Brief.objects.filter(chat_id=quiet).update(degraded=True)
     client.force_login(admin_user)
-    listing = client.get("/admin/conversations/chat/?memory=lagging").content.decode()
+    listing = client.get("/admin/conversations/chat/?memory=many_unfolded").content.decode()
     assert "lagging-chat" in listing and "quiet-chat" not in listing
     listing = client.get("/admin/conversations/chat/?memory=degraded").content.decode()
     assert "quiet-chat" in listing and "lagging-chat" not in listing

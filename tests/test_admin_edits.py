@@ -15,7 +15,7 @@ from django.test import Client
 from conversations import admin as chat_admin
 from conversations.models import Brief, Chat, Consolidation, Message
 from conversations.services import chats as chat_service
-from memory_worker.policies import policy_for_chat
+from memory_worker.policies import effective_policy
 from memory_worker.presets import PolicyError
 from memory_worker.tokens import count_tokens
 
@@ -169,8 +169,8 @@ def test_stored_chats_are_brought_within_the_new_rules(user: Any, api: Any) -> N
     for chat in (low_cap, huge):
         Brief.objects.create(chat=chat)
     no_brief = Chat.objects.create(owner=user, policy="contract")  # as the admin used to add
-    with pytest.raises(PolicyError):  # what listing them, a turn or a fold ran into
-        policy_for_chat(Chat.objects.get(pk=low_cap.pk))
+    with pytest.raises(PolicyError):  # out of bounds: what the API and the admin now refuse
+        effective_policy(low_cap.policy, low_cap.policy_overrides)
     migration.bring_within_rules(apps, None)
     assert Chat.objects.get(pk=low_cap.pk).policy_overrides == {"summary_token_cap": 64}
     assert Chat.objects.get(pk=huge.pk).policy_overrides == {

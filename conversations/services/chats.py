@@ -63,7 +63,7 @@ EDITABLE_FIELDS = (
 
 def validate_chat_settings(chat: Chat) -> None:
     """Raises PolicyError or UnknownVariant, with the reason, for a chat whose turns would fail."""
-    if not isinstance(chat.policy_overrides or {}, dict):
+    if not isinstance(chat.policy_overrides, dict):
         raise PolicyError("policy_overrides must be an object of knobs and their values.")
     policy_for_new_settings(chat.policy, chat.policy_overrides or {})
     resolve_variant(chat.model_variant or None)
