@@ -195,7 +195,8 @@ MIN_HEADINGS = 2
 # non-OpenAI models): only when the text has no heading at all.
 REFUSAL_OPENING = re.compile(
     r"^\W*(i'?m sorry|i am sorry|sorry\b|i can'?t\b|i cannot\b|i can not\b|i'?m unable|"
-    r"i am unable|i won'?t\b|i will not\b|as an ai\b)",
+    r"i am unable|i won'?t\b|i will not\b|as an ai\b|i apologi[sz]e|my apologies|"
+    r"unfortunately\b|i'?m not able|i am not able|i'?m afraid)",
     re.IGNORECASE,
 )
 
@@ -239,6 +240,12 @@ def validate_summary(
     found = headings_found(summary)
     if not found and REFUSAL_OPENING.match(summary):
         raise SummarizerError("refused", f"summarizer refused in its text: {clip_text(summary)}")
+    if not found and summary.endswith("?"):
+        # "Could you clarify which part to summarize?": a reply to the summarizer's input, and
+        # written as the summary it would replace every fact the old one kept.
+        raise SummarizerError(
+            "malformed", f"summarizer asked a question instead: {clip_text(summary)}"
+        )
     if headings and len(found) < MIN_HEADINGS:
         raise SummarizerError(
             "malformed",

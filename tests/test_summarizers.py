@@ -645,6 +645,11 @@ def test_responses_without_version_uses_the_hosted_default(server: ScriptedServe
         ),
         (responses_reply("", status="incomplete", incomplete_reason="content_filter"), "refused"),
         (responses_reply(None, refusal="I can't help with that."), "refused"),
+        # Plain-text refusals and questions from a model that fills no refusal field: written,
+        # each would have replaced the whole memory.
+        (responses_reply("I apologize, but I can't help with this request."), "refused"),
+        (responses_reply("Unfortunately, I am unable to summarize this."), "refused"),
+        (responses_reply("Could you clarify which part you want summarized?"), "malformed"),
         (responses_reply(""), "empty"),
         (responses_reply(LONG), "over_cap"),
     ],
