@@ -534,3 +534,23 @@ def test_an_unexpected_error_is_a_json_500(
     assert response["Content-Type"] == "application/json"
     assert error_of(response.json()) == "server_error"
     assert "a bug" not in response.content.decode()
+
+
+# --- /v1 parameters ----------------------------------------------------------------------------
+
+
+def test_v1_null_means_the_default_and_more_than_one_choice_is_refused(user: Any) -> None:
+    client = bearer(user)
+    assert completion(client, n=None).status_code == 200
+    assert completion(client, n=1).status_code == 200
+    refused = completion(client, n=2)
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "n"
+
+
+def test_v1_a_chat_name_that_is_not_a_string_says_so(user: Any) -> None:
+    """It fell through to "name the conversation" although one was named."""
+    response = completion(bearer(user), metadata={"chatmem_chat_id": 5})
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert error["param"] == "metadata.chatmem_chat_id" and "string" in error["message"]
+    assert not Chat.objects.exists()

@@ -260,7 +260,8 @@ def passthrough_options(body: Mapping[str, Any]) -> dict[str, Any]:
 
 def check_unsupported(body: Mapping[str, Any]) -> None:
     for key, allowed in UNSUPPORTED.items():
-        if key in body and body[key] != allowed:
+        # null is the default, as OpenAI reads it ("n": null is one choice).
+        if body.get(key) is not None and body[key] != allowed:
             raise OpenAIError(f"{key} is not supported by chatmem.", param=key)
 
 
@@ -268,6 +269,12 @@ def chat_name(request: Request, body: Mapping[str, Any]) -> str:
     """The conversation: the X-Chatmem-Chat-Id header, else metadata.chatmem_chat_id, else the
     request's ``user``."""
     metadata = body.get("metadata") if isinstance(body.get("metadata"), dict) else {}
+    named = (metadata or {}).get("chatmem_chat_id")
+    if named is not None and not isinstance(named, str):
+        # OpenAI's metadata values are strings; a number here named no conversation at all.
+        raise OpenAIError(
+            "metadata.chatmem_chat_id must be a string.", param="metadata.chatmem_chat_id"
+        )
     name = (
         request.headers.get(CHAT_ID_HEADER)
         or (metadata or {}).get("chatmem_chat_id")
