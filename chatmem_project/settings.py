@@ -390,6 +390,9 @@ AGENT_MAX_ACTIVE_ENTITIES = env_int("AGENT_MAX_ACTIVE_ENTITIES", 20)
 AGENT_MAX_STEP_SUMMARIES = env_int("AGENT_MAX_STEP_SUMMARIES", 50)
 # The entity registry (every entity a chat's turns named) is rewritten with every turn.
 AGENT_MAX_REGISTRY_ENTITIES = env_int("AGENT_MAX_REGISTRY_ENTITIES", 500)
+# The agent-state system message is counted with the system prompt, which folding cannot
+# shrink: bounded so that no agent object can push every later turn over the model's window.
+AGENT_CONTEXT_MAX_TOKENS = env_int("AGENT_CONTEXT_MAX_TOKENS", 1000)
 # "llm", "offline", or empty = the chat backend's choice (llm when an API key is configured).
 AGENT_SUMMARY_BACKEND = env("AGENT_SUMMARY_BACKEND", default="")
 AGENT_SUMMARY_MODEL = env("AGENT_SUMMARY_MODEL", default="")  # empty = CHAT_MODEL

@@ -10,8 +10,8 @@ vocabulary. An agent turn is the validated ``agent`` object of a turn request (s
 
 import json
 import re
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 PLAN_DIRECT = "plan_direct"
@@ -58,6 +58,7 @@ class Limits:
     max_active_entities: int = 20
     max_step_summaries: int = 50
     max_registry_entities: int = 500
+    max_context_tokens: int = 1000
 
 
 # ---------------------------------------------------------------------------------------------
@@ -326,20 +327,113 @@ def compress_steps(
 # What the model receives
 
 
+TokenCounter = Callable[[str], int]
+# Free texts of the block (theme, goal, proposal, questions) are clipped to these lengths, one
+# after the other, when dropping whole lines was not enough to fit the token bound.
+CLIP_STEPS = (1000, 500, 250, 120, 60)
+TRUNCATED = "…"
+
+
 def render_context(
-    theme: str, entities: Sequence[Mapping[str, Any]], pending: Mapping[str, Any] | None
+    theme: str,
+    entities: Sequence[Mapping[str, Any]],
+    pending: Mapping[str, Any] | None,
+    max_tokens: int | None = None,
+    count_tokens: TokenCounter | None = None,
 ) -> str:
     """The agent state as one system message right after the system prompt; empty when there
-    is nothing to show."""
+    is nothing to show.
+
+    With ``max_tokens`` (and its ``count_tokens``) the block never exceeds that many tokens: it
+    is counted with the system prompt, which no fold can shrink, so an unbounded block (a valid
+    agent object with long texts) made every later turn of the chat a 503, including the one
+    that would clear it. The least important parts go first (``smaller_parts``)."""
+    parts = ContextParts(theme, list(entities), dict(pending) if pending else None)
+    block = render_parts(parts)
+    if max_tokens is None or count_tokens is None:
+        return block
+    if max_tokens <= 0:
+        return ""
+    for smaller in smaller_parts(parts):
+        if count_tokens(block) <= max_tokens:
+            return block
+        block = render_parts(smaller)
+    if count_tokens(block) <= max_tokens:
+        return block
+    return clip_to_tokens(block, max_tokens, count_tokens)
+
+
+@dataclass(frozen=True)
+class ContextParts:
+    theme: str
+    entities: list[Mapping[str, Any]]
+    pending: dict[str, Any] | None
+
+
+def render_parts(parts: ContextParts) -> str:
     lines: list[str] = []
-    if theme:
-        lines.append(f"Session theme: {theme}")
-    if entities:
+    if parts.theme:
+        lines.append(f"Session theme: {parts.theme}")
+    if parts.entities:
         lines.append("Active entities (exist in the database; use these ids):")
-        lines += [f"- {e['label']} ({e['type']}, id {e['id']}, {e['source']})" for e in entities]
-    if pending:
-        lines += pending_lines(pending)
+        lines += [
+            f"- {e['label']} ({e['type']}, id {e['id']}, {e['source']})" for e in parts.entities
+        ]
+    if parts.pending:
+        lines += pending_lines(parts.pending)
     return "\n".join([CONTEXT_HEADER, *lines]) if lines else ""
+
+
+def smaller_parts(parts: ContextParts) -> Iterator[ContextParts]:
+    """Ever smaller versions of the block, least important first: the proposal's assumptions
+    (from the last), then the active entities (least recently referenced first), then the free
+    texts clipped shorter and shorter, then the clarification questions but the first. The
+    pending decision and the session theme are what the next turn needs most: they go last."""
+    pending = dict(parts.pending) if parts.pending else None
+    while pending and pending.get("assumptions"):
+        pending = {**pending, "assumptions": pending["assumptions"][:-1]}
+        yield replace(parts, pending=pending)
+    parts = replace(parts, pending=pending)
+    entities = list(parts.entities)
+    while entities:
+        entities = entities[:-1]
+        yield replace(parts, entities=entities)
+    parts = replace(parts, entities=[])
+    for limit in CLIP_STEPS:
+        parts = clipped_texts(parts, limit)
+        yield parts
+    questions = (parts.pending or {}).get("clarification_questions") or []
+    if len(questions) > 1:
+        yield replace(
+            parts, pending={**(parts.pending or {}), "clarification_questions": questions[:1]}
+        )
+
+
+def clipped_texts(parts: ContextParts, limit: int) -> ContextParts:
+    pending = dict(parts.pending) if parts.pending else None
+    if pending:
+        for key in ("goal", "proposal_message"):
+            if pending.get(key):
+                pending[key] = one_sentence(pending[key], limit)
+        if pending.get("clarification_questions"):
+            pending["clarification_questions"] = [
+                one_sentence(q, limit) for q in pending["clarification_questions"]
+            ]
+    return ContextParts(one_sentence(parts.theme, limit), parts.entities, pending)
+
+
+def clip_to_tokens(text: str, max_tokens: int, count_tokens: TokenCounter) -> str:
+    """The longest prefix of ``text`` (plus a mark) within ``max_tokens``: the last resort, so
+    the bound holds whatever the parts are (a text without spaces is not shortened by
+    ``one_sentence``'s word boundary)."""
+    low, high = 0, len(text)
+    while low < high:
+        middle = (low + high + 1) // 2
+        if count_tokens(text[:middle] + TRUNCATED) <= max_tokens:
+            low = middle
+        else:
+            high = middle - 1
+    return text[:low] + TRUNCATED if low else ""
 
 
 def pending_lines(pending: Mapping[str, Any]) -> list[str]:

@@ -3,6 +3,7 @@ same mechanism as consolidation (MEMORY_DISPATCH: celery / inline / off). The wo
 service ``conversations.services.agent_state.summarize_turns``."""
 
 import logging
+import time
 
 from celery import shared_task
 from django.conf import settings
@@ -23,11 +24,13 @@ log = logging.getLogger("chatmem.agent_summaries")
     retry_on_worker_lost=True,
 )
 def summarize_agent_turns(chat_id: int, from_seq: int | None = None) -> int:
+    started = time.monotonic()  # Celery's time limits count from here
     # Late ack is safe: the service applies each turn once (a conditional commit on its
-    # watermark), so a redelivered task finds nothing left to do.
+    # watermark), so a redelivered task finds nothing left to do. The service commits turn by
+    # turn and hands on what would not finish before the soft time limit.
     from conversations.services.agent_state import summarize_turns
 
-    return summarize_turns(chat_id, from_seq)
+    return summarize_turns(chat_id, from_seq, started=started)
 
 
 def _run_inline(chat_id: int, from_seq: int | None) -> None:

@@ -12,11 +12,14 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
+from django.conf import settings
 from django.db import connection
 
 from conversations import rows
+from conversations.agent_state import clip_to_tokens
 from conversations.models import AgentState, Brief, Chat, Message
 from memory_worker import policy as engine
+from memory_worker.tokens import count_tokens
 
 
 @dataclass(frozen=True)
@@ -61,6 +64,7 @@ def make_snapshot(
 ) -> MemorySnapshot:
     """``agent``: the agent state's (context block, its tokens, whether the chat has one)."""
     agent_block, agent_tokens, agent_exists = agent
+    agent_block, agent_tokens = within_agent_bound(agent_block or "", agent_tokens or 0)
     return MemorySnapshot(
         chat_id=chat_id,
         summary=brief.summary,
@@ -180,6 +184,18 @@ def fetch_snapshot_values(sql: str, params: Sequence[Any]) -> tuple[Any, ...] | 
         cursor.execute(sql, params)
         found = cursor.fetchone()
     return tuple(found) if found is not None else None
+
+
+def within_agent_bound(block: str, tokens: int) -> tuple[str, int]:
+    """The agent-state block as the context may carry it. New blocks are rendered within
+    AGENT_CONTEXT_MAX_TOKENS; one stored before that bound (or under a higher one) is cut here,
+    or every turn of its chat stays over the model's window: a 503 that stores nothing, so no
+    agent-state run would ever come to render it again."""
+    limit = settings.AGENT_CONTEXT_MAX_TOKENS
+    if tokens <= limit:
+        return block, tokens
+    clipped = clip_to_tokens(block, limit, count_tokens)
+    return clipped, count_tokens(clipped)
 
 
 def snapshot_from_values(chat_id: int, values: Sequence[Any]) -> MemorySnapshot | None:

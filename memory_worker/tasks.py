@@ -69,6 +69,7 @@ def sweep() -> int:
     chat_ids = consolidation.sweep_candidates(now, chat_lock(), settings.MEMORY_SWEEP_BATCH)
     for chat_id in chat_ids:
         request_consolidation(chat_id, "sweep")
+    hooks.replay_missed_daily_notes(now)  # daily-notes hooks whose publish failed
     log.info("sweep", extra={"event": "sweep", "enqueued": len(chat_ids)})
     return len(chat_ids)
 

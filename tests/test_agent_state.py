@@ -618,7 +618,8 @@ def test_a_stale_run_is_superseded_and_applies_nothing(api) -> None:  # type: ig
     from conversations.services import agent_state as service
 
     chat_id = new_chat(api)
-    assert turn(api, chat_id, "x", {"decision": "clarify", "clarification_questions": ["?"]})
+    response = turn(api, chat_id, "x", {"decision": "clarify", "clarification_questions": ["?"]})
+    assert response.status_code == 201, response.content
     stale = service._state_for(chat_id, 1)
     assert stale is not None
     turns = service.pending_turns(chat_id, stale.processed_seq)

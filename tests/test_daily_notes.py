@@ -165,3 +165,65 @@ def test_a_failing_hook_is_retried_and_the_range_lands_once(api: Any, monkeypatc
     assert len(calls) == 3
     note = DailyNote.objects.get(chat_id=chat_id)
     assert FACT in [fact["text"] for fact in note.facts] and note.ranges == [[1, 2]]
+
+
+@pytest.mark.django_db
+def test_a_hook_the_broker_refused_is_replayed_by_the_sweep_once(
+    api: Any, settings: Any, monkeypatch: Any
+) -> None:
+    """A fold committed while the broker refused the hook's publish: the hook was logged and
+    lost, and that range never reached the daily note. The sweep now finds committed folds
+    whose range no note records (the ledger and DailyNote.ranges) and queues the hook again."""
+    from datetime import timedelta
+
+    from django.core.cache import cache
+    from django.utils import timezone
+
+    from conversations.models import Consolidation, ConsolidationStatus
+    from memory_worker import hooks, tasks
+    from memory_worker.signals import messages_folded
+
+    cache.delete(hooks.REPLAY_CURSOR_KEY)
+    settings.MEMORY_DISPATCH = "celery"
+    chat_id = new_chat(api)
+    say(api, chat_id, FACT, "The deploy window opens at 02:00 UTC.")
+    broker = {"down": True}
+    queued: list[tuple[Any, ...]] = []
+
+    def publish(args: tuple[Any, ...], **options: Any) -> None:
+        if broker["down"]:
+            raise ConnectionError("broker unreachable")
+        queued.append(args)
+
+    monkeypatch.setattr(tasks.run_flush_hook, "apply_async", publish)
+    now = timezone.now()
+    for version, (first, last) in enumerate([(1, 2), (3, 4)]):
+        Consolidation.objects.create(
+            chat_id=chat_id,
+            trigger="turn",
+            status=ConsolidationStatus.SUCCEEDED,
+            from_seq=first,
+            to_seq=last,
+            base_version=version,
+            finished_at=now,
+        )
+        messages_folded.send(
+            sender=Brief, chat_id=chat_id, from_seq=first, to_seq=last, version=version + 1
+        )
+        broker["down"] = False  # back for the second fold, whose hook runs
+    assert queued == [(daily_notes.HOOK_PATH, chat_id, 3, 4, 2)]
+    hooks.run_hook(*queued.pop())
+    assert DailyNote.objects.get(chat_id=chat_id).ranges == [[3, 4]]
+
+    # Not before the hook task's own retries are over: it may still be on its way.
+    assert hooks.replay_missed_daily_notes(now) == 0 and queued == []
+    later = now + timedelta(minutes=21)
+    assert hooks.replay_missed_daily_notes(later) == 1
+    assert queued == [(daily_notes.HOOK_PATH, chat_id, 1, 2, 1)]
+    hooks.run_hook(*queued.pop())
+    note = DailyNote.objects.get(chat_id=chat_id)
+    assert sorted(note.ranges) == [[1, 2], [3, 4]]
+    assert FACT in [fact["text"] for fact in note.facts]
+    # Each ledger row is looked at once: later sweeps queue nothing more.
+    assert hooks.replay_missed_daily_notes(later + timedelta(minutes=5)) == 0
+    assert queued == []

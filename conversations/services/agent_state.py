@@ -9,6 +9,7 @@ Zero rows means another run applied these turns first: nothing is written, and t
 again. So a task delivered twice, late, or in parallel applies each turn exactly once."""
 
 import logging
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,8 +26,8 @@ from memory_worker.tokens import count_tokens
 log = logging.getLogger("chatmem.agent_state")
 
 TURN_DIGEST = "turn-digest"
-MAX_RUNS = 5  # conditional-commit attempts per task before leaving the rest to the next one
-BATCH_MESSAGES = 60  # messages read per attempt (each attempt applies the complete turns)
+MAX_RUNS = 5  # batches read per task (each turn its own commit) before handing the rest on
+BATCH_MESSAGES = 60  # messages read per batch (the complete turns in it are applied)
 RECENT_SUMMARIES = 10  # response summaries shown by the state endpoint
 
 
@@ -38,6 +39,7 @@ def limits() -> rules.Limits:
         max_active_entities=settings.AGENT_MAX_ACTIVE_ENTITIES,
         max_step_summaries=settings.AGENT_MAX_STEP_SUMMARIES,
         max_registry_entities=settings.AGENT_MAX_REGISTRY_ENTITIES,
+        max_context_tokens=settings.AGENT_CONTEXT_MAX_TOKENS,
     )
 
 
@@ -75,12 +77,33 @@ def queue_agent_summary(
 
 @dataclass(frozen=True)
 class Turn:
-    user: Message
-    reply: Message
+    """What one step applies: a user message and every message after it up to the next user
+    message (tool calls, tool results, intermediate and final replies). ``user`` is None for a
+    continuation: messages after the watermark that carry on the turn already applied (the tool
+    result and final reply of a /v1 tool round arrive in later requests, with no user message).
+
+    ``reply`` is the reply the turn is summarised by: its final assistant reply, None when the
+    turn has none yet (it was cut off by the batch) or ended on a tool call. ``last_seq`` is the
+    turn's last message: where the watermark moves once it is applied."""
+
+    user: Message | None
+    reply: Message | None
+    last_seq: int
 
     @property
     def agent(self) -> dict[str, Any]:
+        if self.user is None:
+            return {}
         return dict(self.user.metadata.get("agent") or {})
+
+    @property
+    def is_continuation(self) -> bool:
+        return self.user is None
+
+    @property
+    def seq(self) -> int:
+        """The seq the state records for this turn (entities, pending, steps)."""
+        return self.reply.seq if self.reply is not None else self.last_seq
 
 
 @dataclass
@@ -96,11 +119,23 @@ class Draft:
     summaries: list[ResponseSummary] = field(default_factory=list)
 
 
-def summarize_turns(chat_id: int, from_seq: int | None = None) -> int:
-    """Apply every turn after the watermark; returns how many were applied. ``from_seq`` (the
-    user message of the turn that triggered this) is where a new state starts: turns before the
-    chat's first agent turn are not back-filled."""
+class NoTimeLeft(Exception):
+    """A model call would not finish before the task's deadline: stop before it."""
+
+
+def summarize_turns(chat_id: int, from_seq: int | None = None, started: float | None = None) -> int:
+    """Apply every turn after the watermark; returns how many were applied (continuations are
+    not turns). ``from_seq`` (the user message of the turn that triggered this) is where a new
+    state starts: turns before the chat's first agent turn are not back-filled. ``started``
+    (``time.monotonic()``): when the task started, for its deadline.
+
+    Each turn is committed on its own: a backlog that takes longer than the task's soft time
+    limit keeps the turns already applied (it used to commit only after the whole batch, so a
+    slow model lost everything to the limit, and every later task redid the same batch). No
+    model call starts unless it can finish before the deadline; what is left is handed on."""
+    deadline = agent_task_deadline(started)
     applied = 0
+    first = True  # the task's first turn always runs, so every task makes progress
     for _run in range(MAX_RUNS):
         state = _state_for(chat_id, from_seq)
         if state is None:  # the chat was deleted while queued
@@ -108,11 +143,56 @@ def summarize_turns(chat_id: int, from_seq: int | None = None) -> int:
         turns = pending_turns(chat_id, state.processed_seq)
         if not turns:
             return applied
-        draft = compute(state, turns, limits())
-        if commit(state, turns, draft):
-            applied += len(turns)
-        # committed or superseded: look again for turns after the (new) watermark
+        for turn in turns:
+            try:
+                draft = compute(state, [turn], limits(), None if first else deadline)
+            except NoTimeLeft:
+                hand_on(chat_id, "deadline")
+                return applied
+            first = False
+            if not commit(state, [turn], draft):
+                break  # superseded: another run moved the watermark; read again
+            applied += 0 if turn.is_continuation else 1
+            advance(state, turn, draft)
+    # MAX_RUNS batches and still reading turns (a long backlog): a fresh task carries on (it
+    # finds nothing to do if these were the last).
+    hand_on(chat_id, "backlog")
     return applied
+
+
+def agent_task_deadline(started: float | None) -> float:
+    """The fold's deadline (consolidation.task_deadline), made strict enough that
+    ``time_for_a_chunk`` (which allows one MEMORY_LLM_TIMEOUT_SECONDS) also fits one agent
+    summary call, which is bounded by the chat model's LLM_TIMEOUT_SECONDS."""
+    # Imported here: memory_worker.consolidation imports this module (the turn-digest fold).
+    from memory_worker.consolidation import task_deadline
+
+    longer_call = max(settings.LLM_TIMEOUT_SECONDS - settings.MEMORY_LLM_TIMEOUT_SECONDS, 0)
+    return task_deadline(time.monotonic() if started is None else started) - longer_call
+
+
+def hand_on(chat_id: int, reason: str) -> None:
+    """Queue a fresh task for the turns this one leaves (never raises: a lost hand-off is
+    picked up by the chat's next turn, whose task applies everything after the watermark)."""
+    from memory_worker.agent_summaries import request_agent_summary
+
+    log.info(
+        "agent state: handing the rest on",
+        extra={"event": "agent_state_handed_on", "chat_id": chat_id, "reason": reason},
+    )
+    request_agent_summary(chat_id)
+
+
+def advance(state: AgentState, turn: Turn, draft: Draft) -> None:
+    """The state as this run just committed it, so the next turn chains on it in memory (its
+    commit is fenced on this watermark) instead of reading the batch again."""
+    state.processed_seq = turn.last_seq
+    state.turns = draft.turns
+    state.engagement_summary = draft.theme
+    state.entity_registry = draft.registry
+    state.pending_clarification = draft.pending
+    state.recent_steps = draft.recent_steps
+    state.step_summaries = draft.step_summaries
 
 
 def _state_for(chat_id: int, from_seq: int | None) -> AgentState | None:
@@ -149,31 +229,64 @@ def start_seq(chat: Chat, from_seq: int | None) -> int:
 
 
 def pending_turns(chat_id: int, after_seq: int) -> list[Turn]:
-    """Complete turns (a user message and the reply that ends it) after ``after_seq``. Tool
-    traffic and intermediate assistant messages belong to the turn; its last reply counts."""
+    """The complete turns after ``after_seq``, in order, from one batch of messages.
+
+    A turn is complete when a later user message exists, or when its last message is an
+    assistant reply without tool calls. A reply that calls tools is not the end: with /v1 the
+    tool result and the final reply come in later requests, and closing the turn at the tool
+    call lost the final reply (and made the state depend on when the worker ran). Messages
+    before the batch's first user message carry on the turn already applied (a continuation).
+    A batch that is one incomplete run (a turn, or a continuation, longer than a batch: a long
+    tool loop) is applied as far as it goes, so the watermark always moves."""
     messages = list(
         Message.objects.filter(chat_id=chat_id, seq__gt=after_seq)
         .order_by("seq")
         .only("chat_id", "seq", "role", "content", "metadata")[:BATCH_MESSAGES]
     )
+    runs = split_at_user_messages(messages)
     turns: list[Turn] = []
-    user: Message | None = None
-    reply: Message | None = None
-    for message in messages:
-        if message.role == Role.USER:
-            if user is not None and reply is not None:
-                turns.append(Turn(user, reply))
-            user, reply = message, None
-        elif message.role == Role.ASSISTANT and user is not None:
-            reply = message
-    # The last turn is complete only if nothing after it was cut off by the batch (unless it is
-    # the only one: a turn longer than a batch must still move the watermark).
-    if user is not None and reply is not None and (len(messages) < BATCH_MESSAGES or not turns):
-        turns.append(Turn(user, reply))
+    for index, run in enumerate(runs):
+        followed = index + 1 < len(runs)
+        if followed or ends_with_final_reply(run):
+            turns.append(turn_of(run, complete=True))
+        elif len(messages) == BATCH_MESSAGES and not turns:
+            turns.append(turn_of(run, complete=False))  # cut off by the batch
     return turns
 
 
-def compute(state: AgentState, turns: list[Turn], limits: rules.Limits) -> Draft:
+def split_at_user_messages(messages: list[Message]) -> list[list[Message]]:
+    runs: list[list[Message]] = []
+    for message in messages:
+        if message.role == Role.USER or not runs:
+            runs.append([message])
+        else:
+            runs[-1].append(message)
+    return runs
+
+
+def calls_tools(message: Message) -> bool:
+    return bool((message.metadata or {}).get("tool_calls"))
+
+
+def ends_with_final_reply(run: list[Message]) -> bool:
+    last = run[-1]
+    return last.role == Role.ASSISTANT and not calls_tools(last)
+
+
+def turn_of(run: list[Message], complete: bool) -> Turn:
+    user = run[0] if run[0].role == Role.USER else None
+    replies = [m for m in run if m.role == Role.ASSISTANT]
+    # Only a finished turn's final reply is summarised: a cut-off run's last reply is an
+    # intermediate one, and a continuation brings the final one later.
+    final = replies[-1] if complete and replies and not calls_tools(replies[-1]) else None
+    return Turn(user, final, run[-1].seq)
+
+
+def compute(
+    state: AgentState, turns: list[Turn], limits: rules.Limits, deadline: float | None = None
+) -> Draft:
+    """The state after ``turns``. ``deadline``: raise NoTimeLeft rather than start a model call
+    that may not finish by then (None: no deadline)."""
     draft = Draft(
         theme=state.engagement_summary,
         registry=dict(state.entity_registry),
@@ -183,13 +296,18 @@ def compute(state: AgentState, turns: list[Turn], limits: rules.Limits) -> Draft
         turns=state.turns,
     )
     for turn in turns:
-        apply_turn(draft, turn, limits)
+        if turn.is_continuation:
+            apply_continuation(draft, turn, limits, deadline)
+        else:
+            apply_turn(draft, turn, limits, deadline)
     return draft
 
 
-def apply_turn(draft: Draft, turn: Turn, limits: rules.Limits) -> None:
+def apply_turn(
+    draft: Draft, turn: Turn, limits: rules.Limits, deadline: float | None = None
+) -> None:
     agent = turn.agent
-    seq = turn.reply.seq
+    seq = turn.seq
     draft.turns += 1
     entities = agent.get("entities") or []
     draft.registry = rules.merge_entities(draft.registry, entities, draft.turns, seq)
@@ -198,20 +316,9 @@ def apply_turn(draft: Draft, turn: Turn, limits: rules.Limits) -> None:
     labels = [entity["label"] for entity in entities] + [
         record["label"] for record in draft.registry.values()
     ]
-    summary = response_summary(agent, turn.reply.content, labels, limits)
-    if summary is not None:
-        text, source = summary
-        draft.summaries.append(
-            ResponseSummary(
-                chat_id=turn.reply.chat_id,
-                seq=seq,
-                decision=agent.get("decision", ""),
-                summary=text,
-                source=source,
-            )
-        )
-    if agent and rules.needs_theme_update(agent):
-        draft.theme = session_theme(draft.theme, agent, turn)
+    add_response_summary(draft, agent, turn, labels, limits, deadline)
+    if agent and rules.needs_theme_update(agent) and turn.user is not None:
+        draft.theme = session_theme(draft.theme, agent, turn.user.content, turn, deadline)
     if agent:
         draft.pending = rules.pending_after(draft.pending, agent, seq)
         draft.recent_steps, draft.step_summaries = rules.compress_steps(
@@ -219,15 +326,53 @@ def apply_turn(draft: Draft, turn: Turn, limits: rules.Limits) -> None:
         )
 
 
+def apply_continuation(
+    draft: Draft, turn: Turn, limits: rules.Limits, deadline: float | None = None
+) -> None:
+    """The rest of a turn already applied: only its final reply's response summary. The turn
+    was counted, and its entities, pending decision and steps applied, when its user message
+    was; doing that again would apply them twice."""
+    labels = [record["label"] for record in draft.registry.values()]
+    add_response_summary(draft, {}, turn, labels, limits, deadline)
+
+
+def add_response_summary(
+    draft: Draft,
+    agent: Mapping[str, Any],
+    turn: Turn,
+    labels: list[str],
+    limits: rules.Limits,
+    deadline: float | None,
+) -> None:
+    if turn.reply is None:
+        return
+    summary = response_summary(agent, turn.reply.content, labels, limits, deadline)
+    if summary is None:
+        return
+    text, source = summary
+    draft.summaries.append(
+        ResponseSummary(
+            chat_id=turn.reply.chat_id,
+            seq=turn.reply.seq,
+            decision=agent.get("decision", ""),
+            summary=text,
+            source=source,
+        )
+    )
+
+
 def commit(state: AgentState, turns: list[Turn], draft: Draft) -> bool:
     active = rules.active_entities(draft.registry, settings.AGENT_MAX_ACTIVE_ENTITIES)
-    block = rules.render_context(draft.theme, active, draft.pending)
+    block = rules.render_context(
+        draft.theme, active, draft.pending, settings.AGENT_CONTEXT_MAX_TOKENS, count_tokens
+    )
+    watermark = max(turn.last_seq for turn in turns)
     with transaction.atomic():
         # The fencing step: only the run that read this watermark may move it.
         committed = AgentState.objects.filter(
             chat_id=state.chat_id, processed_seq=state.processed_seq
         ).update(
-            processed_seq=max(turn.reply.seq for turn in turns),
+            processed_seq=watermark,
             turns=draft.turns,
             engagement_summary=draft.theme,
             active_entities=active,
@@ -247,7 +392,7 @@ def commit(state: AgentState, turns: list[Turn], draft: Draft) -> bool:
             "event": "agent_state",
             "chat_id": state.chat_id,
             "from_seq": state.processed_seq + 1,
-            "to_seq": max(turn.reply.seq for turn in turns),
+            "to_seq": watermark,
             "response_summaries": len(draft.summaries),
             "outcome": "updated" if committed else "superseded",
         },
@@ -269,7 +414,11 @@ def llm_enabled() -> bool:
 
 
 def response_summary(
-    agent: Mapping[str, Any], reply: str, labels: list[str], limits: rules.Limits
+    agent: Mapping[str, Any],
+    reply: str,
+    labels: list[str],
+    limits: rules.Limits,
+    deadline: float | None = None,
 ) -> tuple[str, str] | None:
     """(summary, source) or None when the reply needs none."""
     mode = rules.uses_llm_summary(agent, reply, limits)
@@ -281,24 +430,34 @@ def response_summary(
         text = ask_model(
             rules.RESPONSE_SUMMARY_INSTRUCTIONS,
             rules.response_summary_request(reply, list(dict.fromkeys(labels))),
+            deadline,
         )
         if text:
             return text, "llm"
     return rules.offline_response_summary(reply, labels), "offline"
 
 
-def session_theme(current: str, agent: Mapping[str, Any], turn: Turn) -> str:
+def session_theme(
+    current: str, agent: Mapping[str, Any], user_text: str, turn: Turn, deadline: float | None
+) -> str:
     if llm_enabled():
-        request = rules.theme_request(current, turn.user.content, turn.reply.content)
-        text = ask_model(rules.THEME_INSTRUCTIONS, request)
+        reply = turn.reply.content if turn.reply is not None else ""
+        request = rules.theme_request(current, user_text, reply)
+        text = ask_model(rules.THEME_INSTRUCTIONS, request, deadline)
         if text:
             return text
-    return rules.offline_theme(current, agent, turn.user.content)
+    return rules.offline_theme(current, agent, user_text)
 
 
-def ask_model(instructions: str, content: str) -> str:
+def ask_model(instructions: str, content: str, deadline: float | None = None) -> str:
     """One sentence from the configured chat model, or "" (logged) so the caller falls back to
-    the deterministic summarizer: agent state must not stall on a model outage."""
+    the deterministic summarizer: agent state must not stall on a model outage. Raises
+    NoTimeLeft before a call that may not finish by ``deadline``: the soft time limit would
+    interrupt it (SoftTimeLimitExceeded is no ModelError) and lose the step's work."""
+    from memory_worker.consolidation import time_for_a_chunk
+
+    if not time_for_a_chunk(deadline):
+        raise NoTimeLeft
     messages = [
         {"role": Role.SYSTEM.value, "content": instructions},
         {"role": Role.USER.value, "content": content},
