@@ -1,17 +1,35 @@
-"""Gunicorn hooks (gunicorn reads ./gunicorn.conf.py by itself): Prometheus multiprocess mode
-needs a clean sample directory at start and each dead worker's live gauges dropped; each worker
-runs the start-up checks and freezes its start-up objects out of the garbage collector's reach
-(chatmem_project.boot, chatmem_project.gc_tuning)."""
+"""Gunicorn settings and hooks (gunicorn reads ./gunicorn.conf.py by itself): a stop lets the
+turns in flight finish; Prometheus multiprocess mode needs a clean sample directory at start
+(the web server's own: Celery workers keep theirs elsewhere) and each dead worker's live gauges
+dropped; each worker runs the start-up checks and freezes its start-up objects out of the
+garbage collector's reach (chatmem_project.boot, chatmem_project.gc_tuning)."""
 
+import math
 import os
 import shutil
 from typing import Any
 
 
+def turn_lifetime_seconds() -> int:
+    """The settings' WEB_GRACEFUL_TIMEOUT_SECONDS: a synchronous fold and the model's reply.
+    Read from the settings module alone (no django.setup(): the master loads no application)."""
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "chatmem_project.settings")
+    from django.conf import settings
+
+    return math.ceil(settings.WEB_GRACEFUL_TIMEOUT_SECONDS)
+
+
+# On SIGTERM (a deploy, `docker compose stop`) workers stop accepting and finish the requests
+# in flight for this long before they are killed. Gunicorn's 30 s default cut turns short: the
+# model alone may take LLM_TIMEOUT_SECONDS (60), after a synchronous fold.
+graceful_timeout = turn_lifetime_seconds()
+
+
 def on_starting(server: Any) -> None:
     directory = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
     if directory:
-        shutil.rmtree(directory, ignore_errors=True)  # samples of a previous run
+        # This server's own directory (never the Celery worker's): samples of its previous run.
+        shutil.rmtree(directory, ignore_errors=True)
         os.makedirs(directory, exist_ok=True)
 
 

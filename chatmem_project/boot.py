@@ -1,14 +1,68 @@
 """What a server process does once it has loaded the application, before it serves: gunicorn
 workers (gunicorn.conf.py's post_worker_init), Celery workers and beat (chatmem_project.celery)."""
 
-from django.core.checks import run_checks
+import logging
+import os
+
+from django.conf import settings
+from django.core.checks import Error, run_checks
 from django.core.exceptions import ImproperlyConfigured
+
+log = logging.getLogger("chatmem.boot")
+
+PLACEHOLDER_SECRET_KEY = "change-me-to-a-long-random-string"  # .env.example's
+MIN_SECRET_KEY_LENGTH = 50  # as Django's deployment check asks (security.W009)
 
 
 def refuse_misconfigured_start() -> None:
     """Run Django's checks: an error (misordered deadlines, a greenlet server with no pool...)
     stops the process with the reason instead of surfacing later as expired locks, redelivered
-    tasks or "too many clients"."""
+    tasks or "too many clients". Then the secret key (check_secret_key)."""
     serious = [error for error in run_checks() if error.is_serious()]
+    serious += check_secret_key()
     if serious:
         raise ImproperlyConfigured("\n".join(str(error) for error in serious))
+
+
+def unconfigured_checkout() -> bool:
+    """Neither DEBUG nor SECRET_KEY given (environment or .env): a source checkout run as it is,
+    by the test suite, CI's checks or a benchmark, not a deployment. The Docker image sets
+    DEBUG, so a container is never one."""
+    return not any(os.environ.get(name, "").strip() for name in ("DEBUG", "SECRET_KEY"))
+
+
+def weak_secret_key(key: str) -> str | None:
+    """Why ``key`` must not sign anything served, or None."""
+    if key == settings.DEV_SECRET_KEY:
+        return "is the development default written in chatmem's source"
+    if key == PLACEHOLDER_SECRET_KEY:
+        return "is the placeholder from .env.example"
+    if len(key) < MIN_SECRET_KEY_LENGTH:
+        return f"has {len(key)} characters, fewer than {MIN_SECRET_KEY_LENGTH}"
+    return None
+
+
+def check_secret_key() -> list[Error]:
+    """With DEBUG off, a known or short SECRET_KEY lets anyone forge the admin's session cookies
+    and password-reset links: the process refuses to start (chatmem.E008). Not one of
+    `manage.py check`'s checks: it is about serving, and CI runs those on a bare checkout."""
+    if settings.DEBUG:
+        return []
+    problem = weak_secret_key(settings.SECRET_KEY)
+    if problem is None:
+        return []
+    if unconfigured_checkout():
+        log.warning(
+            "serving with the development SECRET_KEY: neither DEBUG nor SECRET_KEY is set "
+            "(a checkout, not a deployment: set SECRET_KEY to serve anything real)"
+        )
+        return []
+    return [
+        Error(
+            f"SECRET_KEY {problem}. With DEBUG off it signs the admin's sessions, CSRF tokens "
+            "and password-reset links, and anyone who knows or guesses it can forge them. Set "
+            f"SECRET_KEY to a random string of at least {MIN_SECRET_KEY_LENGTH} characters: "
+            "python -c 'import secrets; print(secrets.token_urlsafe(50))'.",
+            id="chatmem.E008",
+        )
+    ]

@@ -2,6 +2,7 @@
 
 import os
 import sys
+from pathlib import Path
 from typing import Any
 
 from celery import Celery
@@ -41,6 +42,22 @@ def refuse_misconfigured_start(**_: object) -> None:
         sys.stderr.write(f"chatmem: refusing to start, misconfigured:\n{error}\n")
         sys.stderr.flush()
         os._exit(EX_CONFIG)
+
+
+@worker_init.connect
+def clear_previous_metrics(**_: object) -> None:
+    """Prometheus multiprocess mode: the worker's PROMETHEUS_MULTIPROC_DIR is its own (not the
+    web server's, which gunicorn clears when it starts), and the samples left in it by a
+    previous run would be summed into this one's. Runs in the main process before the pool
+    forks; Django is set up by then and this process has opened its own sample files, which are
+    kept (``<kind>_<pid>.db``)."""
+    directory = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    if not directory:
+        return
+    own = f"_{os.getpid()}.db"
+    for samples in Path(directory).glob("*.db"):
+        if not samples.name.endswith(own):
+            samples.unlink(missing_ok=True)
 
 
 @worker_init.connect

@@ -2,11 +2,12 @@
 are the embedded mode: SQLite, consolidation in-process, the offline model, no API key.
 ``.env.example`` lists every setting."""
 
-import math
 from pathlib import Path
 
 import environ
 from django.core.exceptions import ImproperlyConfigured
+
+from memory_worker.env_knobs import read_number
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -15,22 +16,16 @@ environ.Env.read_env(BASE_DIR / ".env", overwrite=False)
 
 
 def env_number(name: str, default: float, kind: type[int] | type[float]) -> float:
-    """A number from the environment, or a start-up error naming the variable. Not django-
-    environ's: its float() drops every character but digits, "," "." and "-" ("1e3" is 13.0),
-    and its int() error does not say which variable. Read as Python reads a float, so "1e3" is
-    1000 for an integer too. Empty means the default."""
+    """A number from the environment, or a start-up error naming the variable, read as the
+    presets' knobs are (memory_worker.env_knobs.read_number: "1e3" is 1000 for an integer too).
+    Empty means the default."""
     raw = env.str(name, default="").strip()
     if not raw:
         return default
-    what = "an integer" if kind is int else "a finite number"
     try:
-        value = float(raw)
-    except ValueError:
-        raise ImproperlyConfigured(f"{name} must be {what}, got {raw!r}") from None
-    # float() reads "nan" and "inf"
-    if not math.isfinite(value) or (kind is int and not value.is_integer()):
-        raise ImproperlyConfigured(f"{name} must be {what}, got {raw!r}")
-    return int(value) if kind is int else value
+        return read_number(name, raw, kind)
+    except ValueError as error:
+        raise ImproperlyConfigured(str(error)) from None
 
 
 def env_int(name: str, default: int) -> int:
@@ -56,15 +51,19 @@ def env_text(name: str, default: str) -> str:
 
 
 DEBUG = env_bool("DEBUG", False)
-SECRET_KEY = env_text("SECRET_KEY", "django-insecure-chatmem-local-only-set-SECRET_KEY")
+# Public (it is in the source): for a checkout with nothing configured (the tests, serve_demo with
+# DEBUG). Served with DEBUG off it lets anyone forge sessions: chatmem_project.boot refuses it.
+DEV_SECRET_KEY = "django-insecure-chatmem-local-only-set-SECRET_KEY"
+SECRET_KEY = env_text("SECRET_KEY", DEV_SECRET_KEY)
 ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=[]) or ["127.0.0.1", "localhost"]
 CSRF_TRUSTED_ORIGINS = env.list("CSRF_TRUSTED_ORIGINS", default=[])
 
 # HTTPS hardening for production (`manage.py check --deploy` passes with the values in
 # .env.example's production block). Off by default: the embedded mode serves plain HTTP locally.
 SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", False)
-# Health probes come over plain HTTP from inside the container or the orchestrator.
-SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^readyz$"]
+# Health probes and Prometheus' scrapes come over plain HTTP from inside the container, the
+# compose network or the orchestrator (conversations.middleware.ProbeMiddleware answers them).
+SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^readyz$", r"^metrics$"]
 SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 0)
 SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", False)
 SECURE_HSTS_PRELOAD = env_bool("SECURE_HSTS_PRELOAD", False)
@@ -95,6 +94,8 @@ MIDDLEWARE = [
     "chatmem_project.request_id.RequestIdMiddleware",
     "conversations.metrics.RequestMetricsMiddleware",
     "django.middleware.security.SecurityMiddleware",
+    # The admin's and Swagger UI's files under any server: gunicorn serves none of its own.
+    "conversations.middleware.StaticFilesMiddleware",
     "conversations.middleware.BodySizeLimitMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -178,6 +179,10 @@ USE_I18N = True
 USE_TZ = True
 STATIC_URL = "static/"
 STATIC_ROOT = env_text("STATIC_ROOT", str(BASE_DIR / "staticfiles"))
+# WhiteNoise (conversations.middleware.StaticFilesMiddleware) serves them from STATIC_ROOT once
+# collectstatic has filled it (the image does), else, in a checkout where nothing was collected
+# (runserver, serve_demo, the tests, gunicorn from the source tree), from the installed apps.
+WHITENOISE_USE_FINDERS = not Path(STATIC_ROOT).is_dir()
 
 # --- REST API -------------------------------------------------------------------------------
 REST_FRAMEWORK = {
@@ -327,6 +332,12 @@ CHATMEM_DEFAULT_SYSTEM_PROMPT = env(
 # A turn slot older than this is taken to belong to a dead process; it must outlast the model
 # deadline so a live turn is never pre-empted.
 TURN_SLOT_STALE_SECONDS = env_float("TURN_SLOT_STALE_SECONDS", LLM_TIMEOUT_SECONDS + 30)
+# The longest a turn holds its web worker: a synchronous fold first (a summarizer call, up to
+# MEMORY_LLM_TIMEOUT_SECONDS), then the slot is renewed and the model answers within the slot's
+# lifetime (its deadline and a margin). A stopping web server (a deploy) lets the turns in flight
+# finish for this long: gunicorn.conf.py's graceful_timeout; docker-compose.yml's web
+# stop_grace_period must exceed it. (Not an environment knob: it follows the deadlines.)
+WEB_GRACEFUL_TIMEOUT_SECONDS = MEMORY_LLM_TIMEOUT_SECONDS + TURN_SLOT_STALE_SECONDS
 # A streamed turn sends an SSE comment after this many idle seconds (a synchronous fold, a slow
 # first token), so proxies do not drop the connection as idle. (Not an environment knob.)
 TURN_STREAM_HEARTBEAT_SECONDS = 15.0
@@ -336,6 +347,12 @@ LOG_LEVEL = env_text("LOG_LEVEL", "INFO")
 # /metrics (Prometheus): open by default, like /healthz; set a token to require
 # "Authorization: Bearer <token>". WORKER_METRICS_PORT: Celery workers serve theirs there.
 METRICS_TOKEN = env("METRICS_TOKEN", default="")
+# The memory gauges cost one aggregate over every chat (seconds with millions): computed at most
+# once per this many seconds per process, and given up (the last value reported instead) past a
+# statement timeout on PostgreSQL, so that scraping, open by default, cannot load the database.
+# (Not environment knobs.)
+METRICS_STATE_CACHE_SECONDS = 30.0
+METRICS_STATE_QUERY_TIMEOUT_SECONDS = 5.0
 WORKER_METRICS_PORT = env_int("WORKER_METRICS_PORT", 0)
 LOGGING = {
     "version": 1,

@@ -4,6 +4,7 @@
 Read once at settings load; the result is validated with ``resolve_policy`` there, so a bad value
 stops start-up with the reason instead of failing the first turn."""
 
+import math
 from typing import Any
 
 from memory_worker.presets import PRESETS, PolicyError, resolve_policy
@@ -30,21 +31,38 @@ DEFAULT_PROMPT_BUDGET = 3000
 SUMMARY_CAP_VARIABLE = "MEMORY_SUMMARY_TOKEN_CAP"
 
 
-def _number(variable: str, raw: str, as_float: bool) -> int | float:
+def read_number(variable: str, raw: str, kind: type[int] | type[float]) -> int | float:
+    """``raw`` read as Python reads a float, so "1e3" is 1000 for an integer too, or a ValueError
+    naming the variable. Not ``int(raw)``, which refused "1e3", nor django-environ's float(),
+    which drops every character but digits, "," "." and "-" ("1e3" is 13.0). The settings read
+    every other number this way (chatmem_project.settings.env_number)."""
+    what = "an integer" if kind is int else "a finite number"
     try:
-        return float(raw) if as_float else int(raw)
-    except ValueError as error:
-        kind = "number" if as_float else "integer"
-        raise ValueError(f"{variable} must be an {kind}, got {raw!r}") from error
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"{variable} must be {what}, got {raw!r}") from None
+    # float() reads "nan" and "inf"
+    if not math.isfinite(value) or (kind is int and not value.is_integer()):
+        raise ValueError(f"{variable} must be {what}, got {raw!r}")
+    return int(value) if kind is int else value
+
+
+def _number(variable: str, raw: str, as_float: bool) -> int | float:
+    return read_number(variable, raw, float if as_float else int)
+
+
+def _raw(env: Any, variable: str) -> str:
+    """Empty or blank means unset, as for every other setting."""
+    return str(env.str(variable, default="")).strip()
 
 
 def preset_env_overrides(env: Any) -> dict[str, dict[str, object]]:
     overrides: dict[str, dict[str, object]] = {name: {} for name in PRESETS}
     for variable, (preset, knob) in ENV_KNOBS.items():
-        raw = env.str(variable, default="")
+        raw = _raw(env, variable)
         if raw:
             overrides[preset][knob] = _number(variable, raw, knob in FLOAT_KNOBS)
-    budget = env.str(PROMPT_BUDGET_VARIABLE, default="")
+    budget = _raw(env, PROMPT_BUDGET_VARIABLE)
     if budget or "chunk_threshold" in overrides["chunked"]:
         threshold = overrides["chunked"].get("chunk_threshold", PRESETS["chunked"].chunk_threshold)
         headroom = (
@@ -52,7 +70,7 @@ def preset_env_overrides(env: Any) -> dict[str, dict[str, object]]:
         )
         assert isinstance(threshold, int)
         overrides["chunked"]["max_memory_tokens"] = threshold + int(headroom)
-    cap = env.str(SUMMARY_CAP_VARIABLE, default="")
+    cap = _raw(env, SUMMARY_CAP_VARIABLE)
     if cap:
         for knobs in overrides.values():
             knobs["summary_token_cap"] = _number(SUMMARY_CAP_VARIABLE, cap, False)

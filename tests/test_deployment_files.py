@@ -84,3 +84,66 @@ def test_compose_lets_a_stopping_worker_finish_its_fold() -> None:
 def test_a_publish_waits_a_bounded_time_for_a_broker_producer() -> None:
     app = importlib.import_module("chatmem_project").celery_app
     assert app.conf.broker_pool_acquire_timeout == 2.0  # Celery's default waits forever
+
+
+def service_block(name: str) -> str:
+    """The lines of one service in docker-compose.yml (up to the next service or section)."""
+    block = re.search(rf"^  {name}:\n((?:    .*\n|\s*\n)+)", COMPOSE, re.M)
+    assert block is not None, name
+    return block.group(1)
+
+
+def gunicorn_graceful_timeout(**environment: str) -> int:
+    """gunicorn.conf.py's graceful_timeout as gunicorn reads it, in a fresh interpreter."""
+    import os
+    import subprocess
+    import sys
+
+    script = "import runpy; print(runpy.run_path('gunicorn.conf.py')['graceful_timeout'])"
+    result = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=ROOT,
+        env={**os.environ, **environment},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    return int(result.stdout.strip().splitlines()[-1])
+
+
+def test_gunicorn_lets_the_turns_in_flight_finish_when_stopped() -> None:
+    """Gunicorn's default 30 s cut turns short on every deploy: the model alone may take 60 s,
+    after a synchronous fold of up to 60 s."""
+    from django.conf import settings
+
+    graceful = gunicorn_graceful_timeout()
+    margin = settings.TURN_SLOT_STALE_SECONDS - settings.LLM_TIMEOUT_SECONDS
+    assert margin > 0
+    turn = settings.MEMORY_LLM_TIMEOUT_SECONDS + settings.LLM_TIMEOUT_SECONDS + margin
+    assert graceful >= turn == 150
+    # It follows the deadlines it is made of.
+    assert gunicorn_graceful_timeout(LLM_TIMEOUT_SECONDS="200") == 60 + 200 + 30
+    assert gunicorn_graceful_timeout(MEMORY_LLM_TIMEOUT_SECONDS="90") == 90 + 60 + 30
+
+
+def test_compose_gives_the_web_server_longer_than_gunicorns_graceful_timeout() -> None:
+    """Docker's default 10 s before SIGKILL killed every turn in flight on a deploy."""
+    grace = re.search(r"^    stop_grace_period: (\d+)s$", service_block("web"), re.M)
+    assert grace is not None
+    assert int(grace.group(1)) > gunicorn_graceful_timeout()
+
+
+def test_each_server_keeps_its_metrics_in_a_directory_of_its_own() -> None:
+    """gunicorn clears its directory at start and Celery its own: a shared one lost the
+    worker's samples on every web restart, or summed them into both scrape targets."""
+    directories = {}
+    for service in ("web", "worker"):
+        found = re.search(r"^\s+PROMETHEUS_MULTIPROC_DIR: (\S+)$", service_block(service), re.M)
+        assert found is not None, service
+        directories[service] = found.group(1)
+    assert directories["web"] != directories["worker"]
+    assert "PROMETHEUS_MULTIPROC_DIR" not in COMPOSE.split("\nservices:")[0]  # not in x-app
+    advice = (ROOT / ".env.example").read_text() + (ROOT / "docs" / "operations.md").read_text()
+    assert "a directory they share" not in advice
+    assert re.search(r"NOT shared between gunicorn and Celery", advice)

@@ -14,6 +14,16 @@ from memory_worker.consolidation import consolidate_once
 pytestmark = pytest.mark.django_db
 
 
+@pytest.fixture(autouse=True)
+def _memory_gauges_read_at_every_scrape(settings: Any, monkeypatch: Any) -> None:
+    """These tests compare scrapes a moment apart: no caching of the memory gauges here
+    (tests/test_ops_metrics.py tests the cache)."""
+    from conversations import metrics
+
+    settings.METRICS_STATE_CACHE_SECONDS = 0.0
+    monkeypatch.setattr(metrics, "MEMORY_STATE", metrics.MemoryStateCache())
+
+
 def scrape(client: Any, **headers: Any) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     response = client.get("/metrics", **headers)
     assert response.status_code == 200

@@ -23,6 +23,7 @@ from rest_framework.renderers import BaseRenderer, JSONRenderer
 from rest_framework.request import Request
 from rest_framework.utils.encoders import JSONEncoder
 
+from chatmem_project.request_id import current_request_id
 from conversations.api import errors
 from conversations.api.serializers import turn_response_body
 from conversations.services.turns import (
@@ -107,7 +108,7 @@ def heartbeat_seconds() -> float:
     return float(settings.TURN_STREAM_HEARTBEAT_SECONDS)
 
 
-def event_stream(turn: StreamedTurn) -> Iterator[bytes]:
+def event_stream(turn: StreamedTurn, request_id: str | None = None) -> Iterator[bytes]:
     """For WSGI servers: a generator the server iterates on its request thread."""
     written = 0
     finished = False
@@ -122,10 +123,12 @@ def event_stream(turn: StreamedTurn) -> Iterator[bytes]:
         # GeneratorExit (the server closed us: the client went away) lands at a yield above.
         # The turn's own thread is not affected: it finishes, stores and frees the slot.
         if not finished:
-            log_disconnect(turn, written)
+            log_disconnect(turn, written, request_id)
 
 
-async def async_event_stream(turn: StreamedTurn) -> AsyncIterator[bytes]:
+async def async_event_stream(
+    turn: StreamedTurn, request_id: str | None = None
+) -> AsyncIterator[bytes]:
     """For ASGI servers: waits on the event loop, holding no thread per open stream."""
     written = 0
     finished = False
@@ -138,20 +141,27 @@ async def async_event_stream(turn: StreamedTurn) -> AsyncIterator[bytes]:
         finished = True
     finally:
         if not finished:  # cancelled on http.disconnect
-            log_disconnect(turn, written)
+            log_disconnect(turn, written, request_id)
 
 
-def log_disconnect(turn: StreamedTurn, written: int) -> None:
-    log.info(
-        "client disconnected mid-stream; the turn continues and will be stored",
-        extra={"event": "stream_disconnect", "chat_id": turn.chat.pk, "events_written": written},
-    )
+def log_disconnect(turn: StreamedTurn, written: int, request_id: str | None) -> None:
+    """The request's id is passed in: the stream is read after the response left the
+    middleware, which has reset the id of the context by then."""
+    extra: dict[str, object] = {
+        "event": "stream_disconnect",
+        "chat_id": turn.chat.pk,
+        "events_written": written,
+    }
+    if request_id:
+        extra["request_id"] = request_id
+    log.info("client disconnected mid-stream; the turn continues and will be stored", extra=extra)
 
 
 def streaming_response(request: Request, turn: StreamedTurn) -> StreamingHttpResponse:
     # Under ASGI a synchronous iterator would be consumed whole before the first byte is sent.
     is_asgi = isinstance(request._request, ASGIRequest)
-    content = async_event_stream(turn) if is_asgi else event_stream(turn)
+    request_id = current_request_id.get()
+    content = async_event_stream(turn, request_id) if is_asgi else event_stream(turn, request_id)
     response = StreamingHttpResponse(content, content_type=f"{EVENT_STREAM}; charset=utf-8")
     response["Cache-Control"] = "no-cache"
     response["X-Accel-Buffering"] = "no"  # nginx: pass each event on at once
