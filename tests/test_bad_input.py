@@ -471,16 +471,20 @@ def test_a_chat_deleted_during_its_synchronous_fold_is_a_404(
     chat_id = contract_chat_at_its_bound(api)
     real = consolidation.get_summarizer
 
-    def deleting_summarizer(*args: Any, **kwargs: Any) -> Any:
-        summarizer = real(*args, **kwargs)
-        summarize = summarizer.summarize
+    class DeletingSummarizer:
+        """Deletes the chat, then summarizes. A wrapper: the real summarizer is cached, and
+        changing it would leave every later test's folds deleting chats."""
 
-        def summarize_after_deleting(*call: Any) -> Any:
+        def __init__(self, inner: Any) -> None:
+            self.inner = inner
+            self.name = inner.name
+
+        def summarize(self, *call: Any) -> Any:
             Chat.objects.filter(pk=chat_id).delete()
-            return summarize(*call)
+            return self.inner.summarize(*call)
 
-        summarizer.summarize = summarize_after_deleting  # type: ignore[method-assign,assignment]
-        return summarizer
+    def deleting_summarizer(*args: Any, **kwargs: Any) -> Any:
+        return DeletingSummarizer(real(*args, **kwargs))
 
     monkeypatch.setattr(consolidation, "get_summarizer", deleting_summarizer)
     response = api.post(f"/api/v1/chats/{chat_id}/turns/", {"content": "hi"}, format="json")

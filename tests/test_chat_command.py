@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import io
 import json
+import uuid
 
 import pytest
 from django.core.management import CommandError, call_command
+from django.utils import timezone
 
 from conversations.models import Chat, Message
 
@@ -56,14 +58,15 @@ def test_unknown_chat_and_policy_are_clear_errors() -> None:
 
 
 def test_turn_failures_are_reported_and_fail_a_run_that_stored_nothing(settings) -> None:  # type: ignore[no-untyped-def]
-    """A chat whose model_variant left MODEL_VARIANTS printed a traceback on every line; a run
-    whose every turn failed exited 0; over-long lines went past the API's limit."""
+    """A failing turn printed a traceback on every line; a run whose every turn failed exited
+    0; over-long lines went past the API's limit."""
     run_chat(["first"])
     chat = Chat.objects.get()
-    Chat.objects.filter(pk=chat.pk).update(model_variant="retired")
+    # Another turn of the chat in progress: this one is refused (409), stores nothing.
+    Chat.objects.filter(pk=chat.pk).update(turn_token=uuid.uuid4(), turn_started_at=timezone.now())
     with pytest.raises(CommandError, match="1 turn\\(s\\) failed and none was stored"):
         run_chat(["second"], "--chat", str(chat.pk))
-    Chat.objects.filter(pk=chat.pk).update(model_variant="")
+    Chat.objects.filter(pk=chat.pk).update(turn_token=None, turn_started_at=None)
     settings.CHATMEM_MAX_MESSAGE_CHARS = 10
     with pytest.raises(CommandError, match="failed"):
         run_chat(["x" * 11], "--chat", str(chat.pk))
