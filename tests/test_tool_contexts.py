@@ -108,3 +108,24 @@ def test_a_call_answered_by_a_user_message_is_left_out_of_the_next_context(
     assert Chat.objects.get(pk=chat_id).messages.get(seq=2).metadata["tool_calls"]
     context = api.get(f"/api/v1/chats/{chat_id}/context/").json()["messages"]
     assert tool_rules_broken(context) == []
+
+
+def test_a_tool_results_tokens_count_its_call_id(user: Any, model: ToolCallingModel) -> None:
+    """The id reaches the model with the result; counted with the content only, a long tool
+    loop's context passed its policy's token bound by ten or so tokens a result."""
+    from conversations.models import Message
+    from memory_worker.tokens import count_tokens
+
+    client = bearer(user)
+    assert exchange(client, [{"role": "user", "content": "look it up"}]).status_code == 200
+    result = {"role": "tool", "tool_call_id": "call_1", "content": "42"}
+    assert exchange(client, [result]).status_code == 200
+    stored = Message.objects.get(chat__external_id="agent", role="tool")
+    assert stored.token_count == count_tokens("42") + count_tokens("call_1")
+
+
+def test_several_new_messages_each_bring_their_role_overhead() -> None:
+    from memory_worker.policy import ROLE_OVERHEAD_TOKENS
+
+    assert exchanges.new_messages_tokens([7]) == 7
+    assert exchanges.new_messages_tokens([7, 5, 3]) == 15 + 2 * ROLE_OVERHEAD_TOKENS

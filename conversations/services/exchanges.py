@@ -44,6 +44,7 @@ from conversations.services.turns import (
     turn_slot,
 )
 from conversations.services.variants import ModelVariant, turn_variant
+from memory_worker import policy as engine
 from memory_worker.state import MemorySnapshot, with_appended
 from memory_worker.tokens import count_tokens
 
@@ -186,16 +187,33 @@ def prepare(chat: Chat, incoming: list[Incoming], variant_name: str | None) -> P
     must ``release`` it. Raises UnknownVariant, ContextOverBound."""
     with turn_slot(chat, None) as token:
         variant = turn_variant(variant_name, chat.model_variant)
-        tokens = [count_tokens(m.content, variant.model) for m in incoming]
+        tokens = [incoming_tokens(m, variant.model) for m in incoming]
         # Tool results continue the newest stored turn: a fold before them must keep it whole.
         opens_turn = incoming[0].role == Role.USER.value
-        snapshot = bounded_snapshot(chat, token, variant, sum(tokens), opens_turn=opens_turn)
+        snapshot = bounded_snapshot(
+            chat, token, variant, new_messages_tokens(tokens), opens_turn=opens_turn
+        )
         context = build_model_messages(
             chat, snapshot.summary, snapshot.unfolded, None, snapshot.agent_context
         )
         context.extend(model_entry(m) for m in incoming)
         context = without_unanswered_tool_calls(context)
     return Prepared(chat, token, variant, snapshot, incoming, tokens, context)
+
+
+def incoming_tokens(message: Incoming, model: str) -> int:
+    """A new message's tokens as stored and counted in every later bound: its text, and a tool
+    result's ``tool_call_id``, which reaches the model with it (an assistant's calls are counted
+    with their ids too)."""
+    call_id = message.metadata.get("tool_call_id")
+    extra = count_tokens(call_id, model) if isinstance(call_id, str) else 0
+    return count_tokens(message.content, model) + extra
+
+
+def new_messages_tokens(tokens: list[int]) -> int:
+    """What the engine counts as the new message: it adds one message's role overhead, and
+    each further new message (several tool results) brings its own."""
+    return sum(tokens) + engine.ROLE_OVERHEAD_TOKENS * (len(tokens) - 1)
 
 
 def release(prepared: Prepared) -> None:
