@@ -2,16 +2,12 @@
 same mechanism as consolidation (MEMORY_DISPATCH: celery / inline / off). The work itself is the
 service ``conversations.services.agent_state.summarize_turns``."""
 
-import logging
 import time
 
 from celery import shared_task
-from django.conf import settings
 
-from memory_worker.dispatch import submit_inline
+from memory_worker.dispatch import hand_off
 from memory_worker.task_base import WorkerDeadlinesTask
-
-log = logging.getLogger("chatmem.agent_summaries")
 
 
 @shared_task(
@@ -42,19 +38,12 @@ def _run_inline(chat_id: int, from_seq: int | None) -> None:
 def request_agent_summary(chat_id: int, from_seq: int | None = None) -> bool:
     """Returns whether the work was handed on. Never raises: the turn is already stored, and
     the next turn's task applies whatever this one missed (everything after the watermark)."""
-    mode = settings.MEMORY_DISPATCH
-    try:
-        if mode == "celery":
-            # retry=False: a dead broker must fail fast instead of holding the request.
-            summarize_agent_turns.apply_async(args=(chat_id, from_seq), retry=False)
-        elif mode == "inline":
-            submit_inline(_run_inline, chat_id, from_seq)
-        else:
-            return False
-    except Exception:
-        log.exception(
-            "could not queue the agent-state update",
-            extra={"event": "enqueue_failed", "chat_id": chat_id},
-        )
-        return False
-    return True
+    return hand_off(
+        "the agent-state update",
+        {"chat_id": chat_id},
+        # retry=False: a dead broker must fail fast instead of holding the request.
+        lambda: summarize_agent_turns.apply_async(args=(chat_id, from_seq), retry=False),
+        _run_inline,
+        chat_id,
+        from_seq,
+    )

@@ -24,19 +24,38 @@ _inline_guard = threading.Lock()
 def request_consolidation(chat_id: int, trigger: str, due_at: datetime | None = None) -> bool:
     """Returns whether the request was handed on (queued or started). ``due_at``: when a turn
     found a fold due, carried to the fold's ledger row (consolidation lag)."""
+    return hand_off(
+        "consolidation; the sweep will pick the chat up",
+        {"chat_id": chat_id, "trigger": trigger},
+        lambda: _publish(chat_id, trigger, due_at),
+        _run_inline,
+        chat_id,
+        trigger,
+        due_at,
+    )
+
+
+def hand_off(
+    what: str,
+    context: dict[str, object],
+    publish: Callable[[], None],
+    run_inline: Callable[..., None],
+    *args: object,
+) -> bool:
+    """Memory work handed on as MEMORY_DISPATCH says: ``publish`` (celery), ``run_inline(*args)``
+    on the in-process runner (inline), or not at all (off). Returns whether it was handed on;
+    never raises: the turn that asked is already stored, so a broker that refuses is logged
+    (``enqueue_failed``, with ``context``) for the sweep or the next turn to make up."""
     mode = settings.MEMORY_DISPATCH
     try:
         if mode == "celery":
-            _publish(chat_id, trigger, due_at)
+            publish()
         elif mode == "inline":
-            submit_inline(_run_inline, chat_id, trigger, due_at)
+            submit_inline(run_inline, *args)
         else:
             return False
     except Exception:
-        log.exception(
-            "could not queue consolidation; the sweep will pick the chat up",
-            extra={"event": "enqueue_failed", "chat_id": chat_id, "trigger": trigger},
-        )
+        log.exception(f"could not queue {what}", extra={"event": "enqueue_failed", **context})
         return False
     return True
 

@@ -38,27 +38,29 @@ def queue_flush_hooks(
 
 
 def queue_hook(hook_path: str, chat_id: int, from_seq: int, to_seq: int, version: int) -> bool:
-    """Hand one hook run on; False (logged) when the broker refused it. Never raises: the fold
-    is committed, and the sweep replays the daily-notes hook of a fold it never reached
-    (``replay_missed_daily_notes``)."""
-    try:
-        if settings.MEMORY_DISPATCH == "celery":
-            from memory_worker.tasks import run_flush_hook
+    """Hand one hook run on; False (logged) when the broker refused it, or dispatch is off.
+    Never raises: the fold is committed, and the sweep replays the daily-notes hook of a fold it
+    never reached (``replay_missed_daily_notes``)."""
+    from memory_worker.dispatch import hand_off
 
-            run_flush_hook.apply_async(
-                args=(hook_path, chat_id, from_seq, to_seq, version), retry=False
-            )
-        elif settings.MEMORY_DISPATCH == "inline":
-            from memory_worker.dispatch import submit_inline
+    def publish() -> None:
+        from memory_worker.tasks import run_flush_hook
 
-            submit_inline(run_hook, hook_path, chat_id, from_seq, to_seq, version)
-    except Exception:
-        log.exception(
-            "could not queue flush hook",
-            extra={"event": "enqueue_failed", "hook": hook_path, "chat_id": chat_id},
+        run_flush_hook.apply_async(
+            args=(hook_path, chat_id, from_seq, to_seq, version), retry=False
         )
-        return False
-    return True
+
+    return hand_off(
+        "flush hook",
+        {"hook": hook_path, "chat_id": chat_id},
+        publish,
+        run_hook,
+        hook_path,
+        chat_id,
+        from_seq,
+        to_seq,
+        version,
+    )
 
 
 # ---------------------------------------------------------------------------------------------
