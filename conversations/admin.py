@@ -125,9 +125,12 @@ class ChatForm(forms.ModelForm):
             # Absent when its field refused it (the error is on the form already).
             policy_overrides=cleaned.get("policy_overrides", {}),
             model_variant=cleaned.get("model_variant") or "",
+            system_prompt=cleaned.get("system_prompt") or "",
         )
         try:
             chat_service.validate_chat_settings(chat)
+        except chat_service.NoRoomInWindow as error:  # the prompt and the cap together
+            self.add_error(None, str(error))
         except PolicyError as error:
             unknown_preset = chat.policy not in PRESETS
             self.add_error("policy" if unknown_preset else "policy_overrides", str(error))

@@ -284,3 +284,28 @@ def test_the_operators_own_knobs_are_not_refused_at_chat_creation(api, settings)
     settings.MEMORY_PRESET_ENV_OVERRIDES = {"sliding-window": {"context_size": 50}}
     response = api.post("/api/v1/chats/", {"policy": "sliding-window"}, format="json")
     assert response.status_code == 201, response.content
+
+
+@pytest.mark.parametrize(
+    ("window", "body"),
+    [
+        (8192, {"policy_overrides": {"summary_token_cap": 7000}}),
+        (4096, {"system_prompt": "Answer in the voice of a patient tutor. " * 400}),
+    ],
+    ids=["summary-cap", "system-prompt"],
+)
+def test_a_chat_with_no_room_left_in_its_models_window_is_refused(api, settings, window, body) -> None:  # type: ignore[no-untyped-def]
+    """Accepted, every turn of it that had to fold was a 503 for good."""
+    from conversations.services.variants import _parse_variants
+
+    settings.CHAT_MODEL_CONTEXT_TOKENS = window
+    _parse_variants.cache_clear()
+    try:
+        response = api.post("/api/v1/chats/", body, format="json")
+        assert response.status_code == 400, response.content
+        assert "left for the conversation" in response.json()["non_field_errors"][0]
+        assert Chat.objects.count() == 0
+        fine = api.post("/api/v1/chats/", {"system_prompt": "Be brief."}, format="json")
+        assert fine.status_code == 201, fine.content
+    finally:
+        _parse_variants.cache_clear()

@@ -210,11 +210,11 @@ def test_failed_synchronous_fold_is_503_and_stores_nothing(api, use_fake_openai)
 
 
 def test_message_too_large_for_any_context_is_503(api, settings) -> None:  # type: ignore[no-untyped-def]
-    settings.CHAT_MODEL_CONTEXT_TOKENS = 300
     from conversations.services.variants import _parse_variants
 
+    chat_id = new_chat(api)  # before the window shrinks: no chat is created with no room in it
+    settings.CHAT_MODEL_CONTEXT_TOKENS = 300
     _parse_variants.cache_clear()
-    chat_id = new_chat(api)
     response = api.post(
         f"/api/v1/chats/{chat_id}/turns/", {"content": "word " * 400}, format="json"
     )

@@ -67,6 +67,8 @@ class ChatViewSet(
             )
         except UnknownVariant as error:
             raise ValidationError({"model_variant": [str(error)]}) from error
+        except chat_service.NoRoomInWindow as error:  # the prompt and the cap together
+            raise ValidationError({"non_field_errors": [str(error)]}) from error
 
     @action(
         detail=True,

@@ -10,7 +10,8 @@ from django.utils import timezone
 
 from conversations.models import Brief, Chat, Message
 from conversations.services.context import build_model_messages
-from conversations.services.variants import resolve_variant
+from conversations.services.variants import ModelVariant, resolve_variant
+from memory_worker import policy as engine
 from memory_worker.consolidation import decide_for_chat
 from memory_worker.policies import policy_for_new_settings
 from memory_worker.presets import PolicyError
@@ -62,11 +63,38 @@ EDITABLE_FIELDS = (
 
 
 def validate_chat_settings(chat: Chat) -> None:
-    """Raises PolicyError or UnknownVariant, with the reason, for a chat whose turns would fail."""
+    """Raises PolicyError (NoRoomInWindow for the system prompt) or UnknownVariant, with the
+    reason, for a chat whose turns would fail."""
     if not isinstance(chat.policy_overrides, dict):
         raise PolicyError("policy_overrides must be an object of knobs and their values.")
-    policy_for_new_settings(chat.policy, chat.policy_overrides or {})
-    resolve_variant(chat.model_variant or None)
+    policy = policy_for_new_settings(chat.policy, chat.policy_overrides or {})
+    variant = resolve_variant(chat.model_variant or None)
+    check_room_in_window(chat.system_prompt, policy.summary_token_cap, variant)
+
+
+class NoRoomInWindow(PolicyError):
+    """The system prompt and the summary cap leave the conversation too little of the window."""
+
+
+# Of what a turn may send the model (PROMPT_WINDOW_SHARE of the window), the share that must be
+# left for the conversation once the system prompt and a summary at its cap are in: what folding
+# can make room in. Without it a chat was accepted whose every turn, once it had to fold, was a
+# 503 (an 8,000-token cap on an 8k model; a 4,000-token prompt on a 4k one).
+MIN_CONVERSATION_SHARE = 0.25
+
+
+def check_room_in_window(system_prompt: str, summary_cap: int, variant: ModelVariant) -> None:
+    window = int(engine.PROMPT_WINDOW_SHARE * variant.context_tokens)
+    prompt = count_tokens(system_prompt, variant.model) if system_prompt else 0
+    fixed = engine.PROMPT_PRIMING_TOKENS + prompt + summary_cap + 2 * engine.ROLE_OVERHEAD_TOKENS
+    if window - fixed < MIN_CONVERSATION_SHARE * window:
+        raise NoRoomInWindow(
+            f"The system prompt ({prompt} tokens) and a summary at its cap ({summary_cap} "
+            f"tokens) take {fixed} of the {window} tokens a turn may send model variant "
+            f'"{variant.name}" ({variant.context_tokens}-token window); at least a quarter must '
+            "be left for the conversation. Shorten the system prompt, lower "
+            "summary_token_cap, or choose a variant with a larger window."
+        )
 
 
 def save_chat(chat: Chat) -> None:
