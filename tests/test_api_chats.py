@@ -294,7 +294,9 @@ def test_the_operators_own_knobs_are_not_refused_at_chat_creation(api, settings)
     ],
     ids=["summary-cap", "system-prompt"],
 )
-def test_a_chat_with_no_room_left_in_its_models_window_is_refused(api, settings, window, body) -> None:  # type: ignore[no-untyped-def]
+def test_a_chat_with_no_room_left_in_its_models_window_is_refused(  # type: ignore[no-untyped-def]
+    api, settings, window, body
+) -> None:
     """Accepted, every turn of it that had to fold was a 503 for good."""
     from conversations.services.variants import _parse_variants
 
