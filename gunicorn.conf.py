@@ -7,16 +7,26 @@ garbage collector's reach (chatmem_project.boot, chatmem_project.gc_tuning)."""
 import math
 import os
 import shutil
+import subprocess
+import sys
 from typing import Any
 
 
 def turn_lifetime_seconds() -> int:
-    """The settings' WEB_GRACEFUL_TIMEOUT_SECONDS: a synchronous fold and the model's reply.
-    Read from the settings module alone (no django.setup(): the master loads no application)."""
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "chatmem_project.settings")
-    from django.conf import settings
-
-    return math.ceil(settings.WEB_GRACEFUL_TIMEOUT_SECONDS)
+    """The settings' WEB_GRACEFUL_TIMEOUT_SECONDS (a synchronous fold and the model's reply),
+    read in a child process: importing the settings here would load them (and .env) into the
+    master, whose forked workers would then keep those values and ignore gunicorn's -e ones."""
+    script = "from django.conf import settings; print(settings.WEB_GRACEFUL_TIMEOUT_SECONDS)"
+    read = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=os.path.dirname(os.path.abspath(__file__)),
+        env={"DJANGO_SETTINGS_MODULE": "chatmem_project.settings", **os.environ},
+        capture_output=True,
+        text=True,
+    )
+    if read.returncode != 0:  # the workers would fail on the same settings: say why now
+        raise RuntimeError(f"could not read the settings:\n{read.stderr}")
+    return math.ceil(float(read.stdout.split()[-1]))
 
 
 # On SIGTERM (a deploy, `docker compose stop`) workers stop accepting and finish the requests

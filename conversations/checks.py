@@ -5,7 +5,7 @@ import sys
 from typing import Any
 
 from django.conf import settings
-from django.core.checks import Error, register
+from django.core.checks import Error, Warning, register
 
 
 def greenlets_patched() -> bool:
@@ -72,3 +72,20 @@ def check_web_settings(app_configs: Any = None, **kwargs: Any) -> list[Error]:
         problems.append(problem)
     problems += out_of_range(POSITIVE_WEB_SETTINGS, NON_NEGATIVE_WEB_SETTINGS)
     return [Error(problem, id="chatmem.E007") for problem in problems]
+
+
+@register()
+def check_default_chats_have_room(app_configs: Any = None, **kwargs: Any) -> list[Warning]:
+    """The operator's defaults (CHATMEM_DEFAULT_SYSTEM_PROMPT, MEMORY_SUMMARY_TOKEN_CAP and the
+    presets' knobs, CHAT_MODEL_CONTEXT_TOKENS) leave a new chat too little of the model's
+    window: its turns will be 503s once it has to fold. A warning: chats are still created."""
+    from conversations.services.chats import operator_defaults_room_problem
+    from memory_worker.presets import PRESETS
+
+    try:
+        problem = operator_defaults_room_problem(settings.MEMORY_POLICY)
+    except Exception:  # a malformed setting: its own check reports it
+        return []
+    if problem is None or settings.MEMORY_POLICY not in PRESETS:
+        return []
+    return [Warning(f"The defaults of a new chat: {problem}", id="chatmem.W001")]

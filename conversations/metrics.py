@@ -99,7 +99,8 @@ LOCK_CONTENDED = Counter(
 )
 RERUNS = Counter("chatmem_reruns_total", "Consolidation reruns after a trigger during a run.")
 ENQUEUE_FAILED = Counter(
-    "chatmem_enqueue_failures_total", "Consolidation requests the broker did not take."
+    "chatmem_enqueue_failures_total",
+    "Memory work (consolidations, agent-state updates, flush hooks) the broker did not take.",
 )
 
 

@@ -311,3 +311,43 @@ def test_a_chat_with_no_room_left_in_its_models_window_is_refused(  # type: igno
         assert fine.status_code == 201, fine.content
     finally:
         _parse_variants.cache_clear()
+
+
+def test_no_room_in_the_window_is_a_400_on_v1_too(user, settings) -> None:  # type: ignore[no-untyped-def]
+    """A new /v1 conversation's system messages: it was a 500."""
+    from conversations.services.variants import _parse_variants
+    from tests.test_bad_input import bearer
+
+    settings.CHAT_MODEL_CONTEXT_TOKENS = 4096
+    _parse_variants.cache_clear()
+    try:
+        system = {"role": "system", "content": "Answer in the voice of a patient tutor. " * 400}
+        body = {
+            "model": "default",
+            "user": "tutor",
+            "messages": [system, {"role": "user", "content": "hi"}],
+        }
+        response = bearer(user).post("/v1/chat/completions", body, format="json")
+        assert response.status_code == 400, response.content
+        error = response.json()["error"]
+        assert error["param"] == "messages" and "left for the conversation" in error["message"]
+        assert Chat.objects.count() == 0
+    finally:
+        _parse_variants.cache_clear()
+
+
+def test_defaults_with_no_room_are_the_operators_warning_not_every_chats_400(api, settings) -> None:  # type: ignore[no-untyped-def]
+    from django.core.checks import run_checks
+
+    from conversations.services.variants import _parse_variants
+
+    settings.CHAT_MODEL_CONTEXT_TOKENS = 4096
+    settings.MEMORY_PRESET_ENV_OVERRIDES = {
+        name: {"summary_token_cap": 3000} for name in ("sliding-window",)
+    }
+    _parse_variants.cache_clear()
+    try:
+        assert api.post("/api/v1/chats/", {}, format="json").status_code == 201
+        assert "chatmem.W001" in [message.id for message in run_checks()]
+    finally:
+        _parse_variants.cache_clear()

@@ -127,6 +127,29 @@ def test_gunicorn_lets_the_turns_in_flight_finish_when_stopped() -> None:
     assert gunicorn_graceful_timeout(MEMORY_LLM_TIMEOUT_SECONDS="90") == 90 + 60 + 30
 
 
+def test_gunicorns_master_does_not_load_the_settings() -> None:
+    """Loaded in the master, the settings (and .env) were inherited by every forked worker,
+    which then ignored gunicorn's -e values (LLM_TIMEOUT_SECONDS=7 served as 60)."""
+    import os
+    import subprocess
+    import sys
+
+    script = (
+        "import runpy, sys; runpy.run_path('gunicorn.conf.py'); "
+        "print('chatmem_project.settings' in sys.modules, 'django.conf' in sys.modules)"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=ROOT,
+        env=dict(os.environ),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    assert result.stdout.split()[-2:] == ["False", "False"], result.stdout
+
+
 def test_compose_gives_the_web_server_longer_than_gunicorns_graceful_timeout() -> None:
     """Docker's default 10 s before SIGKILL killed every turn in flight on a deploy."""
     grace = re.search(r"^    stop_grace_period: (\d+)s$", service_block("web"), re.M)

@@ -28,6 +28,7 @@ from rest_framework.views import APIView
 from conversations.api import errors
 from conversations.api.streaming import KEEP_ALIVE
 from conversations.authentication import TokenAuthentication
+from conversations.services import chats as chat_service
 from conversations.services import exchanges
 from conversations.services import turns as turn_service
 from conversations.services.variants import ModelVariant, model_variants
@@ -185,7 +186,10 @@ class ChatCompletionsView(OpenAICompatView):
             system_prompt = exchanges.instructions_of(messages)
         except exchanges.BadExchange as error:
             raise OpenAIError(str(error), param=error.param) from error
-        chat = exchanges.chat_for(request.user, chat_name(request, body), system_prompt)  # type: ignore[arg-type]
+        try:
+            chat = exchanges.chat_for(request.user, chat_name(request, body), system_prompt)  # type: ignore[arg-type]
+        except chat_service.NoRoomInWindow as error:  # a new conversation's system messages
+            raise OpenAIError(str(error), param="messages") from error
         if stream:
             return self.streamed(chat, incoming, variant, tools, include_usage(body))
         with errors.turn_refusals():

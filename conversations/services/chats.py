@@ -13,7 +13,7 @@ from conversations.services.context import build_model_messages
 from conversations.services.variants import ModelVariant, resolve_variant
 from memory_worker import policy as engine
 from memory_worker.consolidation import decide_for_chat
-from memory_worker.policies import policy_for_new_settings
+from memory_worker.policies import effective_policy, policy_for_new_settings
 from memory_worker.presets import PolicyError
 from memory_worker.runtime import chat_lock
 from memory_worker.state import MemorySnapshot, load_snapshot
@@ -69,7 +69,11 @@ def validate_chat_settings(chat: Chat) -> None:
         raise PolicyError("policy_overrides must be an object of knobs and their values.")
     policy = policy_for_new_settings(chat.policy, chat.policy_overrides or {})
     variant = resolve_variant(chat.model_variant or None)
-    check_room_in_window(chat.system_prompt, policy.summary_token_cap, variant)
+    problem = room_problem(chat.system_prompt, policy.summary_token_cap, variant)
+    # Refused only when the chat's own choices cause it: a deployment whose defaults leave no
+    # room is the operator's to fix (a start-up warning, chatmem.W001), not every client's 400.
+    if problem and operator_defaults_room_problem(chat.policy) is None:
+        raise NoRoomInWindow(problem)
 
 
 class NoRoomInWindow(PolicyError):
@@ -83,18 +87,29 @@ class NoRoomInWindow(PolicyError):
 MIN_CONVERSATION_SHARE = 0.25
 
 
-def check_room_in_window(system_prompt: str, summary_cap: int, variant: ModelVariant) -> None:
+def room_problem(system_prompt: str, summary_cap: int, variant: ModelVariant) -> str | None:
     window = int(engine.PROMPT_WINDOW_SHARE * variant.context_tokens)
     prompt = count_tokens(system_prompt, variant.model) if system_prompt else 0
     fixed = engine.PROMPT_PRIMING_TOKENS + prompt + summary_cap + 2 * engine.ROLE_OVERHEAD_TOKENS
-    if window - fixed < MIN_CONVERSATION_SHARE * window:
-        raise NoRoomInWindow(
-            f"The system prompt ({prompt} tokens) and a summary at its cap ({summary_cap} "
-            f"tokens) take {fixed} of the {window} tokens a turn may send model variant "
-            f'"{variant.name}" ({variant.context_tokens}-token window); at least a quarter must '
-            "be left for the conversation. Shorten the system prompt, lower "
-            "summary_token_cap, or choose a variant with a larger window."
-        )
+    if window - fixed >= MIN_CONVERSATION_SHARE * window:
+        return None
+    return (
+        f"The system prompt ({prompt} tokens) and a summary at its cap ({summary_cap} tokens) "
+        f'take {fixed} of the {window} tokens a turn may send model variant "{variant.name}" '
+        f"({variant.context_tokens}-token window); at least a quarter must be left for the "
+        "conversation. Shorten the system prompt, lower summary_token_cap, or choose a variant "
+        "with a larger window."
+    )
+
+
+def operator_defaults_room_problem(preset: str) -> str | None:
+    """room_problem for a chat made of the operator's defaults alone: the default system
+    prompt, the preset with the environment's knobs, the default variant."""
+    return room_problem(
+        settings.CHATMEM_DEFAULT_SYSTEM_PROMPT,
+        effective_policy(preset).summary_token_cap,
+        resolve_variant(None),
+    )
 
 
 def save_chat(chat: Chat) -> None:
