@@ -10,6 +10,7 @@ import secrets
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -47,6 +48,20 @@ def gunicorn_worker_boots(tmp_path: Path, **given: str) -> subprocess.CompletedP
     )
 
 
+def problems_with(monkeypatch: pytest.MonkeyPatch, settings: Any, **given: str) -> list[str]:
+    """chatmem.E008's verdict in process, as a server would reach it with ``given`` in its
+    environment (DEBUG and SECRET_KEY as the settings read them)."""
+    from chatmem_project.boot import check_secret_key
+
+    for name in ("DEBUG", "SECRET_KEY"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in given.items():
+        monkeypatch.setenv(name, value)
+    settings.DEBUG = given.get("DEBUG", "false") == "true"
+    settings.SECRET_KEY = given.get("SECRET_KEY") or DEV_DEFAULT
+    return [str(error) for error in check_secret_key()]
+
+
 @pytest.mark.parametrize(
     ("given", "says"),
     [
@@ -58,11 +73,12 @@ def gunicorn_worker_boots(tmp_path: Path, **given: str) -> subprocess.CompletedP
     ],
     ids=["placeholder", "debug-off-no-key", "dev-default-given", "31-chars", "short-no-debug"],
 )
-def test_a_web_worker_refuses_a_weak_key(tmp_path: Path, given: dict, says: str) -> None:
-    result = gunicorn_worker_boots(tmp_path, **given)
-    assert result.returncode != 0, result.stdout + result.stderr
-    assert "chatmem.E008" in result.stderr and says in result.stderr, result.stderr[-2000:]
-    assert "token_urlsafe(50)" in result.stderr  # says how to make one
+def test_a_weak_key_is_refused(
+    monkeypatch: pytest.MonkeyPatch, settings: Any, given: dict, says: str
+) -> None:
+    [problem] = problems_with(monkeypatch, settings, **given)
+    assert "chatmem.E008" in problem and says in problem
+    assert "token_urlsafe(50)" in problem  # says how to make one
 
 
 @pytest.mark.parametrize(
@@ -85,13 +101,24 @@ def test_a_web_worker_refuses_a_weak_key(tmp_path: Path, given: dict, says: str)
         "unconfigured",
     ],
 )
-def test_a_web_worker_starts_with_a_good_key_or_debug(tmp_path: Path, given: dict) -> None:
-    result = gunicorn_worker_boots(tmp_path, **given)
-    assert result.returncode == 0, result.stderr[-2000:]
+def test_a_good_key_or_debug_is_accepted(
+    monkeypatch: pytest.MonkeyPatch, settings: Any, given: dict
+) -> None:
+    assert problems_with(monkeypatch, settings, **given) == []
+
+
+def test_a_gunicorn_worker_stops_on_a_weak_key_and_boots_with_a_good_one(tmp_path: Path) -> None:
+    """The check is wired into what a gunicorn worker runs before it serves."""
+    refused = gunicorn_worker_boots(tmp_path, DEBUG="false", SECRET_KEY=PLACEHOLDER)
+    assert refused.returncode != 0, refused.stdout + refused.stderr
+    assert "chatmem.E008" in refused.stderr, refused.stderr[-2000:]
+    good = gunicorn_worker_boots(tmp_path, DEBUG="false", SECRET_KEY=secrets.token_urlsafe(50))
+    assert good.returncode == 0, good.stderr[-2000:]
 
 
 def test_an_unconfigured_checkout_is_warned(tmp_path: Path) -> None:
     result = gunicorn_worker_boots(tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
     assert "serving with the development SECRET_KEY" in result.stderr
 
 
