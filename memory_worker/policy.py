@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from functools import cached_property
-from typing import NamedTuple
+from typing import NamedTuple, Protocol, TypeVar
 
 ROLE_OVERHEAD_TOKENS = 4  # per chat message: role and separators
 PROMPT_PRIMING_TOKENS = 3  # every reply is primed with a few tokens
@@ -375,10 +375,18 @@ def _has_token_target(policy: Policy) -> bool:
 # --- summarizer input ------------------------------------------------------------------------
 
 
-def turns_of(msgs: Sequence[Msg]) -> list[list[Msg]]:
-    """Group messages into turns: each user message opens one; a leading non-user message
-    opens one too."""
-    grouped: list[list[Msg]] = []
+class HasRole(Protocol):
+    @property
+    def role(self) -> str: ...
+
+
+RoleT = TypeVar("RoleT", bound=HasRole)
+
+
+def turns_of(msgs: Sequence[RoleT]) -> list[list[RoleT]]:
+    """Group messages (the engine's Msg, or stored messages) into turns: each user message
+    opens one; a leading non-user message opens one too."""
+    grouped: list[list[RoleT]] = []
     for message in msgs:
         if message.role == "user" or not grouped:
             grouped.append([message])

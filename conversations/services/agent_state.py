@@ -21,6 +21,7 @@ from conversations import agent_state as rules
 from conversations.llm import ModelError
 from conversations.models import AgentState, Chat, Message, ResponseSummary, Role
 from conversations.services.backends import chat_backend_name, get_chat_model
+from memory_worker.policy import turns_of
 from memory_worker.tokens import count_tokens
 
 log = logging.getLogger("chatmem.agent_state")
@@ -243,7 +244,7 @@ def pending_turns(chat_id: int, after_seq: int) -> list[Turn]:
         .order_by("seq")
         .only("chat_id", "seq", "role", "content", "metadata")[:BATCH_MESSAGES]
     )
-    runs = split_at_user_messages(messages)
+    runs = turns_of(messages)
     turns: list[Turn] = []
     for index, run in enumerate(runs):
         followed = index + 1 < len(runs)
@@ -252,16 +253,6 @@ def pending_turns(chat_id: int, after_seq: int) -> list[Turn]:
         elif len(messages) == BATCH_MESSAGES and not turns:
             turns.append(turn_of(run, complete=False))  # cut off by the batch
     return turns
-
-
-def split_at_user_messages(messages: list[Message]) -> list[list[Message]]:
-    runs: list[list[Message]] = []
-    for message in messages:
-        if message.role == Role.USER or not runs:
-            runs.append([message])
-        else:
-            runs[-1].append(message)
-    return runs
 
 
 def calls_tools(message: Message) -> bool:
