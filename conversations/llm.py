@@ -7,8 +7,10 @@ Two implementations of ``ChatModel``:
 
 Failures are ``ModelError`` with the HTTP status the API answers with (502 for an upstream error
 or an unusable reply, 504 for a timeout) and a message safe to show the client: it names the
-upstream status and error code but never echoes provider text, which can contain key fragments.
-The full upstream error goes to the log.
+upstream status and error code, and echoes the provider's own message only when the provider
+refused the request itself (HTTP 400, 404, 413, 422: what to change is in it), with anything
+key-like redacted; an authentication or quota message stays in the log. A refused request is
+marked not retryable (``retryable``): sent again unchanged it is refused again.
 
 Streaming: ``stream()`` sends the request at once, so an upstream error raises from the call
 itself, before anything has been sent to the client. It returns a ``CompletionStream``: iterate
@@ -36,6 +38,7 @@ from conversations.model_http import (
 )
 from memory_worker.summarizers import (
     OFFLINE_MODEL_MARKER,
+    SECRET_PATTERN,
     chat_completion_json,
     stream_chat_completion,
 )
@@ -69,9 +72,10 @@ class ChatCompletion:
 class ModelError(Exception):
     """The model produced no usable reply. ``str(error)`` is safe to show the client."""
 
-    def __init__(self, message: str, status: int = UPSTREAM_ERROR) -> None:
+    def __init__(self, message: str, status: int = UPSTREAM_ERROR, retryable: bool = True) -> None:
         super().__init__(message)
         self.status = status
+        self.retryable = retryable
 
 
 class CompletionStream(Iterator[str]):
@@ -145,7 +149,8 @@ class OpenAIChatModel:
         except DirectConnectionError as error:
             raise self._failed(error, model, connection_error()) from error
         except DirectStatusError as error:
-            raise self._failed(error, model, status_error(error.status, error.code)) from error
+            refusal = status_error(error.status, error.code, error.message)
+            raise self._failed(error, model, refusal) from error
         except DirectInvalidResponse as error:
             raise self._failed(error, model, invalid_response_error()) from error
 
@@ -164,6 +169,9 @@ class OpenAIChatModel:
     def stream(
         self, messages: ModelMessages, model: str, tools: ToolOptions | None = None
     ) -> CompletionStream:
+        # From before the request: waiting for the first byte is part of the reply's time (a
+        # deadline taken after the headers let a slow first token double it).
+        deadline = time.monotonic() + self.timeout
         try:
             chunks = stream_chat_completion(
                 self.client,
@@ -177,7 +185,6 @@ class OpenAIChatModel:
             )
         except openai.OpenAIError as error:
             raise self._model_error(error, model) from error
-        deadline = time.monotonic() + self.timeout
         return CompletionStream(
             self._deltas(chunks, messages, model, deadline), release=chunks.close
         )
@@ -188,18 +195,18 @@ class OpenAIChatModel:
         """The timeout bounds each read, not the whole reply: a model that keeps trickling (or
         thinking, in chunks with no content) could hold the turn's slot past
         TURN_SLOT_STALE_SECONDS, so the whole reply gets the deadline too, checked at every
-        chunk. Every streamed turn comes through here: REST and /v1."""
+        chunk and at the stream's end. A reply that ends past it is a timeout, never a reply:
+        by then the slot may have gone stale and the chat's next turn started, and storing this
+        one after it would put into the history a turn the next one's model never saw. Every
+        streamed turn comes through here: REST and /v1."""
         state = StreamState(model=model)
         try:
             for chunk in chunks:
-                if time.monotonic() > deadline:
-                    raise ModelError(
-                        f"The model did not finish its reply within {self.timeout:g} seconds.",
-                        UPSTREAM_TIMEOUT,
-                    )
+                self._check_deadline(deadline)
                 delta = state.absorb(chunk)
                 if delta:
                     yield delta
+            self._check_deadline(deadline)  # a stall before the end of the stream
         except openai.OpenAIError as error:
             raise self._model_error(error, model, mid_stream=True) from error
         except ModelError:
@@ -211,6 +218,13 @@ class OpenAIChatModel:
         finally:
             chunks.close()
         return state.completion(messages)
+
+    def _check_deadline(self, deadline: float) -> None:
+        if time.monotonic() > deadline:
+            raise ModelError(
+                f"The model did not finish its reply within {self.timeout:g} seconds.",
+                UPSTREAM_TIMEOUT,
+            )
 
     def _model_error(
         self, error: openai.OpenAIError, model: str, mid_stream: bool = False
@@ -313,7 +327,8 @@ def model_error_from(
     if isinstance(error, openai.APIConnectionError):
         return connection_error(mid_stream)
     if isinstance(error, openai.APIStatusError):
-        return status_error(error.status_code, error.code)
+        body = error.body if isinstance(error.body, dict) else {}
+        return status_error(error.status_code, error.code, body.get("message"))
     if isinstance(error, openai.APIError) and not isinstance(
         error, openai.APIResponseValidationError
     ):
@@ -333,11 +348,26 @@ def connection_error(mid_stream: bool = False) -> ModelError:
     return ModelError("Could not connect to the model endpoint.")
 
 
-def status_error(status: int, code: object) -> ModelError:
+# The provider refused the request itself: sending it again unchanged cannot help (the OpenAI SDKs
+# retry a 502 twice unless told not to). 408, 409, 429 and 5xx are transient; 401 and 403 are the
+# operator's key, not the request, and their text stays in the log.
+REFUSED_REQUEST = frozenset({400, 404, 413, 422})
+NOT_RETRYABLE = REFUSED_REQUEST | {401, 403}
+MAX_PROVIDER_MESSAGE_CHARS = 300
+
+
+def status_error(status: int, code: object, provider_message: object = None) -> ModelError:
     detail = f", {code}" if code else ""
     if status == 408:
         return ModelError(f"The model endpoint timed out (HTTP 408{detail}).", UPSTREAM_TIMEOUT)
-    return ModelError(f"The model endpoint returned an error (HTTP {status}{detail}).")
+    said = ""
+    if status in REFUSED_REQUEST and isinstance(provider_message, str) and provider_message:
+        text = storable(SECRET_PATTERN.sub("[redacted]", provider_message))
+        said = f" It said: {text[:MAX_PROVIDER_MESSAGE_CHARS]}"
+    return ModelError(
+        f"The model endpoint returned an error (HTTP {status}{detail}).{said}",
+        retryable=status not in NOT_RETRYABLE,
+    )
 
 
 def invalid_response_error() -> ModelError:

@@ -55,6 +55,7 @@ class DirectStatusError(Exception):
         super().__init__(f"HTTP {status}: {SECRET_PATTERN.sub('[redacted]', detail)}")
         self.status = status
         self.code = error_code(data)
+        self.message = error_field(data, "message")
 
 
 class DirectInvalidResponse(Exception):
@@ -160,6 +161,10 @@ def closed_by_peer(connection: http.client.HTTPConnection) -> bool:
 def error_code(data: bytes) -> object:
     """The provider's error code, where the SDK finds it: ``error.code`` (or a top-level
     ``code``) of a JSON error body."""
+    return error_field(data, "code")
+
+
+def error_field(data: bytes, name: str) -> object:
     try:
         body = json.loads(data)
     except ValueError:
@@ -167,7 +172,7 @@ def error_code(data: bytes) -> object:
     if not isinstance(body, dict):
         return None
     detail = body.get("error", body)
-    return detail.get("code") if isinstance(detail, dict) else None
+    return detail.get(name) if isinstance(detail, dict) else None
 
 
 def default_ssl_context() -> ssl.SSLContext:

@@ -28,12 +28,14 @@ class ModelUpstreamError(exceptions.APIException):
     status_code = status.HTTP_502_BAD_GATEWAY
     default_detail = "The model failed to answer; nothing was stored. Retry the turn."
     default_code = "model_error"
+    should_retry = True  # False: the provider refused the request itself (x-should-retry)
 
 
 class ModelTimeout(exceptions.APIException):
     status_code = status.HTTP_504_GATEWAY_TIMEOUT
     default_detail = "The model did not answer in time; nothing was stored. Retry the turn."
     default_code = "model_timeout"
+    should_retry = True
 
 
 class MemoryUnavailable(exceptions.APIException):
@@ -66,6 +68,10 @@ def turn_error(error: Exception) -> exceptions.APIException:
         return MemoryUnavailable(str(error))
     if isinstance(error, ModelError):
         exc_class = ModelTimeout if error.status == UPSTREAM_TIMEOUT else ModelUpstreamError
+        if not error.retryable:
+            refused = exc_class(f"{error} Nothing was stored.")
+            refused.should_retry = False
+            return refused
         return exc_class(f"{error} Nothing was stored; retry the turn.")
     return TurnServerError()
 
@@ -98,6 +104,9 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
             codes = exc.get_codes()
             if isinstance(codes, str):
                 data["code"] = codes
+    if response is not None and getattr(exc, "should_retry", True) is False:
+        # The OpenAI SDKs (and other clients honouring it) retry a 5xx unless told not to.
+        response["x-should-retry"] = "false"
     return response
 
 

@@ -76,10 +76,28 @@ PASSTHROUGH_CHECKS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "presence_penalty": (_number, "a number"),
     "frequency_penalty": (_number, "a number"),
     "response_format": (lambda v: isinstance(v, dict), "an object"),
+    "logit_bias": (lambda v: isinstance(v, dict), "an object"),
+    "reasoning_effort": (lambda v: isinstance(v, str), "a string"),
+    "verbosity": (lambda v: isinstance(v, str), "a string"),
 }
-# Parameters chatmem accepts and ignores (sampling is the model's business) vs. ones it cannot
-# honour and refuses rather than silently answering differently.
-UNSUPPORTED = {"n": 1, "functions": None, "function_call": None}
+# Parameters chatmem cannot honour, with the one value it accepts (null is always the default):
+# refused rather than silently answering differently (logprobs: chatmem's reply carries none).
+UNSUPPORTED: dict[str, object] = {
+    "n": 1,
+    "functions": None,
+    "function_call": None,
+    "logprobs": False,
+    "top_logprobs": None,
+    "modalities": ["text"],
+    "audio": None,
+    "prediction": None,
+    "web_search_options": None,
+}
+# Read by chatmem itself (naming the conversation, streaming), or about the provider's records
+# and billing, not the answer: accepted, not forwarded.
+HANDLED = {"model", "messages", "stream", "stream_options", "metadata", "user"}
+IGNORED = {"store", "service_tier", "prompt_cache_key", "safety_identifier"}
+KNOWN_PARAMETERS = HANDLED | IGNORED | set(PASSTHROUGH_CHECKS) | set(UNSUPPORTED)
 
 
 class BearerTokenAuthentication(TokenAuthentication):
@@ -129,7 +147,9 @@ def openai_exception_handler(exc: Exception, context: dict[str, Any]) -> Respons
     if response is None:
         return None
     param = getattr(exc, "param", None)
-    code = getattr(exc, "error_code", None) or getattr(exc, "default_code", None)
+    # chatmem's own request errors carry their code, or none (as OpenAI's often do); DRF's
+    # generic default_code ("error", "invalid") would only look like one.
+    code = exc.error_code if isinstance(exc, OpenAIError) else getattr(exc, "default_code", None)
     if isinstance(exc, exceptions.AuthenticationFailed | exceptions.NotAuthenticated):
         code = "invalid_api_key"
     response.data = error_body(message_of(response.data), response.status_code, param, code)
@@ -177,9 +197,15 @@ class ChatCompletionsView(OpenAICompatView):
         variant = variant_for(body.get("model"))
         messages = request_messages(body)
         check_unsupported(body)
-        stream = body.get("stream", False)
+        stream = body.get("stream")
+        if stream is None:
+            stream = False  # null is the default, as OpenAI reads it
         if not isinstance(stream, bool):
             raise OpenAIError("stream must be a boolean.", param="stream")
+        if body.get("stream_options") is not None and not stream:
+            raise OpenAIError(
+                "stream_options is only allowed when stream is true.", param="stream_options"
+            )
         tools = passthrough_options(body)
         try:
             incoming = exchanges.new_messages(messages)
@@ -263,6 +289,12 @@ def passthrough_options(body: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def check_unsupported(body: Mapping[str, Any]) -> None:
+    unknown = sorted(key for key in body if key not in KNOWN_PARAMETERS)
+    if unknown:
+        # As OpenAI answers it: a parameter chatmem would drop could change the answer.
+        raise OpenAIError(
+            f"Unrecognized request argument supplied: {', '.join(unknown)}", param=unknown[0]
+        )
     for key, allowed in UNSUPPORTED.items():
         # null is the default, as OpenAI reads it ("n": null is one choice).
         if body.get(key) is not None and body[key] != allowed:
@@ -384,13 +416,18 @@ class ChunkStream:
         return body
 
 
+# Sent before the reply's kind is known: "content": "" here would make a tool-call reply's
+# accumulated content "" where the JSON completion says null.
+FIRST_DELTA = {"role": "assistant"}
+
+
 def sse_events(
     streamed: exchanges.StreamedExchange, variant: ModelVariant, chat: Any, usage: bool
 ) -> Iterator[bytes]:
     """The standard chunk stream. If the client goes away, this generator is closed, but the
     exchange thread goes on and stores the reply."""
     stream = ChunkStream.start(chat, variant.model, usage)
-    yield sse(stream.chunk({"role": "assistant", "content": ""}))
+    yield sse(stream.chunk(FIRST_DELTA))
     for delta in streamed.deltas():
         yield KEEP_ALIVE if delta is None else sse(stream.chunk({"content": delta}))
     yield from closing_events(streamed, stream)
@@ -401,7 +438,7 @@ async def async_sse_events(
 ) -> AsyncIterator[bytes]:
     """``sse_events`` for ASGI servers: waits on the event loop, holding no thread."""
     stream = ChunkStream.start(chat, variant.model, usage)
-    yield sse(stream.chunk({"role": "assistant", "content": ""}))
+    yield sse(stream.chunk(FIRST_DELTA))
     async for delta in streamed.adeltas():
         yield KEEP_ALIVE if delta is None else sse(stream.chunk({"content": delta}))
     for event in closing_events(streamed, stream):

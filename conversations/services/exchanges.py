@@ -12,6 +12,7 @@ message is what chatmem already holds, and is neither stored again nor sent twic
 from __future__ import annotations
 
 import contextvars
+import logging
 import threading
 import uuid
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
@@ -30,6 +31,7 @@ from conversations.services.agent_state import queue_agent_summary
 from conversations.services.backends import get_chat_model
 from conversations.services.context import build_model_messages, without_unanswered_tool_calls
 from conversations.services.turns import (
+    EXPECTED_REFUSALS,
     TurnDelta,
     TurnDone,
     TurnEvent,
@@ -47,6 +49,8 @@ from conversations.services.variants import ModelVariant, turn_variant
 from memory_worker import policy as engine
 from memory_worker.state import MemorySnapshot, with_appended
 from memory_worker.tokens import count_tokens
+
+log = logging.getLogger("chatmem.turn")
 
 CLIENT_ROLES = ("user", "tool")
 INSTRUCTION_ROLES = ("system", "developer")
@@ -297,6 +301,9 @@ class StreamedExchange:
             self.result = store_exchange(self.prepared, self.stream.result)
             last = TurnDone(TurnResult(self.result.stored[0], self.result.reply))
         except BaseException as error:  # reported to the client after the deltas
+            if not isinstance(error, EXPECTED_REFUSALS):
+                # A bug: the client gets a server_error event, the operator the traceback.
+                log.exception("streamed exchange failed", extra={"chat_id": self.prepared.chat.pk})
             self.error = error
             last = TurnFailed(error if isinstance(error, Exception) else RuntimeError(error))
         finally:

@@ -61,6 +61,12 @@ class ContextOverBound(Exception):
     failed, or even a full fold would not fit). Nothing is dropped: the turn is refused."""
 
 
+# A turn's failures the client is told about, with no bug behind them (no traceback logged): the
+# model failed, the context could not be bounded, the slot was taken over during a long fold, the
+# chat was deleted meanwhile.
+EXPECTED_REFUSALS = (ModelError, ContextOverBound, TurnInProgress, Chat.DoesNotExist)
+
+
 @dataclass(frozen=True)
 class TurnResult:
     user_message: Message
@@ -666,9 +672,7 @@ def _run_streamed_turn(
             on_stored=announce,
             snapshot=snapshot,
         )
-    except (ModelError, ContextOverBound, TurnInProgress, Chat.DoesNotExist) as error:
-        # Refusals the client is told about (taken over during a long fold; chat deleted
-        # meanwhile): no bug, no traceback.
+    except EXPECTED_REFUSALS as error:
         events.put(TurnFailed(error))
     except Exception as error:
         if announced:  # stored and announced; only an after-commit hook failed
