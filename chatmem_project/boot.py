@@ -5,7 +5,7 @@ import logging
 import os
 
 from django.conf import settings
-from django.core.checks import Error, run_checks
+from django.core.checks import WARNING, CheckMessage, Error, run_checks
 from django.core.exceptions import ImproperlyConfigured
 
 log = logging.getLogger("chatmem.boot")
@@ -20,11 +20,24 @@ MIN_SECRET_KEY_LENGTH = 32
 def refuse_misconfigured_start() -> None:
     """Run Django's checks: an error (misordered deadlines, a greenlet server with no pool...)
     stops the process with the reason instead of surfacing later as expired locks, redelivered
-    tasks or "too many clients". Then the secret key (check_secret_key)."""
-    serious = [error for error in run_checks() if error.is_serious()]
+    tasks or "too many clients". A warning (chatmem.W001: the defaults leave a new chat no room)
+    is logged and the process starts. Then the secret key (check_secret_key)."""
+    messages = run_checks()
+    serious = [message for message in messages if message.is_serious()]
+    for message in messages:
+        if not message.is_serious() and not message.is_silenced():
+            log_check_message(message)
     serious += check_secret_key()
     if serious:
         raise ImproperlyConfigured("\n".join(str(error) for error in serious))
+
+
+def log_check_message(message: CheckMessage) -> None:
+    """A check message below ERROR, in the log every server writes (`manage.py check` prints
+    them; a server would otherwise drop them)."""
+    text = f"{message.id}: {message.msg}" + (f" HINT: {message.hint}" if message.hint else "")
+    level = logging.WARNING if message.level >= WARNING else logging.INFO
+    log.log(level, "start-up check %s", text, extra={"check": message.id})
 
 
 def unconfigured_checkout() -> bool:

@@ -99,6 +99,12 @@ def _optional(name: str) -> bool:
     return _FIELDS[name].default is None
 
 
+def _int_bounds(name: str) -> tuple[int, int]:
+    """The smallest and largest value of integer knob ``name``: what _coerce enforces and
+    knob_json_schema publishes."""
+    return _INT_BOUNDS.get(name, (1 if name in _AT_LEAST_ONE else 0, MAX_KNOB))
+
+
 def _coerce(name: str, value: object) -> object:
     if value is None:
         if _optional(name):
@@ -120,7 +126,7 @@ def _coerce(name: str, value: object) -> object:
         value = int(value)  # 12.0 is an integer to JSON Schema, as the published schema says
     if not isinstance(value, int):
         raise PolicyError(f'Knob "{name}" must be an integer, got {value!r}.')
-    minimum, maximum = _INT_BOUNDS.get(name, (1 if name in _AT_LEAST_ONE else 0, MAX_KNOB))
+    minimum, maximum = _int_bounds(name)
     if value < minimum:
         raise PolicyError(f'Knob "{name}" must be at least {minimum}, got {value}.')
     if value > maximum:
@@ -207,16 +213,20 @@ def policy_parameters(policy: Policy) -> dict[str, object]:
 
 
 def knob_json_schema() -> dict[str, dict[str, object]]:
-    """Each knob's type and lower bound as JSON Schema (for the API's OpenAPI description). The
-    rules between knobs (for example max_summary_tokens < max_tokens) are checked by
-    resolve_policy and cannot be written in JSON Schema."""
+    """Each knob's type and bounds as JSON Schema (for the API's OpenAPI description), from the
+    bounds _coerce and _check_consistency enforce. The rules between knobs (for example
+    max_summary_tokens < max_tokens) are checked by resolve_policy and cannot be written in JSON
+    Schema."""
     schemas: dict[str, dict[str, object]] = {}
     for name in knob_names():
-        kind = "number" if name in _FLOAT_KNOBS else "integer"
-        minimum = 1 if name in _AT_LEAST_ONE else 0
-        schema: dict[str, object] = {"type": kind, "minimum": minimum}
+        schema: dict[str, object]
         if name == "token_budget_fraction":
             schema = {"type": "number", "minimum": 0, "exclusiveMinimum": True, "maximum": 1}
+        elif name in _FLOAT_KNOBS:
+            schema = {"type": "number", "minimum": 0, "maximum": MAX_KNOB}
+        else:
+            minimum, maximum = _int_bounds(name)
+            schema = {"type": "integer", "minimum": minimum, "maximum": maximum}
         if _optional(name):
             schema["nullable"] = True
         schemas[name] = schema

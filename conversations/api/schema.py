@@ -214,6 +214,11 @@ turn_schema = extend_schema(
             ErrorSerializer,
             description="`model_timeout`: the model did not answer in time; nothing was stored.",
         ),
+        413: OpenApiResponse(
+            ErrorSerializer,
+            description="`request_too_large`: the body is over `CHATMEM_MAX_BODY_BYTES`, refused "
+            "before it is read (plain JSON, also for a streamed turn). Nothing was stored.",
+        ),
         429: OpenApiResponse(
             ErrorSerializer,
             description="`throttled`: the user's turn limit (`TURN_RATE_LIMIT`) is reached; the "
