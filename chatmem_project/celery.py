@@ -1,4 +1,5 @@
-"""The Celery application: consolidation workers (queue ``memory``) and the beat sweep."""
+"""The Celery application: consolidation workers (queue ``memory``, and ``memory-sweep`` for the
+beat sweep) and the beat sweep."""
 
 import os
 import sys
@@ -8,6 +9,7 @@ from typing import Any
 from celery import Celery
 from celery.signals import (
     beat_init,
+    celeryd_after_setup,
     task_postrun,
     task_prerun,
     worker_init,
@@ -42,6 +44,21 @@ def refuse_misconfigured_start(**_: object) -> None:
         sys.stderr.write(f"chatmem: refusing to start, misconfigured:\n{error}\n")
         sys.stderr.flush()
         os._exit(EX_CONFIG)
+
+
+@celeryd_after_setup.connect
+def consume_the_sweep_queue(instance: Any = None, **_: object) -> None:
+    """A worker of the ``memory`` queue also consumes the sweep's own queue, whatever its
+    command line says (``-Q memory``, as deployed before the sweep had a queue of its own): the
+    sweep is never left without a consumer, and it is reached after at most one fold task
+    (kombu's Redis transport takes a worker's queues in turn, queue_order_strategy
+    round_robin), not after the whole backlog. Runs after ``-Q`` was applied (Celery's
+    documented place for it)."""
+    from django.conf import settings
+
+    queues = instance.app.amqp.queues
+    if settings.CELERY_TASK_DEFAULT_QUEUE in queues.consume_from:
+        queues.select_add(settings.MEMORY_SWEEP_QUEUE)
 
 
 @worker_init.connect

@@ -265,7 +265,15 @@ CELERY_TASK_IGNORE_RESULT = True
 # task as Django does around a request (CONN_MAX_AGE, an unusable connection closed).
 CELERY_DB_REUSE_MAX = 2**31
 CELERY_TASK_DEFAULT_QUEUE = "memory"
-CELERY_TASK_ROUTES = {"chatmem.*": {"queue": "memory"}}
+# The sweep has a queue of its own, which every worker of the memory queue also consumes
+# (chatmem_project.celery adds it): Redis hands a worker its queues in turn (kombu's
+# round_robin queue_order_strategy), so a sweep waits behind at most one fold task per worker
+# instead of behind the whole backlog, where it expired unrun exactly when workers fell behind.
+MEMORY_SWEEP_QUEUE = "memory-sweep"
+CELERY_TASK_ROUTES = {
+    "chatmem.sweep": {"queue": MEMORY_SWEEP_QUEUE},
+    "chatmem.*": {"queue": "memory"},
+}
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
@@ -291,7 +299,7 @@ CELERY_BEAT_SCHEDULE = {
         "task": "chatmem.sweep",
         "schedule": MEMORY_SWEEP_INTERVAL_SECONDS,
         # A sweep that could not run in time is useless: the next one covers it.
-        "options": {"expires": MEMORY_SWEEP_INTERVAL_SECONDS, "queue": "memory"},
+        "options": {"expires": MEMORY_SWEEP_INTERVAL_SECONDS, "queue": MEMORY_SWEEP_QUEUE},
     },
 }
 
@@ -397,7 +405,8 @@ if MEMORY_DAILY_NOTES and "memory_worker.daily_notes.extract_daily_notes" not in
 
 # --- Agent state (seed 004's Summarize node, docs/agent-state.md) ---------------------------
 # The seed's constants, under the seed's names. FULL_DETAIL_TURNS is the turn-digest preset's
-# tail_turns (memory_worker.env_knobs); it is read here too so the state endpoint can show it.
+# tail_turns: memory_worker.env_knobs applies it (a chat's effective_policy shows it); this copy
+# is the seed's constant under its name, not among the state endpoint's limits.
 SUMMARIZE_THRESHOLD = env_int("SUMMARIZE_THRESHOLD", 400)
 FULL_DETAIL_TURNS = env_int("FULL_DETAIL_TURNS", 3)
 FULL_DETAIL_STEPS = env_int("FULL_DETAIL_STEPS", 3)

@@ -37,7 +37,6 @@ from memory_worker.state import (
     MemorySnapshot,
     after_fold,
     engine_state,
-    load_snapshot,
     read_chat_and_snapshot,
 )
 from memory_worker.summarizers import FoldMessage, Summarizer, SummarizerError, SummaryResult
@@ -230,7 +229,11 @@ def fold_chunk(
         return failed, snapshot
     except Exception as error:
         # Includes Celery's soft time limit: the ledger must not stay "running".
-        record_failure(chat.pk, snapshot, ledger, repr(error), CRASH_KIND, now, started)
+        # The name only: the error's text may hold anything (SQL, a provider's account details),
+        # and the brief's last_error is shown to the chat's owner; the traceback goes to the log
+        # with the task's failure.
+        failure = f"{type(error).__name__} (crashed; see the worker's log)"
+        record_failure(chat.pk, snapshot, ledger, failure, CRASH_KIND, now, started)
         raise
     return commit_fold(chat, snapshot, chunk, ledger, result, now, started)
 
@@ -280,7 +283,7 @@ def commit_fold(
             "duration_ms": duration_ms,
             "input_tokens": result.input_tokens,
             "output_tokens": result.output_tokens,
-            "summarizer_calls": 1,
+            "summarizer_calls": result.calls,
         },
     )
     commit = commit_in_one_statement if connection.vendor == "postgresql" else commit_in_transaction
@@ -314,7 +317,7 @@ def commit_fold(
             "summary_tokens_after": summary_tokens,
             "input_tokens": result.input_tokens,
             "output_tokens": result.output_tokens,
-            "summarizer_calls": 1,
+            "summarizer_calls": result.calls,
             "duration_ms": duration_ms,
             "lag_ms": lag_ms(ledger.due_at, finished_at),
             "outcome": str(status),
@@ -553,20 +556,32 @@ def fail_brief(
 ) -> RetryPlan:
     """A failed attempt on the chat's brief: one more consecutive failure, the retry time, and
     degraded per the retry plan; and its log line. Filtered by the version the attempt read: if
-    another fold committed meanwhile, this failure is old news."""
+    another fold committed meanwhile, this failure is old news.
+
+    The count is incremented in the database, in the conditional UPDATE itself, and the plan is
+    made from the count it wrote: two failures of the same version (a crash and the sweep's
+    abandonment, two workers) count two, not one each read-then-written as N + 1. The row stays
+    locked until the plan is written, so a concurrent failure waits and plans from N + 2."""
     chat_id = ledger.chat_id
-    failures = (
-        Brief.objects.filter(chat_id=chat_id).values_list("consecutive_failures", flat=True).first()
-        or 0
-    ) + 1
-    plan = retry_plan(kind, failures)
-    current = Brief.objects.filter(chat_id=chat_id, version=version).update(
-        consecutive_failures=failures,
-        degraded=plan.degraded,
-        next_attempt_at=now + plan.delay,
-        last_error=error[:2000],
-        updated_at=timezone.now(),
-    )
+    with transaction.atomic():
+        current = Brief.objects.filter(chat_id=chat_id, version=version).update(
+            consecutive_failures=F("consecutive_failures") + 1,
+            last_error=error[:2000],
+            updated_at=timezone.now(),
+        )
+        count = (
+            Brief.objects.filter(chat_id=chat_id)
+            .values_list("consecutive_failures", flat=True)
+            .first()
+        )
+        # Not counted (another fold committed meanwhile): the plan only for the log line.
+        failures = (count or 0) + (0 if current else 1)
+        plan = retry_plan(kind, failures)
+        if current:
+            # Guarded by the count this failure wrote: a newer failure's plan is not overwritten.
+            Brief.objects.filter(
+                chat_id=chat_id, version=version, consecutive_failures=failures
+            ).update(degraded=plan.degraded, next_attempt_at=now + plan.delay)
     if not current:
         plan = RetryPlan(plan.failure_class, plan.delay, plan.degraded, fast_retry=False)
     log.warning(
@@ -668,8 +683,15 @@ def abandon_stale_runs(now: datetime) -> int:
             abandoned += 1
             # A synchronous fold dies with its web process (a gunicorn timeout): not a reason
             # to hold the chat's background folds back.
-            if not ledger.synchronous:
+            if ledger.synchronous:
+                continue
+            try:
                 fail_brief(ledger, ledger.base_version, ABANDONED, CRASH_KIND, now)
+            except Exception:  # one chat's error must not cancel the rest of the sweep
+                log.exception(
+                    "could not count an abandoned run on its chat's brief",
+                    extra={"event": "sweep_error", "chat_id": ledger.chat_id},
+                )
     return abandoned
 
 
@@ -683,10 +705,30 @@ def sweep_candidates(now: datetime, lock: ChatLock, limit: int) -> list[int]:
     # so a due chat judged and then cut off would wait a whole round.
     room = limit - len(chosen)
     for chat_id in next_cooled_candidates(now, room) if room > 0 else []:
-        chat = Chat.objects.get(pk=chat_id)
-        if decide_for_chat(chat, load_snapshot(chat_id), "cooldown", now) is not None:
+        if cooldown_fold_due(chat_id, now):
             chosen[chat_id] = None
     return list(chosen)[:limit]
+
+
+def cooldown_fold_due(chat_id: int, now: datetime) -> bool:
+    """Whether the sweep should queue this cooled candidate. Never raises: a chat deleted since
+    it was listed (its user deleted it mid-sweep) is skipped, and any other error is logged with
+    the chat's id and the chat skipped, so one chat cannot cancel the rest of the sweep (the
+    retry-due and pending chats already chosen, the daily-notes replay)."""
+    try:
+        found = read_chat_and_snapshot(chat_id)
+        if found is None:
+            return False  # deleted since it was listed
+        chat, snapshot = found
+        return decide_for_chat(chat, snapshot, "cooldown", now) is not None
+    except Brief.DoesNotExist:
+        return False  # deleted between the chat's read and its brief's (SQLite: two reads)
+    except Exception:
+        log.exception(
+            "sweep could not judge a chat; skipped",
+            extra={"event": "sweep_error", "chat_id": chat_id},
+        )
+        return False
 
 
 SWEEP_CURSOR_KEY = "chatmem:sweep-cursor"

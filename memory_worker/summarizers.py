@@ -60,9 +60,10 @@ class FoldMessage:
 @dataclass(frozen=True)
 class SummaryResult:
     text: str
-    input_tokens: int
-    output_tokens: int
+    input_tokens: int  # over all of its calls
+    output_tokens: int  # over all of its calls
     backend: str
+    calls: int = 1  # model calls it took: 2 after the stricter retry of an over-cap summary
 
 
 ErrorKind = Literal[
@@ -258,15 +259,31 @@ def validate_summary(
 # ---------------------------------------------------------------------------------------------
 # OpenAI error mapping
 
-SECRET_PATTERN = re.compile(r"\b(sk|rk|pk)-[A-Za-z0-9_*\-]{6,}")
+# Key-shaped strings providers echo in their errors: OpenAI's and Anthropic's sk-, rk-, pk-;
+# xAI's xai-; Groq's gsk_; Google's AIza.
+SECRET_PATTERN = re.compile(
+    r"\b(?:(?:sk|rk|pk|xai)-|gsk_)[A-Za-z0-9_*\-]{6,}|\bAIza[0-9A-Za-z_\-]{20,}"
+)
 MAX_ERROR_DETAIL_CHARS = 300
+# The provider refused the request itself: its message says what to change, and is about the
+# request, not the operator's account. Any other message (an authentication failure, a rate
+# limit or quota naming the organisation or project, a server error) goes to the log only:
+# a fold's error is shown to the chat's owner (the brief's last_error, the ledger).
+REFUSED_REQUEST_STATUSES = frozenset({400, 404, 413, 422})
 
 
 def error_from_openai(error: openai.OpenAIError) -> SummarizerError:
     """Classify an openai exception so Celery retries only what may succeed later."""
     kind = error_kind(error)
-    return SummarizerError(
-        kind, f"summarizer {kind.replace('_', ' ')}: {describe_api_error(error)}"
+    label = f"summarizer {kind.replace('_', ' ')}"
+    log.warning("%s: %s", label, describe_api_error(error), extra={"error_kind": kind})
+    shown = describe_api_error(error, with_message=shows_provider_message(error))
+    return SummarizerError(kind, f"{label}: {shown}")
+
+
+def shows_provider_message(error: openai.OpenAIError) -> bool:
+    return (
+        isinstance(error, openai.APIStatusError) and error.status_code in REFUSED_REQUEST_STATUSES
     )
 
 
@@ -306,15 +323,16 @@ def is_insufficient_quota(error: openai.APIError) -> bool:
     return False
 
 
-def describe_api_error(error: openai.OpenAIError) -> str:
-    """A short, secret-free description: HTTP status, error code, the provider's message."""
+def describe_api_error(error: openai.OpenAIError, with_message: bool = True) -> str:
+    """A short, secret-free description: HTTP status, error code, and (``with_message``) the
+    provider's message."""
     parts: list[str] = []
     if isinstance(error, openai.APIStatusError):
         parts.append(f"HTTP {error.status_code}")
     code = getattr(error, "code", None)
     if code:
         parts.append(str(code))
-    detail = provider_message(error)
+    detail = provider_message(error) if with_message else ""
     description = " ".join(parts)
     if detail:
         description = f"{description}: {detail}" if description else detail
@@ -457,6 +475,7 @@ class ChatCompletionsSummarizer:
             first.input_tokens + retry.input_tokens,
             first.output_tokens + retry.output_tokens,
             self.name,
+            calls=2,
         )
 
     def _call(self, conversation: list[dict[str, str]]) -> Draft:

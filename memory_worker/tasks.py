@@ -62,7 +62,9 @@ def _queue_again(
         )
 
 
-@shared_task(name="chatmem.sweep", queue="memory", base=WorkerDeadlinesTask)
+# Its own queue (settings.MEMORY_SWEEP_QUEUE), consumed by every worker of the memory queue: on
+# the memory queue, behind a backlog longer than one interval, every sweep expired unrun.
+@shared_task(name="chatmem.sweep", queue=settings.MEMORY_SWEEP_QUEUE, base=WorkerDeadlinesTask)
 def sweep() -> int:
     now = timezone.now()
     consolidation.abandon_stale_runs(now)
