@@ -38,6 +38,7 @@ from conversations.model_http import (
 )
 from memory_worker.summarizers import (
     OFFLINE_MODEL_MARKER,
+    REFUSED_REQUEST_STATUSES,
     SECRET_PATTERN,
     chat_completion_json,
     stream_chat_completion,
@@ -351,8 +352,7 @@ def connection_error(mid_stream: bool = False) -> ModelError:
 # The provider refused the request itself: sending it again unchanged cannot help (the OpenAI SDKs
 # retry a 502 twice unless told not to). 408, 409, 429 and 5xx are transient; 401 and 403 are the
 # operator's key, not the request, and their text stays in the log.
-REFUSED_REQUEST = frozenset({400, 404, 413, 422})
-NOT_RETRYABLE = REFUSED_REQUEST | {401, 403}
+NOT_RETRYABLE = REFUSED_REQUEST_STATUSES | {401, 403}
 MAX_PROVIDER_MESSAGE_CHARS = 300
 
 
@@ -361,7 +361,8 @@ def status_error(status: int, code: object, provider_message: object = None) -> 
     if status == 408:
         return ModelError(f"The model endpoint timed out (HTTP 408{detail}).", UPSTREAM_TIMEOUT)
     said = ""
-    if status in REFUSED_REQUEST and isinstance(provider_message, str) and provider_message:
+    refused = status in REFUSED_REQUEST_STATUSES
+    if refused and isinstance(provider_message, str) and provider_message:
         text = storable(SECRET_PATTERN.sub("[redacted]", provider_message))
         said = f" It said: {text[:MAX_PROVIDER_MESSAGE_CHARS]}"
     return ModelError(

@@ -20,6 +20,7 @@ chatmem_project/celery.py)."""
 
 from __future__ import annotations
 
+import hmac
 import logging
 import math
 import os
@@ -290,7 +291,9 @@ def registry() -> CollectorRegistry:
 
 def metrics_view(request: HttpRequest) -> HttpResponse:
     token = settings.METRICS_TOKEN
-    if token and request.headers.get("Authorization") != f"Bearer {token}":
+    # compare_digest: a plain != answers sooner the earlier a guess goes wrong.
+    sent = request.headers.get("Authorization", "")
+    if token and not hmac.compare_digest(sent.encode(), f"Bearer {token}".encode()):
         return HttpResponse("metrics need Authorization: Bearer <METRICS_TOKEN>\n", status=401)
     body = generate_latest(registry())
     try:

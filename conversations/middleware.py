@@ -2,6 +2,7 @@
 before anything reads it (Django's own limit would answer a bare 400). The health probes and
 Prometheus' scrape. Static files."""
 
+import json
 import os
 from collections.abc import Callable
 from typing import Any
@@ -12,6 +13,13 @@ from whitenoise.middleware import WhiteNoiseMiddleware
 
 from conversations.health import healthz, readyz
 from conversations.metrics import metrics_view
+
+
+def too_large_body(length: int, limit: int) -> dict[str, str]:
+    return {
+        "detail": f"The request body is {length} bytes; the limit is {limit} bytes.",
+        "code": "request_too_large",
+    }
 
 
 class BodySizeLimitMiddleware:
@@ -25,14 +33,68 @@ class BodySizeLimitMiddleware:
         except ValueError:
             length = 0
         if length > limit:
-            return JsonResponse(
-                {
-                    "detail": f"The request body is {length} bytes; the limit is {limit} bytes.",
-                    "code": "request_too_large",
-                },
-                status=413,
-            )
+            return JsonResponse(too_large_body(length, limit), status=413)
         return self.get_response(request)
+
+
+class _BodyOverLimit(Exception):
+    pass
+
+
+class AsgiBodySizeLimit:
+    """The body limit for ASGI servers (uvicorn), where the middleware above comes too late:
+    Django's ASGIHandler reads a whole body, into memory and then a temporary file, before any
+    middleware runs, so a client with no token could send gigabytes (a chunked body has no
+    Content-Length to refuse it by) and only then get its 401 or 413. Here a declared length
+    over the limit is refused before anything is read, and a body is counted as it arrives and
+    refused once it passes the limit. Under WSGI Django reads only Content-Length bytes, and
+    only when asked: the middleware is enough there."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        limit = settings.CHATMEM_MAX_BODY_BYTES
+        declared = declared_length(scope)
+        if declared > limit:
+            await send_too_large(send, declared, limit)
+            return
+        received = 0
+
+        async def counted() -> dict[str, Any]:
+            nonlocal received
+            message: dict[str, Any] = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > limit:
+                    raise _BodyOverLimit
+            return message
+
+        try:
+            await self.app(scope, counted, send)
+        except _BodyOverLimit:
+            # Raised while Django read the body: no response has started yet.
+            await send_too_large(send, received, limit)
+
+
+def declared_length(scope: dict[str, Any]) -> int:
+    for name, value in scope.get("headers", []):
+        if name == b"content-length":
+            try:
+                return int(value)
+            except ValueError:
+                return 0
+    return 0
+
+
+async def send_too_large(send: Any, length: int, limit: int) -> None:
+    body = json.dumps(too_large_body(length, limit)).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": 413, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
 
 
 PROBES: dict[str, Callable[[HttpRequest], HttpResponse]] = {

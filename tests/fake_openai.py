@@ -70,6 +70,13 @@ HTTP_FAULTS: dict[str, tuple[int, str, str | None, str]] = {
     ),
     "500": (500, "server_error", None, "The server had an error processing your request (fake)."),
     "400": (400, "invalid_request_error", None, "Invalid request (fake)."),
+    # As OpenAI words it, echoing the key it was sent (masked).
+    "401": (
+        401,
+        "invalid_request_error",
+        "invalid_api_key",
+        "Incorrect API key provided: sk-test-****1234 (fake).",
+    ),
 }
 # Faults that change a normal answer rather than replacing it.
 ANSWER_FAULTS = ("timeout", "truncated", "empty", "refusal", "stream_cut")
