@@ -63,6 +63,11 @@ def _no_background_dispatch(settings) -> None:  # type: ignore[no-untyped-def]
     settings.TURN_RATE_LIMIT = ""
     settings.CHAT_BACKEND = "offline"
     settings.MEMORY_SUMMARIZER_BACKEND = "offline"
+    # memory_worker.runtime._lock is lru_cached: one LocalChatLock would otherwise outlive the
+    # test, and a test that failed mid-run would leave a held lock or a pending flag behind.
+    from memory_worker.runtime import _lock
+
+    _lock.cache_clear()
 
 
 @pytest.fixture

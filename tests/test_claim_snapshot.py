@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 from django.conf import settings
-from django.db import connection, connections, transaction
+from django.db import connections, transaction
 from django.utils import timezone
 
 from conversations.models import Chat, Message, Role
@@ -20,9 +20,9 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 @pytest.fixture(autouse=True)
-def postgresql_only() -> None:
-    if connection.vendor != "postgresql":
-        pytest.skip("the claim reads the snapshot in its statement on PostgreSQL only")
+def postgresql_only(require_postgres: None) -> None:
+    """The claim reads the snapshot in its statement on PostgreSQL only: a loud skip elsewhere,
+    a failure under CI=true (conftest's require_postgres)."""
 
 
 def as_values(snapshot: MemorySnapshot) -> dict[str, Any]:

@@ -11,6 +11,7 @@ from django.utils import timezone
 from conversations.models import Brief, Chat, Consolidation, Message
 from memory_worker import consolidation
 from memory_worker.state import load_snapshot
+from tests.conftest import require
 
 pytestmark = pytest.mark.django_db
 
@@ -475,7 +476,7 @@ def test_both_commit_paths_write_the_same(api, monkeypatch) -> None:  # type: ig
     from django.db import connection
 
     if connection.vendor != "postgresql":
-        pytest.skip("one statement is PostgreSQL's")
+        require("PostgreSQL", "one statement is PostgreSQL's")
     one_statement = consolidation.commit_in_one_statement
     in_transaction = consolidation.commit_in_transaction
     brief, ledger = fold_twice_with(api, one_statement, monkeypatch)

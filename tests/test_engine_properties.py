@@ -7,6 +7,7 @@ within the policy's bound."""
 import os
 from datetime import UTC, datetime, timedelta
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
@@ -17,10 +18,13 @@ from memory_worker.policy import (
     Decision,
     Msg,
     Policy,
+    PreTurn,
     after_boundaries,
     decide,
     decide_before_turn,
+    history_tokens,
     prompt_tokens,
+    token_budget_exceeded,
 )
 from memory_worker.presets import PRESETS, resolve_policy
 
@@ -63,6 +67,69 @@ def history_within_bound(state: ChatState, policy: Policy, new_tokens: int) -> b
     if policy.max_memory_tokens is not None and history > policy.max_memory_tokens:
         return False
     return prompt_tokens(state, new_tokens) <= PROMPT_WINDOW_SHARE * state.model_context_tokens
+
+
+def all_folded(state: ChatState, policy: Policy) -> ChatState:
+    """The smallest context a turn can get: every stored message folded (a new user message
+    opens a turn, so all of them are foldable) and the summary at its cap, as the engine plans."""
+    return ChatState(
+        last_consolidated=state.last_seq,
+        last_seq=state.last_seq,
+        unfolded=(),
+        summary_tokens=max(state.summary_tokens, policy.summary_token_cap),
+        system_tokens=state.system_tokens,
+        turns_mark=state.turns_mark,
+        last_consolidated_at=state.last_consolidated_at,
+        model_context_tokens=state.model_context_tokens,
+    )
+
+
+def pending_backlog(messages: list[Msg], w: int, policy: Policy) -> int:
+    """compress_end - W by its definition (policy.py), recounted here: the last turn boundary
+    after W that keeps ``tail_messages`` messages and at least ``max(tail_turns, 1)`` turns."""
+    last_seq = len(messages)
+    min_turns = max(policy.tail_turns, 1)
+    users_after = 0
+    end = w
+    for message in reversed(messages[w:]):
+        if message.role != "user":
+            continue
+        users_after += 1
+        boundary = message.seq - 1
+        if last_seq - boundary >= policy.tail_messages and users_after >= min_turns:
+            end = boundary
+            break
+    return end - w
+
+
+def triggers_holding(
+    state: ChatState, messages: list[Msg], policy: Policy, now: datetime
+) -> list[str]:
+    """The background triggers (policy.py's definitions) whose condition holds with something
+    to fold: each would make decide() return a fold. Every trigger but the token budget folds up
+    to compress_end, a range once the backlog is positive (max_fold_turns >= 1 always allows
+    the oldest turn: W is a turn boundary). The token budget folds toward its low-water target,
+    which the whole unfolded history is over whenever the budget is exceeded in these policies
+    and windows, and a positive backlog means two unfolded turns: a range too."""
+    pending = pending_backlog(messages, state.last_consolidated, policy)
+    if pending <= 0:
+        return []
+    last_at = state.last_consolidated_at
+    checks = {
+        "token_budget": token_budget_exceeded(state, policy),
+        "overflow": policy.overflow_buffer is not None
+        and len(state.unfolded) > policy.tail_messages + policy.overflow_buffer,
+        "hard_limit": policy.hard_limit is not None and pending >= policy.hard_limit,
+        "window": policy.window is not None and pending >= policy.window,
+        "safety": policy.safety_user_turns is not None
+        and sum(1 for m in state.unfolded if m.role == "user" and m.seq > state.turns_mark)
+        >= policy.safety_user_turns,
+        "chunk_size": policy.chunk_threshold is not None
+        and history_tokens(state) > policy.chunk_threshold,
+        "cooldown": policy.cooldown_seconds is not None
+        and (last_at is None or (now - last_at).total_seconds() >= policy.cooldown_seconds),
+    }
+    return [trigger for trigger, holds in checks.items() if holds]
 
 
 class Conversation(RuleBasedStateMachine):
@@ -131,9 +198,17 @@ class Conversation(RuleBasedStateMachine):
         unanswered: bool,
         fold_fails: bool,
     ) -> None:
-        pre = decide_before_turn(self.state(), self.policy, user_tokens)
+        state = self.state()
+        pre = decide_before_turn(state, self.policy, user_tokens)
         if not pre.fits:
-            return  # refused with a 503: nothing stored, nothing dropped
+            # Refused with a 503 (nothing stored, nothing dropped): only when even folding
+            # everything foldable, the summary at its cap, leaves no room for the new message.
+            # A machine that refuses every turn fails here on its first one.
+            assert not history_within_bound(state, self.policy, user_tokens), "refused, fits"
+            assert not history_within_bound(
+                all_folded(state, self.policy), self.policy, user_tokens
+            ), "refused a turn that fits once everything is folded"
+            return
         if pre.fold is not None:
             self.check_fold(pre.fold, pre_turn=True)
             if fold_fails:
@@ -153,8 +228,11 @@ class Conversation(RuleBasedStateMachine):
 
     @rule(fails=st.booleans())
     def background(self, fails: bool) -> None:
-        decision = decide(self.state(), self.policy, self.now)
+        state = self.state()
+        decision = decide(state, self.policy, self.now)
         if decision is None:
+            holding = triggers_holding(state, self.messages, self.policy, self.now)
+            assert not holding, f"no fold, yet {holding} hold(s) with a backlog"
             return
         self.check_fold(decision, pre_turn=False)
         if not fails:
@@ -185,6 +263,23 @@ class Conversation(RuleBasedStateMachine):
         assert 0 <= self.w <= len(self.messages)
         if 0 < self.w < len(self.messages):
             assert self.messages[self.w].role == "user"
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_a_small_first_turn_is_accepted_as_it_is(name: str) -> None:
+    """An engine that refuses turns is no safer: a new chat's short first message fits every
+    preset, with nothing to fold."""
+    empty = ChatState(
+        last_consolidated=0,
+        last_seq=0,
+        unfolded=(),
+        summary_tokens=0,
+        system_tokens=30,
+        turns_mark=0,
+        last_consolidated_at=None,
+        model_context_tokens=4_000,
+    )
+    assert decide_before_turn(empty, PRESETS[name], 10) == PreTurn(None, True)
 
 
 Conversation.TestCase.settings = settings(

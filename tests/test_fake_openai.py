@@ -210,7 +210,9 @@ def test_content_parts_are_read_for_classification(
 
 
 def test_summarize_latency_only_slows_summaries(server: FakeOpenAI, client: openai.OpenAI) -> None:
-    server.summarize_latency = 0.3
+    # The chat request is bounded at half the summaries' latency: a round trip that also slept
+    # the summarize latency could not pass, however slow the machine is otherwise.
+    server.summarize_latency = 1.0
 
     started = time.monotonic()
     ask(client)
@@ -218,7 +220,7 @@ def test_summarize_latency_only_slows_summaries(server: FakeOpenAI, client: open
     summarize(client)
     summarize_seconds = time.monotonic() - started - chat_seconds
 
-    assert chat_seconds < 0.2 <= 0.3 <= summarize_seconds
+    assert chat_seconds < 0.5 <= 1.0 <= summarize_seconds
 
 
 def test_summary_respects_the_word_cap(server: FakeOpenAI, client: openai.OpenAI) -> None:
@@ -444,14 +446,12 @@ def test_auth_rejects_a_wrong_key() -> None:
 def test_serves_300_concurrent_requests_with_latency() -> None:
     with FakeOpenAI(latency=0.5) as fake:
         fake_client = make_client(fake, timeout=30)
-        started = time.monotonic()
         with ThreadPoolExecutor(max_workers=300) as pool:
             replies = list(pool.map(lambda i: ask(fake_client, f"q{i}"), range(300)))
-        elapsed = time.monotonic() - started
 
         assert all(r.choices[0].message.content for r in replies)
-        assert elapsed < 15  # serially this would take 150 s
         assert fake.counters()["chat"] == 300
+        # Concurrency itself, not a wall-clock bound: 100 requests were in their latency at once.
         assert fake.counters()["max_in_flight"] >= 100
 
 

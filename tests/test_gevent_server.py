@@ -98,7 +98,11 @@ def gevent_url(require_postgres: None, fake_openai: FakeOpenAI) -> Iterator[tupl
         yield "127.0.0.1", port
     finally:
         server.terminate()
-        server.wait(DEADLINE)
+        try:
+            server.wait(DEADLINE)
+        except subprocess.TimeoutExpired:
+            server.kill()  # never leave a server running behind a failed shutdown
+            server.wait(DEADLINE)
 
 
 @pytest.fixture
@@ -219,6 +223,7 @@ def test_a_gevent_server_without_a_pool_refuses_to_start(
         output, _ = server.communicate(timeout=DEADLINE)
     finally:
         server.kill()
+        server.wait(DEADLINE)  # reaped, also after a timeout above
     assert server.returncode != 0
     assert "chatmem.E005" in output
     assert "Worker failed to boot" in output

@@ -270,8 +270,19 @@ def test_a_cooldown_counts_from_the_last_fold() -> None:
             AIMessage(f"[a{number}]", id=f"a{number}"),
         ]
         context = node.invoke({"messages": messages, "context": context})["context"]
-    # The first fold (the cooldown has no start yet); then the window of 12, every 6 turns.
-    assert 1 <= len(summarizer.prompts) <= 3, len(summarizer.prompts)
+    # tail_messages 4 keeps the newest two turns, so the backlog after turn n is turns
+    # 1..n-2. Turn 3: the first fold, of turn 1 (the cooldown has no start yet). Then the clock
+    # stands still (no cooldown) and the window of 12 messages is reached at turn 9: turns 2-7.
+    # The next would be due at turn 15.
+    assert len(summarizer.prompts) == 2, len(summarizer.prompts)
+    folded_per_prompt = [
+        [n for n in range(1, 13) if f"[u{n}]" in str(prompt[-1].content)]
+        for prompt in summarizer.prompts
+    ]
+    assert folded_per_prompt == [[1], [2, 3, 4, 5, 6, 7]]
+    running = context["running_summary"]
+    assert running.last_summarized_message_id == "a7"
+    assert running.summarized_message_ids == {f"{r}{n}" for r in "ua" for n in range(1, 8)}
 
 
 def test_messages_without_ids_are_refused_clearly() -> None:

@@ -6,10 +6,12 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
+from conversations import llm
 from conversations.llm import (
     ChatCompletion,
     ModelError,
@@ -150,13 +152,16 @@ def test_error_message_for_the_client_carries_no_secret(server: ScriptedServer) 
 
 
 def test_a_timeout_is_a_504(server: ScriptedServer) -> None:
-    server.script(Reply(delay=1.0, body=chat_reply("late").body))
+    # The server would answer after 10 s (its daemon handler thread never holds up shutdown):
+    # a call that waited for the answer could not pass the bound below, however slow the machine.
+    server.script(Reply(delay=10.0, body=chat_reply("late").body))
     started = time.monotonic()
     with pytest.raises(ModelError) as caught:
         openai_model(server, timeout=0.3).complete(MESSAGES, "m")
     assert caught.value.status == 504
     assert "0.3 seconds" in str(caught.value)
-    assert time.monotonic() - started < 1.0
+    assert time.monotonic() - started < 5.0
+    assert len(server.requests) == 1  # no hidden retry
 
 
 # A context with everything a turn can carry: a tool offered, a tool call and its result.
@@ -307,12 +312,35 @@ def test_an_empty_stream_is_a_502(server: ScriptedServer) -> None:
     assert caught.value.status == 502
 
 
-def test_closing_a_stream_early_is_safe(server: ScriptedServer) -> None:
+@pytest.mark.parametrize("deltas_read", [0, 1])
+def test_closing_a_stream_early_releases_the_connection_once(
+    server: ScriptedServer, monkeypatch: pytest.MonkeyPatch, deltas_read: int
+) -> None:
+    """close() releases the upstream response exactly once, also for a stream never iterated
+    (its generator's own cleanup never runs). The release the model hands the stream is wrapped
+    to record its calls; the generator's own close of the response is not counted."""
+    released: list[object] = []
+
+    class RecordingStream(llm.CompletionStream):
+        def __init__(self, deltas: Any, release: Callable[[], object] | None = None) -> None:
+            assert release is not None, "the model handed the stream no release"
+
+            def recording_release() -> object:
+                released.append(release)
+                return release()
+
+            super().__init__(deltas, release=recording_release)
+
+    monkeypatch.setattr(llm, "CompletionStream", RecordingStream)
     server.script(Reply(events=HELLO_EVENTS))
     stream = openai_model(server).stream(MESSAGES, "m")
+    assert [next(stream) for _ in range(deltas_read)] == ["Hel"][:deltas_read]
+    assert released == []
     stream.close()
+    assert len(released) == 1
     with pytest.raises(StopIteration):
         next(stream)
+    assert len(released) == 1
 
 
 # ---------------------------------------------------------------------------------------------

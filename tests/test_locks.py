@@ -2,20 +2,42 @@
 release-or-rerun are atomic, so a trigger during a run yields exactly one rerun."""
 
 import threading
+import time
 
 import pytest
 
 from memory_worker.locks import LocalChatLock, RedisChatLock, Release
+from tests.workers import wait_until
 
 
 @pytest.fixture(params=["redis", "local"])
-def lock(request):  # type: ignore[no-untyped-def]
+def make_lock(request):  # type: ignore[no-untyped-def]
+    """A factory of locks of one kind with a given TTL."""
     if request.param == "local":
-        return LocalChatLock(ttl_seconds=30)
+        return lambda ttl_seconds: LocalChatLock(ttl_seconds=ttl_seconds)
     import redis
 
-    url = request.getfixturevalue("clean_redis")
-    return RedisChatLock(redis.Redis.from_url(url), ttl_seconds=30)
+    client = redis.Redis.from_url(request.getfixturevalue("clean_redis"))
+    return lambda ttl_seconds: RedisChatLock(client, ttl_seconds=ttl_seconds)
+
+
+@pytest.fixture
+def lock(make_lock):  # type: ignore[no-untyped-def]
+    return make_lock(30)
+
+
+def test_a_lock_past_its_ttl_goes_to_the_next_trigger(make_lock) -> None:  # type: ignore[no-untyped-def]
+    """A holder that stops (a killed or paused worker) keeps the chat only for the TTL: then the
+    next trigger takes the lock, and the old holder's release finds it lost."""
+    ttl = 0.2
+    lock = make_lock(ttl)
+    acquired_at = time.monotonic()
+    assert lock.acquire_or_mark_pending(6, "a")
+    assert wait_until(lambda: lock.acquire_or_mark_pending(6, "b"), timeout=10, interval=0.02)
+    assert time.monotonic() - acquired_at >= ttl * 0.9  # not before the TTL ran out
+    assert lock.release_or_rerun(6, "a") is Release.LOST
+    assert not lock.release(6, "a")
+    assert lock.release_or_rerun(6, "b") is Release.RELEASED  # b's acquire cleared the pending
 
 
 def test_second_acquire_marks_pending_and_release_reruns_once(lock) -> None:  # type: ignore[no-untyped-def]

@@ -7,6 +7,7 @@ from django.test.utils import CaptureQueriesContext
 
 from conversations.models import Brief, Message
 from memory_worker.consolidation import consolidate_once
+from tests.conftest import require
 
 pytestmark = pytest.mark.django_db
 
@@ -72,7 +73,7 @@ def test_a_turn_makes_four_queries_on_postgresql(api) -> None:  # type: ignore[n
     the append (seqs, both messages and the slot's release in one statement). SQLite reads the
     brief and the tail apart and appends in a transaction."""
     if connection.vendor != "postgresql":
-        pytest.skip("the one-statement append is PostgreSQL's")
+        require("PostgreSQL", "the one-statement append is PostgreSQL's")
     chat_id = api.post("/api/v1/chats/", {}, format="json").json()["id"]
     with CaptureQueriesContext(connection) as captured:
         response = api.post(f"/api/v1/chats/{chat_id}/turns/", {"content": "hi"}, format="json")
@@ -86,7 +87,7 @@ def test_a_fold_makes_three_queries_on_postgresql(api) -> None:  # type: ignore[
     and the commit (the brief's conditional UPDATE and the ledger's outcome in one statement).
     SQLite reads the chat, the brief and the tail apart and commits in a transaction."""
     if connection.vendor != "postgresql":
-        pytest.skip("the one-statement reads and commit are PostgreSQL's")
+        require("PostgreSQL", "the one-statement reads and commit are PostgreSQL's")
     chat_id = api.post("/api/v1/chats/", {}, format="json").json()["id"]
     for _ in range(26):  # sliding-window: a 12-message backlog beyond the 40-message tail
         api.post(f"/api/v1/chats/{chat_id}/turns/", {"content": "more"}, format="json")

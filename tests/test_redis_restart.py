@@ -143,8 +143,15 @@ def test_redis_crash_and_restart_during_50_chats_x_40_turns(
         for worker in workers:
             worker.stop()
     # While Redis was down, turns that made a fold due failed to queue it, fast, and said so.
-    assert failed_enqueues(caplog) > 0
-    assert max(down_latencies) < 2.5, max(down_latencies)
+    # Fast: no turn waits on the broker's connect timeout (or a retry). About half the turns
+    # while it is down try to enqueue (each failure is logged), so a turn path that waited would
+    # put hundreds of turns over it; a stray scheduling stall on a busy machine is one turn, not
+    # 1 % of them. The allowance stays far below the failed enqueues, or the check proves nothing.
+    connect_timeout = settings.CELERY_BROKER_TRANSPORT_OPTIONS["socket_connect_timeout"]
+    slow_turns = sorted(latency for latency in down_latencies if latency >= connect_timeout)
+    allowed_slow = len(down_latencies) // 100
+    assert failed_enqueues(caplog) > 10 * allowed_slow, failed_enqueues(caplog)
+    assert len(slow_turns) <= allowed_slow, (len(down_latencies), slow_turns)
     # The workers, not the turns' synchronous folds, folded the stranded chats after the restart.
     assert set(
         Consolidation.objects.filter(
@@ -160,7 +167,8 @@ def test_redis_crash_and_restart_during_50_chats_x_40_turns(
     assert sum(acknowledged.values()) == CHATS * TURNS
     print(
         f"\n{CHATS}x{TURNS} turns in {turns_seconds:.1f} s, {len(stranded)} chats stranded "
-        f"(max turn latency while Redis was down {max(down_latencies) * 1000:.0f} ms), "
+        f"(turn latency while Redis was down: max {max(down_latencies) * 1000:.0f} ms, "
+        f"{len(slow_turns)} of {len(down_latencies)} over {connect_timeout} s), "
         f"converged {converge_seconds:.1f} s after the last turn"
     )
 

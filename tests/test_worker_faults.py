@@ -5,11 +5,13 @@ import signal
 import time
 
 import pytest
+import redis
 
 from conversations.models import Brief, Consolidation
 from memory_worker import tasks
 from memory_worker.dispatch import request_consolidation
 from memory_worker.invariants import chat_violations
+from memory_worker.locks import RedisChatLock
 from tests.conftest import client_for, contract_chat_after_turns
 from tests.workers import FAST_DEADLINES, Worker, point_celery_at, wait_until
 
@@ -199,10 +201,19 @@ def test_paused_worker_past_its_lock_writes_nothing(
         assert request_consolidation(chat_id, "turn")
         assert wait_until(lambda: use_fake_openai.counters()["in_flight"] == 1, timeout=30)
         sleeper.signal(signal.SIGSTOP)
+        # The paused worker holds the chat's lock (8 s TTL) in the test's Redis db.
+        test_redis, lock_key = redis.Redis.from_url(broker), RedisChatLock.key(chat_id)
+        sleepers_token = test_redis.get(lock_key)
+        assert sleepers_token is not None, "the paused worker holds no lock"
         use_fake_openai.summarize_latency = 0.0
         other = Worker(broker, "other", env=model_env(use_fake_openai))
         other.wait_ready()
-        time.sleep(8.5)  # the paused worker's lock TTL runs out: nothing to poll for here
+        # Until the paused worker's lock TTL runs out: its token leaves the key.
+        assert wait_until(
+            lambda: test_redis.get(lock_key) != sleepers_token,
+            timeout=30,
+            interval=0.1,
+        ), "the paused worker's lock never expired"
 
         def folded_by_other() -> bool:
             request_consolidation(chat_id, "turn")
