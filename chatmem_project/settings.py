@@ -174,7 +174,10 @@ AUTH_PASSWORD_VALIDATORS = [
 ]
 
 LANGUAGE_CODE = "en-us"
-TIME_ZONE = "UTC"
+# The day a daily note is filed under (memory_worker.daily_notes) and the admin's times. Stored
+# times are UTC whatever it is (USE_TZ). Set it before the first chat: changing it later files
+# later messages by the new zone's days.
+TIME_ZONE = env_text("TIME_ZONE", "UTC")
 USE_I18N = True
 USE_TZ = True
 STATIC_URL = "static/"

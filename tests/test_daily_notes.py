@@ -227,3 +227,41 @@ def test_a_hook_the_broker_refused_is_replayed_by_the_sweep_once(
     # Each ledger row is looked at once: later sweeps queue nothing more.
     assert hooks.replay_missed_daily_notes(later + timedelta(minutes=5)) == 0
     assert queued == []
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("zone", "day"), [("UTC", date(2026, 11, 25)), ("America/Los_Angeles", date(2026, 11, 24))]
+)
+def test_a_note_is_filed_under_the_operators_days(
+    api: Any, settings: Any, zone: str, day: date
+) -> None:
+    """TIME_ZONE was fixed at UTC: a user eight hours west had their evening filed under the
+    next day's note."""
+    from datetime import UTC, datetime
+
+    settings.TIME_ZONE = zone
+    chat_id = new_chat(api)
+    evening = message(1, FACT)
+    evening.created_at = datetime(2026, 11, 25, 3, 0, tzinfo=UTC)  # 19:00 the day before in LA
+    daily_notes.extract_daily_notes(chat_id, [evening], version=1)
+    assert list(DailyNote.objects.filter(chat_id=chat_id).values_list("day", flat=True)) == [day]
+
+
+def test_the_zone_is_the_operators_setting() -> None:
+    import os
+    import subprocess
+    import sys
+
+    script = (
+        "import django; django.setup(); from django.conf import settings; print(settings.TIME_ZONE)"
+    )
+    environment = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "chatmem_project.settings",
+        "TIME_ZONE": "America/Los_Angeles",
+    }
+    shown = subprocess.run(
+        [sys.executable, "-c", script], env=environment, capture_output=True, text=True, check=True
+    )
+    assert shown.stdout.strip() == "America/Los_Angeles"
