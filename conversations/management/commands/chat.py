@@ -4,10 +4,12 @@
 
 Each line you type is a turn (the same service the API's turn endpoint calls). Commands:
 ``/brief`` (the memory summary and watermark), ``/context`` (exactly what the model receives
-next), ``/help``, ``/quit`` (or end of input)."""
+next), ``/help``, ``/quit`` (or end of input, or Ctrl-C: each ends the session with status 0, or
+1 when every turn of the session failed)."""
 
 from __future__ import annotations
 
+import io
 import json
 import sys
 from argparse import ArgumentParser
@@ -16,8 +18,11 @@ from typing import Any, TextIO
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
+from django.db import transaction
 
+from conversations.api.parsers import unstorable
 from conversations.llm import ModelError
+from conversations.management.usernames import find_user
 from conversations.models import Chat
 from conversations.services import chats as chat_service
 from conversations.services import turns as turn_service
@@ -37,24 +42,50 @@ class Command(BaseCommand):
         parser.add_argument("--user", default="cli", help="owner (created if missing)")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        user, _ = get_user_model().objects.get_or_create(username=options["user"])
-        chat = self.open_chat(user, options["chat"], options["policy"])
+        chat = self.open_chat(options["user"], options["chat"], options["policy"])
         self.stdout.write(f"chat {chat.pk} (policy {chat.policy}). {HELP}")
         self.failed_turns = self.stored_turns = 0
-        self.loop(chat, options.get("stdin") or sys.stdin)
+        stdin = options.get("stdin") or sys.stdin
+        # Under a UTF-8 locale, a byte that is not UTF-8 raised UnicodeDecodeError at the prompt
+        # and lost the rest of the input; escaped (a lone surrogate), turn() refuses its line.
+        reset = stdin if stdin is sys.stdin and isinstance(stdin, io.TextIOWrapper) else None
+        if reset is not None and reset.errors == "strict":
+            reset.reconfigure(errors="surrogateescape")
+        else:
+            reset = None
+        try:
+            self.loop(chat, stdin)
+        except KeyboardInterrupt:  # Ctrl-C, at the prompt or during a turn: as /quit
+            self.stdout.write("")
+        finally:
+            if reset is not None:
+                reset.reconfigure(errors="strict")
         if self.failed_turns and not self.stored_turns:
             # Piped input whose every turn failed is a failed run, for scripts.
             raise CommandError(f"{self.failed_turns} turn(s) failed and none was stored")
 
-    def open_chat(self, user: Any, chat_id: int | None, policy: str | None) -> Chat:
+    def open_chat(self, username: str, chat_id: int | None, policy: str | None) -> Chat:
+        """The chat to talk in; the user is created (when missing) only with a new chat, and not
+        when the new chat is refused."""
+        if chat_id is not None and policy is not None:
+            raise CommandError(
+                "--policy applies to a new chat only (a chat's policy is changed in the API "
+                "or the admin); drop --policy or --chat"
+            )
+        user = find_user(username)  # CommandError for a name the user model would refuse
         if chat_id is not None:
-            chat = Chat.objects.filter(pk=chat_id, owner=user).first()
+            chat = None if user is None else Chat.objects.filter(pk=chat_id, owner=user).first()
             if chat is None:
-                raise CommandError(f"chat {chat_id} not found for user {user.username}")
+                raise CommandError(f"chat {chat_id} not found for user {username}")
             return chat
+        user_model = get_user_model()
         try:
-            return chat_service.create_chat(user, title="terminal", policy=policy)
-        except PolicyError as error:
+            with transaction.atomic():
+                if user is None:
+                    lookup: dict[str, Any] = {user_model.USERNAME_FIELD: username}
+                    user, _ = user_model._default_manager.get_or_create(**lookup)
+                return chat_service.create_chat(user, title="terminal", policy=policy)
+        except (PolicyError, UnknownVariant) as error:
             raise CommandError(str(error)) from error
 
     def loop(self, chat: Chat, stdin: TextIO) -> None:
@@ -83,10 +114,18 @@ class Command(BaseCommand):
             self.turn(chat, line)
 
     def turn(self, chat: Chat, content: str) -> None:
+        # What the API refuses with a 400 (its parser and serializer are not on this path):
+        # otherwise a NUL or an unpaired surrogate failed to be stored, after the model call.
+        problem = unstorable(content)
+        if problem is not None:
+            undecoded = next((char for char in content if "\udc80" <= char <= "\udcff"), None)
+            if undecoded is not None and "\x00" not in content:  # surrogateescape's, see handle
+                problem = f"the byte 0x{ord(undecoded) - 0xDC00:02X}, which is not UTF-8"
+            self.refuse(f"the message contains {problem}")
+            return
         limit = settings.CHATMEM_MAX_MESSAGE_CHARS
-        if len(content) > limit:  # the API's limit (the serializer is not on this path)
-            self.stderr.write(f"error: a message holds at most {limit} characters (nothing stored)")
-            self.failed_turns += 1
+        if len(content) > limit:
+            self.refuse(f"a message holds at most {limit} characters")
             return
         try:
             result = turn_service.run_turn(chat, content)
@@ -97,13 +136,16 @@ class Command(BaseCommand):
             UnknownVariant,  # the chat's model_variant was removed from MODEL_VARIANTS
             Chat.DoesNotExist,  # the chat was deleted meanwhile
         ) as error:
-            self.stderr.write(f"error: {error or type(error).__name__} (nothing stored)")
-            self.failed_turns += 1
+            self.refuse(str(error) or type(error).__name__)
             return
         self.stored_turns += 1
         reply = result.assistant_message
         self.stdout.write(f"assistant> {reply.content}")
         self.stdout.write(f"  [seq {reply.seq}, {reply.token_count} tokens]")
+
+    def refuse(self, reason: str) -> None:
+        self.stderr.write(f"error: {reason} (nothing stored)")
+        self.failed_turns += 1
 
     def show_brief(self, chat: Chat) -> None:
         view = chat_service.memory_view(chat)

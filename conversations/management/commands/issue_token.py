@@ -7,6 +7,8 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 from rest_framework.authtoken.models import Token
 
+from conversations.management.usernames import find_user
+
 
 class Command(BaseCommand):
     help = "Print the API token of USERNAME (creating the token, and the user with --create-user)."
@@ -22,11 +24,11 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         user_model = get_user_model()
         username = options["username"]
-        user = user_model.objects.filter(username=username).first()
+        user = find_user(username)  # CommandError for a name the user model would refuse
         if user is None:
             if not options["create_user"]:
                 raise CommandError(f'No user "{username}"; pass --create-user to create it.')
-            user = user_model.objects.create_user(username=username)
+            user = user_model.objects.create_user(**{user_model.USERNAME_FIELD: username})
         if options["revoke"]:
             Token.objects.filter(user=user).delete()
             return
