@@ -16,7 +16,16 @@ first emits ``RemoveMessage(REMOVE_ALL_MESSAGES)`` so the folded messages leave 
 
 A state without a ``context`` key (LangGraph's ``MessagesState``) cannot keep it there: in
 equal-keys mode the node then takes the running summary back from its own summary message.
-Messages need ids (``add_messages`` gives them), except in equal-keys mode.
+Messages need ids (``add_messages`` gives them), except in equal-keys mode; ids must be unique.
+
+The node runs before the model call, and keeps the service's bound (DESIGN promise 2) the way a
+turn does (§3 step 4). Its "new messages" are what a turn would send: the newest human message
+(and anything after it), or, inside a tool loop, the tool results after the last assistant
+message. After the background folds, ``decide_before_turn`` checks the history with them; when it
+is over the policy's hard bound, the node folds synchronously at a turn boundary first (a human
+message opens a turn, so everything before it may be folded; tool results continue the newest
+turn, which is kept whole), and when even that cannot fit it raises ``ContextOverBound`` (the
+service's 503 ``context_over_bound``) rather than return a history over the bound.
 """
 
 from __future__ import annotations
@@ -40,7 +49,15 @@ from langchain_core.messages import (
 from langchain_core.runnables import RunnableLambda
 from langgraph.graph.message import REMOVE_ALL_MESSAGES
 
-from memory_worker.policy import ChatState, Decision, Msg, Policy, decide
+from memory_worker.policy import (
+    ROLE_OVERHEAD_TOKENS,
+    ChatState,
+    Decision,
+    Msg,
+    Policy,
+    decide,
+    decide_before_turn,
+)
 from memory_worker.presets import resolve_policy
 from memory_worker.summarizers import (
     FoldMessage,
@@ -52,10 +69,34 @@ from memory_worker.summarizers import (
 )
 from memory_worker.tokens import count_tokens
 
+__all__ = [
+    "MAX_FOLDS_PER_CALL",
+    "SUMMARY_MESSAGE_ID",
+    "SUMMARY_PREFIX",
+    "ContextOverBound",
+    "RunningSummary",
+    "SummarizationNode",
+    "already_folded",
+    "leading_system_messages",
+    "message_role",
+    "message_text",
+]
+
 SUMMARY_MESSAGE_ID = "chatmem-running-summary"
 SUMMARY_PREFIX = "Summary of the conversation so far:\n"
 MAX_FOLDS_PER_CALL = 10  # one fold per engine decision; a huge backlog converges over calls
 DEFAULT_CONTEXT_TOKENS = 128_000
+# Synchronous folds before the model call: the first one reaches the bound; another is needed
+# only when the new summary came out larger than the cap it was planned with.
+SYNC_FOLD_ATTEMPTS = 3
+
+
+class ContextOverBound(RuntimeError):
+    """The history the node would return is over the policy's hard bound, and folding every
+    message it may fold (everything before the turn in progress) would not bring it within: the
+    node's counterpart of the service's 503 ``context_over_bound``. Nothing was dropped, and the
+    running summary in the state is unchanged; a shorter message, a new turn, or a policy with a
+    larger bound is needed."""
 
 
 @dataclass
@@ -153,17 +194,33 @@ class SummarizationNode(RunnableLambda):  # type: ignore[type-arg]
         messages = [m for m in messages if m.id != SUMMARY_MESSAGE_ID]
         leading = leading_system_messages(messages)
         history = messages[len(leading) :]
-        self._require_ids(history)
+        self._require_ids(messages, history)
         folded = already_folded(history, running)
-        running = self._fold_due(history, folded, leading, running)
-        new_folded = already_folded(history, running)
-        output = self._output(leading, history[new_folded:], running)
+        tokens = [self.token_counter(message_text(m)) for m in history]
+        system_tokens = sum(self.token_counter(message_text(m)) for m in leading)
+        # Fail before any summarizer call when no fold could bring the history within the bound.
+        self._fold_to_bound(history, tokens, folded, system_tokens, running, fold=False)
+        running, folded = self._fold_due(history, tokens, folded, system_tokens, running)
+        running, folded = self._fold_to_bound(history, tokens, folded, system_tokens, running)
+        output = self._output(leading, history[folded:], running)
         context["running_summary"] = running
         return {self.output_messages_key: output, "context": context}
 
-    def _require_ids(self, history: Sequence[AnyMessage]) -> None:
+    def _require_ids(self, messages: Sequence[AnyMessage], history: Sequence[AnyMessage]) -> None:
         """Which messages the summary covers is known by id: without ids, every call would fold
-        the same messages again and show them beside their own summary."""
+        the same messages again and show them beside their own summary; with an id twice, the
+        summary's last message is ambiguous (messages would be folded twice and also shown
+        verbatim), and ``add_messages`` would merge the two."""
+        seen: set[str] = set()
+        for message in messages:
+            if not message.id:
+                continue
+            if message.id in seen:
+                raise ValueError(
+                    f"message id {message.id!r} appears more than once in "
+                    f"state[{self.input_messages_key!r}]; every message needs its own id"
+                )
+            seen.add(message.id)
         if self.input_messages_key == self.output_messages_key:
             return  # the folded messages leave the state: nothing to recognise
         if any(not m.id for m in history):
@@ -175,33 +232,81 @@ class SummarizationNode(RunnableLambda):  # type: ignore[type-arg]
     def _fold_due(
         self,
         history: Sequence[AnyMessage],
+        tokens: Sequence[int],
         folded: int,
-        leading: Sequence[AnyMessage],
+        system_tokens: int,
         running: RunningSummary | None,
-    ) -> RunningSummary | None:
-        tokens = [self.token_counter(message_text(m)) for m in history]
-        system_tokens = sum(self.token_counter(message_text(m)) for m in leading)
+    ) -> tuple[RunningSummary | None, int]:
+        """The background folds (the workers' ``decide``), at most MAX_FOLDS_PER_CALL."""
         for _ in range(MAX_FOLDS_PER_CALL):
-            summary = running.summary if running else ""
-            last_at = running.last_summarized_at if running else None
-            state = self._state(history, tokens, folded, summary, system_tokens, last_at)
+            state = self._state(history, tokens, folded, running, system_tokens)
             now = self.clock()
             decision = decide(state, self.policy, now)
             if decision is None:
-                return running
+                break
             running = self._fold(history, decision, running, now)
             folded = decision.to_seq
-        return running
+        return running, folded
+
+    def _fold_to_bound(
+        self,
+        history: Sequence[AnyMessage],
+        tokens: Sequence[int],
+        folded: int,
+        system_tokens: int,
+        running: RunningSummary | None,
+        *,
+        fold: bool = True,
+    ) -> tuple[RunningSummary | None, int]:
+        """DESIGN §3 step 4, as a turn does it: the history before the new messages, with them,
+        within the policy's hard bound, folding synchronously first when it is not (``fold``;
+        without it, only the check that some fold could); else ContextOverBound."""
+        start, opens_turn = new_messages_start(history, folded)
+        new = tokens[start:]
+        new_tokens = sum(new) + ROLE_OVERHEAD_TOKENS * (len(new) - 1) if new else 0
+        stored = history[:start]
+        for _ in range(SYNC_FOLD_ATTEMPTS):
+            state = self._state(stored, tokens, folded, running, system_tokens)
+            pre_turn = decide_before_turn(state, self.policy, new_tokens, opens_turn=opens_turn)
+            if not pre_turn.fits:
+                raise ContextOverBound(self._too_big(opens_turn))
+            if pre_turn.fold is None or not fold:
+                return running, folded
+            running = self._fold(history, pre_turn.fold, running, self.clock())
+            folded = pre_turn.fold.to_seq
+        raise ContextOverBound(
+            f"The history could not be brought within policy {self.policy.name!r}'s bound in "
+            f"{SYNC_FOLD_ATTEMPTS} synchronous folds (the summary stays over the cap it was "
+            "planned with)."
+        )
+
+    def _too_big(self, opens_turn: bool) -> str:
+        bound = (
+            f"policy {self.policy.name!r}: context_size={self.policy.context_size}, "
+            f"max_memory_tokens={self.policy.max_memory_tokens}, "
+            f"model_context_tokens={self.model_context_tokens}"
+        )
+        if opens_turn:
+            return (
+                f"The newest message does not fit the context bound ({bound}) even after folding "
+                "the whole history before it into the summary; send a shorter message."
+            )
+        return (
+            f"The turn in progress (a human message, tool calls and their results) does not fit "
+            f"the context bound ({bound}) even with everything before it folded, and a turn is "
+            "never split by a fold: start a new turn, or use a policy with a larger bound."
+        )
 
     def _state(
         self,
         history: Sequence[AnyMessage],
         tokens: Sequence[int],
         folded: int,
-        summary: str,
+        running: RunningSummary | None,
         system_tokens: int,
-        last_summarized_at: str | None,
     ) -> ChatState:
+        summary = running.summary if running else ""
+        last_summarized_at = running.last_summarized_at if running else None
         unfolded = tuple(
             Msg(seq, message_role(history[seq - 1]), tokens[seq - 1])
             for seq in range(folded + 1, len(history) + 1)
@@ -294,6 +399,27 @@ def leading_system_messages(messages: Sequence[AnyMessage]) -> list[AnyMessage]:
             break
         leading.append(message)
     return leading
+
+
+def new_messages_start(history: Sequence[AnyMessage], folded: int) -> tuple[int, bool]:
+    """Where the messages a turn would send begin in ``history``, and whether they open a turn.
+    As the service's exchange takes every message after the last assistant message: from the
+    newest human message there (a new turn: everything before it may be folded), else the tool
+    results there, which continue the newest turn (kept whole). A history that ends with an
+    assistant message has no new messages; one with unanswered tool calls is a turn in progress.
+    Never before ``folded``: folded messages are not sent."""
+    after_reply = 0
+    for index, message in enumerate(history):
+        if isinstance(message, AIMessage):
+            after_reply = index + 1
+    start = max(after_reply, folded)
+    for index in range(len(history) - 1, start - 1, -1):
+        if isinstance(history[index], HumanMessage):
+            return index, True
+    if start < len(history):
+        return start, False
+    last = history[-1] if history else None
+    return start, not (isinstance(last, AIMessage) and bool(last.tool_calls))
 
 
 def already_folded(history: Sequence[AnyMessage], running: RunningSummary | None) -> int:
