@@ -15,11 +15,13 @@ from conversations.health import healthz, readyz
 from conversations.metrics import metrics_view
 
 
-def too_large_body(length: int, limit: int) -> dict[str, str]:
-    return {
-        "detail": f"The request body is {length} bytes; the limit is {limit} bytes.",
-        "code": "request_too_large",
-    }
+def too_large_body(length: int, limit: int, path: str) -> dict[str, Any]:
+    """In the error shape of the API the path is under (the OpenAI SDKs read /v1's)."""
+    message = f"The request body is {length} bytes; the limit is {limit} bytes."
+    if path.startswith("/v1/"):
+        error = {"message": message, "type": "invalid_request_error", "param": None}
+        return {"error": {**error, "code": "request_too_large"}}
+    return {"detail": message, "code": "request_too_large"}
 
 
 class BodySizeLimitMiddleware:
@@ -33,7 +35,7 @@ class BodySizeLimitMiddleware:
         except ValueError:
             length = 0
         if length > limit:
-            return JsonResponse(too_large_body(length, limit), status=413)
+            return JsonResponse(too_large_body(length, limit, request.path), status=413)
         return self.get_response(request)
 
 
@@ -60,7 +62,7 @@ class AsgiBodySizeLimit:
         limit = settings.CHATMEM_MAX_BODY_BYTES
         declared = declared_length(scope)
         if declared > limit:
-            await send_too_large(send, declared, limit)
+            await send_too_large(send, too_large_body(declared, limit, scope["path"]))
             return
         received = 0
 
@@ -77,7 +79,7 @@ class AsgiBodySizeLimit:
             await self.app(scope, counted, send)
         except _BodyOverLimit:
             # Raised while Django read the body: no response has started yet.
-            await send_too_large(send, received, limit)
+            await send_too_large(send, too_large_body(received, limit, scope["path"]))
 
 
 def declared_length(scope: dict[str, Any]) -> int:
@@ -90,8 +92,8 @@ def declared_length(scope: dict[str, Any]) -> int:
     return 0
 
 
-async def send_too_large(send: Any, length: int, limit: int) -> None:
-    body = json.dumps(too_large_body(length, limit)).encode()
+async def send_too_large(send: Any, error: dict[str, Any]) -> None:
+    body = json.dumps(error).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     await send({"type": "http.response.start", "status": 413, "headers": headers})
     await send({"type": "http.response.body", "body": body})

@@ -676,23 +676,30 @@ def abandon_stale_runs(now: datetime) -> int:
     )
     abandoned = 0
     for ledger in stale:
-        # Conditional: a row that finished meanwhile keeps its own outcome.
-        if Consolidation.objects.filter(pk=ledger.pk, status=ConsolidationStatus.RUNNING).update(
-            status=ConsolidationStatus.FAILED, error=ABANDONED, finished_at=now
-        ):
-            abandoned += 1
-            # A synchronous fold dies with its web process (a gunicorn timeout): not a reason
-            # to hold the chat's background folds back.
-            if ledger.synchronous:
-                continue
-            try:
-                fail_brief(ledger, ledger.base_version, ABANDONED, CRASH_KIND, now)
-            except Exception:  # one chat's error must not cancel the rest of the sweep
-                log.exception(
-                    "could not count an abandoned run on its chat's brief",
-                    extra={"event": "sweep_error", "chat_id": ledger.chat_id},
-                )
+        try:
+            abandoned += abandon_run(ledger, now)
+        except Exception:  # one chat's error must not cancel the rest of the sweep
+            log.exception(
+                "could not mark an abandoned run failed",
+                extra={"event": "sweep_error", "chat_id": ledger.chat_id},
+            )
     return abandoned
+
+
+def abandon_run(ledger: Consolidation, now: datetime) -> int:
+    """1 if this sweep marked the run failed. The row and its chat's failure count change
+    together: had the count failed alone, the row (no longer running) would never be counted
+    by a later sweep, and a fold that keeps killing its worker would skip its backoff."""
+    with transaction.atomic():
+        # Conditional: a row that finished meanwhile keeps its own outcome.
+        marked = Consolidation.objects.filter(
+            pk=ledger.pk, status=ConsolidationStatus.RUNNING
+        ).update(status=ConsolidationStatus.FAILED, error=ABANDONED, finished_at=now)
+        # A synchronous fold dies with its web process (a gunicorn timeout): not a reason to
+        # hold the chat's background folds back.
+        if marked and not ledger.synchronous:
+            fail_brief(ledger, ledger.base_version, ABANDONED, CRASH_KIND, now)
+    return marked
 
 
 def sweep_candidates(now: datetime, lock: ChatLock, limit: int) -> list[int]:

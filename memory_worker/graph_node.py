@@ -403,21 +403,19 @@ def leading_system_messages(messages: Sequence[AnyMessage]) -> list[AnyMessage]:
 
 def new_messages_start(history: Sequence[AnyMessage], folded: int) -> tuple[int, bool]:
     """Where the messages a turn would send begin in ``history``, and whether they open a turn.
-    As the service's exchange takes every message after the last assistant message: from the
-    newest human message there (a new turn: everything before it may be folded), else the tool
-    results there, which continue the newest turn (kept whole). A history that ends with an
-    assistant message has no new messages; one with unanswered tool calls is a turn in progress.
-    Never before ``folded``: folded messages are not sent."""
+    As the service's exchange (conversations/services/exchanges.py): every message after the
+    last assistant message is new, and they open a turn when the first of them is a human
+    message (everything before it may be folded); tool results first continue the newest turn,
+    which is kept whole. A history that ends with an assistant message has no new messages; one
+    with unanswered tool calls is a turn in progress. Never before ``folded``: folded messages
+    are not sent."""
     after_reply = 0
     for index, message in enumerate(history):
         if isinstance(message, AIMessage):
             after_reply = index + 1
     start = max(after_reply, folded)
-    for index in range(len(history) - 1, start - 1, -1):
-        if isinstance(history[index], HumanMessage):
-            return index, True
     if start < len(history):
-        return start, False
+        return start, isinstance(history[start], HumanMessage)
     last = history[-1] if history else None
     return start, not (isinstance(last, AIMessage) and bool(last.tool_calls))
 

@@ -616,7 +616,11 @@ def failed_response_error(response: Any) -> SummarizerError:
         "rate_limit_exceeded": "rate_limit",
     }
     kind = kinds.get(code, "client_error")
-    return SummarizerError(kind, f"summarizer response failed: {code} {message}".strip())
+    # The provider's words go to the log only, as error_from_openai does for everything but a
+    # refused request: a rate limit's names the operator's organisation, and the fold's error
+    # is shown to the chat's owner.
+    log.warning("summarizer response failed: %s %s", code, message, extra={"error_kind": kind})
+    return SummarizerError(kind, f"summarizer response failed: {code or 'no error code'}")
 
 
 # ---------------------------------------------------------------------------------------------

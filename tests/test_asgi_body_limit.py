@@ -62,8 +62,9 @@ def test_a_chunked_body_is_refused_as_it_passes_the_limit(settings: Any) -> None
 
 def test_a_declared_length_over_the_limit_is_refused_before_reading(settings: Any) -> None:
     settings.CHATMEM_MAX_BODY_BYTES = MIB
-    status, read, _ = serve("/v1/chat/completions", 50, [(b"content-length", b"52428800")])
+    status, read, body = serve("/v1/chat/completions", 50, [(b"content-length", b"52428800")])
     assert (status, read) == (413, 0)
+    assert json.loads(body)["error"]["code"] == "request_too_large"  # /v1: OpenAI's shape
 
 
 @pytest.mark.django_db

@@ -85,7 +85,8 @@ def test_issue_token_refuses_a_name_the_user_model_refuses(name: str) -> None:
     "a b/c" a user the admin could not have created."""
     with pytest.raises(CommandError, match="invalid username"):
         call_command("issue_token", name, "--create-user", stdout=io.StringIO())
-    with pytest.raises(CommandError, match="invalid username"):
+    # Looked up, not created: only what the database cannot compare is refused outright.
+    with pytest.raises(CommandError, match=r"invalid username|No user"):
         call_command("issue_token", name, stdout=io.StringIO())
     assert not get_user_model().objects.exists()
 
@@ -109,3 +110,15 @@ def test_policy_with_an_existing_chat_is_refused_not_ignored() -> None:
         run_chat(io.StringIO("hi\n"), "--chat", str(chat.pk), "--policy", "sliding-window")
     chat.refresh_from_db()
     assert chat.policy == "contract" and not Message.objects.exists()
+
+
+def test_an_existing_user_with_a_name_checks_would_refuse_stays_reachable() -> None:
+    """Users made before names were checked (or by an importer) must keep their tokens
+    revocable: the full check is for new names only."""
+    from django.contrib.auth import get_user_model
+    from rest_framework.authtoken.models import Token
+
+    user = get_user_model().objects.create(username="a b/c")
+    Token.objects.create(user=user)
+    call_command("issue_token", "a b/c", "--revoke", stdout=io.StringIO())
+    assert not Token.objects.filter(user=user).exists()

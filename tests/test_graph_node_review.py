@@ -249,3 +249,29 @@ def test_equal_keys_without_ids_do_not_show_folded_messages_again() -> None:
         tag = f"[u{number}]"
         verbatim = any(tag in str(m.content) for m in output if m.id != SUMMARY_MESSAGE_ID)
         assert (verbatim, folded_input.count(tag)) in ((True, 0), (False, 1)), tag
+
+
+def test_two_human_messages_after_the_last_reply_are_both_new() -> None:
+    """As the service's exchange takes them: every message after the last reply is new. Only
+    the newest was, so the first of two could be folded without its answer-to-be (a fold of
+    just "[u3a]" here) while the second went on verbatim."""
+    summarizer = Summarizer(inputs=[])
+    node = SummarizationNode(
+        model=summarizer,
+        policy="sliding-window",
+        overrides={"max_memory_tokens": 300, "summary_token_cap": 64},
+    )
+    messages: list[Any] = []
+    for number in range(1, 3):
+        messages += [
+            HumanMessage(f"[u{number}] " + "detail " * 60, id=f"h{number}"),
+            AIMessage(f"[a{number}] " + "ok " * 60, id=f"a{number}"),
+        ]
+    messages += [
+        HumanMessage("[u3a] " + "first half " * 150, id="h3a"),
+        HumanMessage("[u3b] second half", id="h3b"),
+    ]
+    result = node.invoke({"messages": messages, "context": {}})
+    kept = history_of(result["summarized_messages"])
+    assert [m.id for m in kept][-2:] == ["h3a", "h3b"]
+    assert not any("[u3a]" in text for text in summarizer.inputs)

@@ -16,7 +16,9 @@ from tests.test_summarizers import (
 )
 
 MESSAGES = [{"role": "user", "content": "Tell me a story."}]
-TIMEOUT = 1.0
+# Each wait below stays at least 0.6 s inside the read timeout, so a loaded machine cannot turn
+# the deadline under test into a read timeout.
+TIMEOUT = 2.0
 
 
 def chunk(content: str | None = None, finish_reason: str | None = None) -> dict[str, Any]:
@@ -36,10 +38,10 @@ def model(server: ScriptedServer) -> OpenAIChatModel:
 
 
 def test_a_slow_first_byte_counts_against_the_deadline(server: ScriptedServer) -> None:
-    """Headers after 0.5 s, the rest 0.7 s later: each wait is within the 1 s read timeout, the
+    """Headers after 1 s, the rest 1.4 s later: each wait is within the 2 s read timeout, the
     whole reply is not. The deadline used to start at the headers, so this was a reply."""
     server.script(
-        Reply(delay=0.5, events=[chunk("Once"), 0.7, chunk(" upon"), chunk(finish_reason="stop")])
+        Reply(delay=1.0, events=[chunk("Once"), 1.4, chunk(" upon"), chunk(finish_reason="stop")])
     )
     stream = model(server).stream(MESSAGES, "m")
     received = []
@@ -47,7 +49,7 @@ def test_a_slow_first_byte_counts_against_the_deadline(server: ScriptedServer) -
         for delta in stream:
             received.append(delta)
     assert caught.value.status == 504
-    assert "did not finish its reply within 1 seconds" in str(caught.value)
+    assert "did not finish its reply within 2 seconds" in str(caught.value)
     assert received == ["Once"]
 
 
@@ -55,7 +57,7 @@ def test_a_stream_that_ends_past_the_deadline_is_no_reply(server: ScriptedServer
     """Every chunk came in time; the stream's end ([DONE]) came after the deadline. The deadline
     was checked only when a chunk arrived, so the late end made a complete reply."""
     server.script(
-        Reply(delay=0.5, events=[chunk("Once"), chunk(finish_reason="stop"), 0.7])  # then [DONE]
+        Reply(delay=1.0, events=[chunk("Once"), chunk(finish_reason="stop"), 1.4])  # then [DONE]
     )
     stream = model(server).stream(MESSAGES, "m")
     with pytest.raises(ModelError) as caught:

@@ -130,12 +130,13 @@ def test_answer_shaping_parameters_reach_the_model(
     live_server: Any, token: str, use_fake_openai: FakeOpenAI
 ) -> None:
     sent = {"logit_bias": {"1234": -100}, "reasoning_effort": "low", "logprobs": False}
-    response = post(live_server, token, {**sent, "store": False, "service_tier": "auto"})
+    ignored = {"store": False, "service_tier": "auto", "prompt_cache_retention": "24h"}
+    response = post(live_server, token, {**sent, **ignored})
     assert response.status_code == 200
     [request] = chat_requests(use_fake_openai)
     assert request.body["logit_bias"] == {"1234": -100}
     assert request.body["reasoning_effort"] == "low"
-    for not_forwarded in ("logprobs", "store", "service_tier", "user"):
+    for not_forwarded in ("logprobs", "user", *ignored):
         assert not_forwarded not in request.body
 
 
@@ -192,3 +193,14 @@ def test_a_bug_in_a_streamed_exchange_is_logged(
     assert json.loads(events[-1])["error"]["code"] == "server_error"
     [record] = [r for r in caplog.records if r.getMessage() == "streamed exchange failed"]
     assert record.exc_info and "a bug while storing" in str(record.exc_info[1])
+
+
+def test_a_body_over_the_limit_is_an_openai_error(
+    live_server: Any, token: str, settings: Any, use_fake_openai: FakeOpenAI
+) -> None:
+    """It was the REST API's {"detail", "code"}: the SDKs showed a bare status."""
+    settings.CHATMEM_MAX_BODY_BYTES = 1000
+    response = post(live_server, token, {"messages": [{"role": "user", "content": "x" * 2000}]})
+    assert response.status_code == 413
+    assert response.json()["error"]["code"] == "request_too_large"
+    assert not chat_requests(use_fake_openai)

@@ -11,8 +11,15 @@ import pytest
 
 from conversations.models import Brief, Consolidation
 from memory_worker import consolidation
-from memory_worker.summarizers import SECRET_PATTERN
+from memory_worker.summarizers import SECRET_PATTERN, SummarizerError
 from tests.fake_openai import FakeOpenAI
+from tests.test_summarizers import (
+    TWO_TURNS,
+    ScriptedServer,
+    responses_reply,
+    responses_summarizer,
+    server_fixture,  # noqa: F401  (the "server" fixture)
+)
 
 pytestmark = pytest.mark.django_db
 
@@ -89,3 +96,25 @@ def test_key_shaped_strings_are_redacted(key: str) -> None:
     assert SECRET_PATTERN.sub("[redacted]", f"Incorrect API key provided: {key}.") == (
         "Incorrect API key provided: [redacted]."
     )
+
+
+def test_a_failed_response_shows_its_code_only(
+    server: ScriptedServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The Responses backend's failed status carried the provider's words into the error the
+    chat's owner reads (a rate limit names the operator's organisation)."""
+    failed = responses_reply(None, status="failed")
+    assert failed.body is not None
+    failed.body["error"] = {
+        "code": "rate_limit_exceeded",
+        "message": "Rate limit reached for gpt-5-nano in organization org-SECRET123.",
+    }
+    server.script(failed)
+    with (
+        caplog.at_level(logging.WARNING, logger="memory_worker.summarizers"),
+        pytest.raises(SummarizerError) as caught,
+    ):
+        responses_summarizer(server).summarize("", TWO_TURNS)
+    assert str(caught.value) == "summarizer response failed: rate_limit_exceeded"
+    assert caught.value.kind == "rate_limit"
+    assert any("org-SECRET123" in record.getMessage() for record in caplog.records)

@@ -137,7 +137,11 @@ def test_an_error_abandoning_one_run_does_not_cancel_the_sweep(  # type: ignore[
 
     monkeypatch.setattr(consolidation, "fail_brief", fail_brief)
     tasks.sweep()
-    assert set(Consolidation.objects.values_list("status", flat=True)) == {"failed"}
+    statuses = dict(Consolidation.objects.values_list("chat_id", "status"))
+    # The run whose count failed stays running, so the next sweep counts it: marked failed
+    # alone, no sweep would have counted it again.
+    assert statuses == {first: "running", second: "failed"}
+    assert Brief.objects.get(chat_id=first).consecutive_failures == 0
     assert Brief.objects.get(chat_id=second).consecutive_failures == 1
     assert failing in sweep_recorder["requested"]
     assert len(sweep_recorder["replayed"]) == 1

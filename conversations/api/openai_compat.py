@@ -96,7 +96,14 @@ UNSUPPORTED: dict[str, object] = {
 # Read by chatmem itself (naming the conversation, streaming), or about the provider's records
 # and billing, not the answer: accepted, not forwarded.
 HANDLED = {"model", "messages", "stream", "stream_options", "metadata", "user"}
-IGNORED = {"store", "service_tier", "prompt_cache_key", "safety_identifier"}
+IGNORED = {
+    "store",
+    "service_tier",
+    "prompt_cache_key",
+    "prompt_cache_retention",
+    "prompt_cache_options",
+    "safety_identifier",
+}
 KNOWN_PARAMETERS = HANDLED | IGNORED | set(PASSTHROUGH_CHECKS) | set(UNSUPPORTED)
 
 

@@ -9,6 +9,8 @@ from django.core.exceptions import ValidationError
 from django.core.management.base import CommandError
 from django.db.models import Field
 
+from conversations.api.parsers import unstorable
+
 
 def checked_username(username: str) -> str:
     """``username`` if the user model could store it (its field's validators: the model's
@@ -28,7 +30,14 @@ def checked_username(username: str) -> str:
 
 
 def find_user(username: str) -> Any:
-    """The user named ``username`` (checked first, see checked_username), or None."""
+    """The user named ``username`` exactly, or None. Only what the database cannot compare is
+    refused here (a NUL, an unpaired surrogate, a name longer than the column): a user made
+    before names were checked, or by an importer, must stay reachable (``--revoke``). A new user's
+    name gets the full check_username."""
     user_model = get_user_model()
-    lookup = {user_model.USERNAME_FIELD: checked_username(username)}
-    return user_model._default_manager.filter(**lookup).first()
+    max_length = getattr(user_model._meta.get_field(user_model.USERNAME_FIELD), "max_length", None)
+    too_long = max_length is not None and len(username) > max_length
+    problem = unstorable(username) or (f"more than {max_length} characters" if too_long else None)
+    if problem is not None:
+        raise CommandError(f"invalid username {username!r}: {problem}")
+    return user_model._default_manager.filter(**{user_model.USERNAME_FIELD: username}).first()

@@ -22,7 +22,7 @@ from django.db import transaction
 
 from conversations.api.parsers import unstorable
 from conversations.llm import ModelError
-from conversations.management.usernames import find_user
+from conversations.management.usernames import checked_username, find_user
 from conversations.models import Chat
 from conversations.services import chats as chat_service
 from conversations.services import turns as turn_service
@@ -72,7 +72,7 @@ class Command(BaseCommand):
                 "--policy applies to a new chat only (a chat's policy is changed in the API "
                 "or the admin); drop --policy or --chat"
             )
-        user = find_user(username)  # CommandError for a name the user model would refuse
+        user = find_user(username)
         if chat_id is not None:
             chat = None if user is None else Chat.objects.filter(pk=chat_id, owner=user).first()
             if chat is None:
@@ -82,7 +82,8 @@ class Command(BaseCommand):
         try:
             with transaction.atomic():
                 if user is None:
-                    lookup: dict[str, Any] = {user_model.USERNAME_FIELD: username}
+                    # CommandError for a name the user model would refuse.
+                    lookup: dict[str, Any] = {user_model.USERNAME_FIELD: checked_username(username)}
                     user, _ = user_model._default_manager.get_or_create(**lookup)
                 return chat_service.create_chat(user, title="terminal", policy=policy)
         except (PolicyError, UnknownVariant) as error:

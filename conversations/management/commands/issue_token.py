@@ -7,7 +7,7 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 from rest_framework.authtoken.models import Token
 
-from conversations.management.usernames import find_user
+from conversations.management.usernames import checked_username, find_user
 
 
 class Command(BaseCommand):
@@ -24,11 +24,12 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         user_model = get_user_model()
         username = options["username"]
-        user = find_user(username)  # CommandError for a name the user model would refuse
+        user = find_user(username)
         if user is None:
             if not options["create_user"]:
                 raise CommandError(f'No user "{username}"; pass --create-user to create it.')
-            user = user_model.objects.create_user(**{user_model.USERNAME_FIELD: username})
+            name = checked_username(username)  # CommandError for a name the model would refuse
+            user = user_model.objects.create_user(**{user_model.USERNAME_FIELD: name})
         if options["revoke"]:
             Token.objects.filter(user=user).delete()
             return
