@@ -9,6 +9,8 @@ Invariants kept here:
 
 from django.conf import settings
 from django.db import models
+from django.db.models.signals import pre_delete
+from django.dispatch import receiver
 
 
 class Role(models.TextChoices):
@@ -217,3 +219,16 @@ class ResponseSummary(models.Model):
 
     def __str__(self) -> str:
         return f"{self.chat_id}#{self.seq}: {self.summary[:60]}"
+
+
+@receiver(pre_delete, sender=Chat)
+def lock_chat_being_deleted(sender: type[Chat], instance: Chat, **kwargs: object) -> None:
+    """Django deletes a chat's rows table by table (messages, brief, ledger, notes...) and the
+    chat row last, and the foreign keys are checked at commit: a message, ledger row or note
+    committed for the chat between its table's DELETE and the chat's made the whole deletion
+    fail at commit (a 500, nothing deleted), from the API, the admin or a user's deletion. Sent
+    inside the deletion's transaction, before any row goes: with the chat row locked, a turn's
+    append waits and then finds no chat (its 404), and a ledger row or note waits and then fails
+    its own foreign key (memory_worker treats that as the chat gone). SQLite: no row locks, and
+    a deletion holds the database's one write lock anyway."""
+    Chat.objects.select_for_update().filter(pk=instance.pk).values_list("pk").first()

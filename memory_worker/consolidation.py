@@ -21,7 +21,7 @@ from typing import Any
 
 from django.conf import settings
 from django.core.cache import cache
-from django.db import connection, transaction
+from django.db import IntegrityError, connection, transaction
 from django.db.models import F, Field, Model, Q
 from django.utils import timezone
 
@@ -210,7 +210,16 @@ def fold_chunk(
         summary_tokens_before=snapshot.summary_tokens,
         worker=WORKER_NAME,
     )
-    record_running(ledger)
+    try:
+        record_running(ledger)
+    except IntegrityError:
+        # The ledger row's chat is gone: deleted after this fold read its snapshot (its foreign
+        # key is checked at the insert's commit). Nothing to fold; a turn folding
+        # synchronously re-reads the chat and answers its 404.
+        if Chat.objects.filter(pk=chat.pk).exists():
+            raise
+        log.info("chat deleted before its fold started", extra={"chat_id": chat.pk})
+        return FoldOutcome("nothing", chunk), snapshot
     try:
         result = summarizer.summarize(
             snapshot.summary, [FoldMessage(m.seq, m.role, m.content) for m in batch]

@@ -1,0 +1,164 @@
+"""A chat deleted while its rows are being written (PostgreSQL, real transactions, threads).
+
+Django deletes a chat's rows table by table and the chat row last, and the foreign keys are
+checked at commit: a message, ledger row or note committed for the chat in between made the
+whole deletion fail (a 500, nothing deleted). The deletion now locks the chat row first; the
+writers wait, then find the chat gone."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from django.db import connection, connections
+from django.utils import timezone
+
+from conversations.models import Chat, Consolidation, Message
+from memory_worker import consolidation
+from memory_worker.state import load_snapshot
+from tests.conftest import client_for
+from tests.workers import wait_until
+
+DEADLINE = 15.0
+
+
+def new_chat(api: Any, **body: Any) -> int:
+    response = api.post("/api/v1/chats/", body, format="json")
+    assert response.status_code == 201, response.content
+    return int(response.json()["id"])
+
+
+def say(api: Any, chat_id: int, count: int) -> None:
+    for number in range(count):
+        response = api.post(
+            f"/api/v1/chats/{chat_id}/turns/", {"content": f"turn {number}"}, format="json"
+        )
+        assert response.status_code == 201, response.content
+
+
+class PausedDeletion:
+    """``DELETE /api/v1/chats/{id}/`` on a thread of its own, held right after it deleted the
+    chat's rows of ``table``: the window in which another writer commits a row there."""
+
+    def __init__(self, user: Any, chat_id: int, table: str) -> None:
+        self.paused, self.go = threading.Event(), threading.Event()
+        self.response: Any = None
+        self.thread = threading.Thread(target=self._run, args=(user, chat_id, table))
+        self.thread.start()
+        assert self.paused.wait(DEADLINE)
+
+    def _run(self, user: Any, chat_id: int, table: str) -> None:
+        def hold(execute: Callable[..., Any], sql: str, *args: Any) -> Any:
+            result = execute(sql, *args)
+            if sql.startswith(f'DELETE FROM "{table}"'):
+                self.paused.set()
+                self.go.wait(DEADLINE)
+            return result
+
+        client = client_for(user)
+        client.raise_request_exception = False
+        try:
+            with connection.execute_wrapper(hold):
+                self.response = client.delete(f"/api/v1/chats/{chat_id}/")
+        finally:
+            connection.close()
+
+    def finish(self) -> int:
+        self.go.set()
+        self.thread.join(DEADLINE)
+        return int(self.response.status_code)
+
+
+def on_a_thread(work: Callable[[], Any]) -> tuple[threading.Thread, dict[str, Any]]:
+    result: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            result["value"] = work()
+        except Exception as error:  # reported to the test
+            result["error"] = error
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread, result
+
+
+def waiting_on_a_lock() -> bool:
+    """Another backend of this database waits for a row lock (the deletion's)."""
+    with connections["default"].cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+            "AND wait_event_type = 'Lock'"
+        )
+        return bool(cursor.fetchone()[0])
+
+
+def test_a_turn_committing_during_a_deletion(require_postgres: None, api: Any, user: Any) -> None:
+    chat_id = new_chat(api)
+    say(api, chat_id, 1)
+    deletion = PausedDeletion(user, chat_id, "conversations_message")
+
+    def turn() -> Any:
+        client = client_for(user)
+        client.raise_request_exception = False
+        return client.post(f"/api/v1/chats/{chat_id}/turns/", {"content": "hi"}, format="json")
+
+    thread, result = on_a_thread(turn)
+    assert wait_until(waiting_on_a_lock, DEADLINE)  # the turn waits for the deletion
+    assert deletion.finish() == 204
+    thread.join(DEADLINE)
+    assert result["value"].status_code == 404
+    assert result["value"].json()["code"] in ("not_found", "chat_deleted")
+    assert not Chat.objects.filter(pk=chat_id).exists()
+    assert not Message.objects.filter(chat_id=chat_id).exists()
+
+
+def test_a_fold_starting_during_a_deletion(require_postgres: None, api: Any, user: Any) -> None:
+    """Its "running" ledger row waits for the deletion, then finds no chat: the fold ends with
+    nothing to do (it raised IntegrityError: a failed task with a traceback, or a turn's 500)."""
+    chat_id = new_chat(api)
+    say(api, chat_id, 26)
+    chat = Chat.objects.get(pk=chat_id)
+    snapshot = load_snapshot(chat_id)
+    decision = consolidation.decide_for_chat(chat, snapshot, "turn", timezone.now())
+    assert decision is not None
+    deletion = PausedDeletion(user, chat_id, "conversations_consolidation")
+    thread, result = on_a_thread(
+        lambda: consolidation.execute_fold(chat, snapshot, decision, now=timezone.now())
+    )
+    assert wait_until(waiting_on_a_lock, DEADLINE)
+    assert deletion.finish() == 204
+    thread.join(DEADLINE)
+    assert "error" not in result, result.get("error")
+    assert result["value"].status == "nothing"
+    assert not Consolidation.objects.filter(chat_id=chat_id).exists()
+
+
+def test_a_synchronous_fold_on_a_chat_deleted_before_it_started(
+    require_postgres: None, api: Any, monkeypatch: Any
+) -> None:
+    """Deleted between the fold's snapshot read and its ledger row: the turn's 404, as for any
+    chat deleted during its turn (it was a 500)."""
+    chat_id = new_chat(api, policy="contract")
+    real = consolidation.get_summarizer
+    deleted: list[int] = []
+
+    def delete_first(cap: int) -> Any:
+        Chat.objects.filter(pk=chat_id).delete()
+        deleted.append(chat_id)
+        return real(cap)
+
+    monkeypatch.setattr(consolidation, "get_summarizer", delete_first)
+    api.raise_request_exception = False
+    for number in range(20):  # contract folds synchronously once its buffer is full
+        response = api.post(
+            f"/api/v1/chats/{chat_id}/turns/", {"content": f"turn {number}"}, format="json"
+        )
+        if deleted:
+            break
+        assert response.status_code == 201
+    assert deleted
+    assert response.status_code == 404
