@@ -2,6 +2,7 @@
 scripts can rely on them."""
 
 import contextlib
+import logging
 from collections.abc import Iterator
 from typing import Any
 
@@ -14,8 +15,22 @@ from rest_framework.views import exception_handler as drf_exception_handler
 
 from conversations.llm import UPSTREAM_TIMEOUT, ModelError
 from conversations.models import Chat
-from conversations.services.turns import ContextOverBound, TurnInProgress
+from conversations.services.turns import DATABASE_ERRORS, ContextOverBound, TurnInProgress
 from conversations.services.variants import UnknownVariant
+
+log = logging.getLogger("chatmem.api")
+
+
+class DatabaseUnavailable(exceptions.APIException):
+    """The database failed or could not be reached: an outage to retry, not a bug (a 500)."""
+
+    status_code = status.HTTP_503_SERVICE_UNAVAILABLE
+    default_detail = (
+        "The database is unavailable right now; retry shortly. (A turn refused so was normally "
+        "not stored: GET the chat's messages to see.)"
+    )
+    default_code = "database_unavailable"
+    wait = 5  # DRF sends it as Retry-After
 
 
 class TurnConflict(exceptions.APIException):
@@ -66,6 +81,8 @@ def turn_error(error: Exception) -> exceptions.APIException:
         return TurnConflict(str(error))
     if isinstance(error, ContextOverBound):
         return MemoryUnavailable(str(error))
+    if isinstance(error, DATABASE_ERRORS):
+        return DatabaseUnavailable()
     if isinstance(error, ModelError):
         exc_class = ModelTimeout if error.status == UPSTREAM_TIMEOUT else ModelUpstreamError
         if not error.retryable:
@@ -92,7 +109,10 @@ def turn_refusals() -> Iterator[None]:
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
     # DRF turns Django's Http404/PermissionDenied into its own exceptions; do it first so the
     # code below sees the exception whose codes the response carries.
-    if isinstance(exc, Http404):
+    if isinstance(exc, DATABASE_ERRORS):
+        log.warning("database unavailable: %s", exc, extra={"path": context["request"].path})
+        exc = DatabaseUnavailable()
+    elif isinstance(exc, Http404):
         exc = exceptions.NotFound()
     elif isinstance(exc, PermissionDenied):
         exc = exceptions.PermissionDenied()

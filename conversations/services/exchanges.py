@@ -31,6 +31,7 @@ from conversations.services.agent_state import queue_agent_summary
 from conversations.services.backends import get_chat_model
 from conversations.services.context import build_model_messages, without_unanswered_tool_calls
 from conversations.services.turns import (
+    DATABASE_ERRORS,
     EXPECTED_REFUSALS,
     TurnDelta,
     TurnDone,
@@ -293,7 +294,7 @@ class StreamedExchange:
         self.thread.start()
 
     def _run(self) -> None:
-        last: TurnEvent
+        last: TurnEvent = TurnFailed(RuntimeError("the exchange ended early"))
         try:
             for delta in self.stream:
                 self.events.put(TurnDelta(delta))
@@ -301,15 +302,34 @@ class StreamedExchange:
             self.result = store_exchange(self.prepared, self.stream.result)
             last = TurnDone(TurnResult(self.result.stored[0], self.result.reply))
         except BaseException as error:  # reported to the client after the deltas
-            if not isinstance(error, EXPECTED_REFUSALS):
+            chat_id = self.prepared.chat.pk
+            if isinstance(error, DATABASE_ERRORS):  # an outage: the client gets a 503 to retry
+                log.warning(
+                    "streamed exchange failed: database error: %s",
+                    error,
+                    extra={"chat_id": chat_id},
+                )
+            elif not isinstance(error, EXPECTED_REFUSALS):
                 # A bug: the client gets a server_error event, the operator the traceback.
-                log.exception("streamed exchange failed", extra={"chat_id": self.prepared.chat.pk})
+                log.exception("streamed exchange failed", extra={"chat_id": chat_id})
             self.error = error
             last = TurnFailed(error if isinstance(error, Exception) else RuntimeError(error))
         finally:
-            self.stream.close()  # on a failure mid-stream: the upstream connection too
-            release(self.prepared)
-            connections.close_all()
+            self._finish(last)
+
+    def _finish(self, last: TurnEvent) -> None:
+        """Whatever fails here, the stream gets its last event: without it the client waited on
+        keep-alives for ever (a database error while releasing the slot used to skip it)."""
+        cleanups = (
+            self.stream.close,  # on a failure mid-stream: the upstream connection too
+            partial(release, self.prepared),
+            connections.close_all,  # this thread's own connection
+        )
+        for cleanup in cleanups:
+            try:
+                cleanup()
+            except Exception:
+                log.exception("cleaning up a streamed exchange failed")
         self.events.put(last)
 
     def deltas(self) -> Iterator[str | None]:

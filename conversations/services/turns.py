@@ -23,7 +23,7 @@ from functools import partial
 from typing import Any
 
 from django.conf import settings
-from django.db import connection, connections, transaction
+from django.db import DatabaseError, InterfaceError, connection, connections, transaction
 from django.utils import timezone
 
 from conversations import rows
@@ -151,8 +151,32 @@ def claim_owned_chat(owner_id: int, chat_id: int) -> Claimed:
     raise Chat.DoesNotExist(f"no chat {chat_id} of user {owner_id}")
 
 
+# The database failed or could not be reached (a connection lost, a restart, a timeout): a turn
+# refused for it is a 503 to retry, not a bug.
+DATABASE_ERRORS = (DatabaseError, InterfaceError)
+
+
 def release_turn_slot(chat: Chat, token: uuid.UUID) -> None:
-    Chat.objects.filter(pk=chat.pk, turn_token=token).update(turn_token=None, turn_started_at=None)
+    """Frees the slot if it is still this turn's. Never raises: it runs while a turn's own error
+    propagates, and a database error here would replace that error, and leave the stream that
+    waits for it without its last event. A connection the failure broke is replaced once (the
+    database may well be back); a slot that cannot be freed goes stale after
+    TURN_SLOT_STALE_SECONDS, when the next turn takes it over."""
+    for attempt in (1, 2):
+        try:
+            Chat.objects.filter(pk=chat.pk, turn_token=token).update(
+                turn_token=None, turn_started_at=None
+            )
+            return
+        except DATABASE_ERRORS:
+            if attempt == 2 or connection.in_atomic_block:
+                break
+            connection.close()  # the next query opens a new connection
+    log.warning(
+        "turn slot not released; it goes stale after TURN_SLOT_STALE_SECONDS",
+        extra={"chat_id": chat.pk},
+        exc_info=True,
+    )
 
 
 @contextlib.contextmanager
@@ -654,6 +678,9 @@ def _run_streamed_turn(
     snapshot: MemorySnapshot | None = None,
 ) -> None:
     announced: list[TurnResult] = []
+    # A failure is told after the slot is freed: a client retrying as soon as it reads the error
+    # would otherwise meet its own turn's slot (a 409).
+    failed: list[TurnFailed] = []
 
     def announce(result: TurnResult) -> None:
         announced.append(result)
@@ -673,19 +700,24 @@ def _run_streamed_turn(
             snapshot=snapshot,
         )
     except EXPECTED_REFUSALS as error:
-        events.put(TurnFailed(error))
+        failed.append(TurnFailed(error))
+    except DATABASE_ERRORS as error:  # an outage, not a bug: the client gets a 503 to retry
+        log.warning("streamed turn failed: database error: %s", error, extra={"chat_id": chat.pk})
+        failed.append(TurnFailed(error))
     except Exception as error:
         if announced:  # stored and announced; only an after-commit hook failed
             log.exception("after-commit hook of a streamed turn failed", extra={"chat_id": chat.pk})
         else:
             log.exception("streamed turn failed", extra={"chat_id": chat.pk})
-            events.put(TurnFailed(error))
+            failed.append(TurnFailed(error))
     else:
         if not announced:  # inside an outer transaction (tests): on_commit has not run yet
             events.put(TurnDone(result))
     finally:
         try:
             release_turn_slot(chat, token)  # store_turn released it already when it succeeded
+            for failure in failed:
+                events.put(failure)
         finally:
             # This thread's own database connection: it would otherwise stay open until the
             # garbage collector finds the dead thread's connection handler.
