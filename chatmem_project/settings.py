@@ -134,6 +134,12 @@ DATABASES["default"]["CONN_MAX_AGE"] = env_int("DB_CONN_MAX_AGE", 60)
 # every request, about a tenth of a turn's time under load. Without it a connection PostgreSQL
 # dropped fails the one request that finds it, and Django replaces it for the next.
 DATABASES["default"]["CONN_HEALTH_CHECKS"] = env_bool("DB_CONN_HEALTH_CHECKS", False)
+if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
+    # libpq waits for a connection without limit by default: an unreachable database (a
+    # blackholed host) then hangs a request, or the readiness probe, for minutes.
+    DATABASES["default"].setdefault("OPTIONS", {}).setdefault(
+        "connect_timeout", env_int("DB_CONNECT_TIMEOUT", 10)
+    )
 # A bounded connection pool per process (PostgreSQL; psycopg_pool), for servers that hold many
 # requests open at once (ASGI, many slow streams): a burst waits for a free connection instead
 # of failing with "too many clients". Pooled connections replace persistent ones.
@@ -141,19 +147,35 @@ DB_POOL_MAX_SIZE = env_int("DB_POOL_MAX_SIZE", 0)
 # Connections the pool opens at start and keeps: a burst then finds them ready instead of waiting
 # while PostgreSQL forks a backend for each new one.
 DB_POOL_MIN_SIZE = min(env_int("DB_POOL_MIN_SIZE", 1), DB_POOL_MAX_SIZE)
+
+
+def _pool_timeout(connect_timeout: object) -> float:
+    """How long a request waits for a pooled connection (a free one, or a new one while
+    PostgreSQL is unreachable) before it fails: the connect timeout, so that it bounds requests
+    and /readyz with the pool as without it (the pool's own default, 30 s, held each of them for
+    30 s during an outage). A connect timeout of 0 or less is libpq's "no limit"; the pool
+    cannot wait without one (0 fails at once when no connection is idle), so it keeps its 30 s."""
+    try:
+        seconds = float(str(connect_timeout))
+    except ValueError:
+        seconds = 0.0
+    return seconds if seconds > 0 else 30.0
+
+
 if DB_POOL_MAX_SIZE and DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
     DATABASES["default"]["CONN_MAX_AGE"] = 0
-    DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
+    # The pool checks a connection (an empty query) before handing it out, and replaces one
+    # that fails: after PostgreSQL restarts, every idle pooled connection is dead, and without
+    # the check each failed the request it was handed to. Django 5.2 makes the pool with its own
+    # check argument, ConnectionPool.check_connection with CONN_HEALTH_CHECKS and None without
+    # (a "check" among the options below is a TypeError, given twice), so pooling turns the
+    # health checks on; with a pool they do nothing else (Django's own check defers to it).
+    DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+    DATABASES["default"]["OPTIONS"]["pool"] = {
         "min_size": DB_POOL_MIN_SIZE,
         "max_size": DB_POOL_MAX_SIZE,
-        "timeout": 30,
+        "timeout": _pool_timeout(DATABASES["default"]["OPTIONS"]["connect_timeout"]),
     }
-if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
-    # libpq waits for a connection without limit by default: an unreachable database (a
-    # blackholed host) then hangs a request, or the readiness probe, for minutes.
-    DATABASES["default"].setdefault("OPTIONS", {}).setdefault(
-        "connect_timeout", env_int("DB_CONNECT_TIMEOUT", 10)
-    )
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # The embedded default has two writers (requests and the in-process fold runner). BEGIN
     # IMMEDIATE takes the write lock up front, so a writer waits (timeout) instead of failing

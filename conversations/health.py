@@ -5,12 +5,15 @@ broker is reported but does not decide: turns never wait on memory work (DESIGN 
 that fails is logged and the sweep catches up, so a Redis outage must not take every web
 replica out of service."""
 
+import logging
 import threading
 
 from django.conf import settings
 from django.db import connection
 from django.db.migrations.executor import MigrationExecutor
 from django.http import HttpRequest, JsonResponse
+
+log = logging.getLogger("chatmem.health")
 
 # Set once this process has seen an empty migration plan: migrations are not unapplied while it
 # runs, so a probe does not rebuild the migration graph (every file read) each time.
@@ -61,11 +64,20 @@ def broker_state() -> str:
 def readyz(request: HttpRequest) -> JsonResponse:
     database = database_state()
     ready = database == "ok"
-    return JsonResponse(
-        {
-            "status": "ready" if ready else "not ready",
-            "database": database,
-            "broker": broker_state(),
-        },
+    broker = broker_state()
+    response = JsonResponse(
+        {"status": "ready" if ready else "not ready", "database": database, "broker": broker},
         status=200 if ready else 503,
     )
+    if not ready:
+        # A not-ready answer is the probe doing its job, not a server error: one WARNING with
+        # the reason, instead of django.request's ERROR "Service Unavailable: /readyz" (every
+        # probe, every replica, for as long as the database is down). Django logs no response
+        # marked as logged already.
+        log.warning(
+            "not ready: database %s",
+            database,
+            extra={"event": "not_ready", "database": database, "broker": broker},
+        )
+        response._has_been_logged = True  # type: ignore[attr-defined]
+    return response

@@ -21,7 +21,7 @@ from typing import Any
 
 from django.conf import settings
 from django.core.cache import cache
-from django.db import IntegrityError, connection, transaction
+from django.db import IntegrityError, InterfaceError, OperationalError, connection, transaction
 from django.db.models import F, Field, Model, Q
 from django.utils import timezone
 
@@ -221,6 +221,37 @@ def fold_chunk(
         log.info("chat deleted before its fold started", extra={"chat_id": chat.pk})
         return FoldOutcome("nothing", chunk), snapshot
     try:
+        return summarize_and_commit(
+            chat, snapshot, chunk, batch, summarizer, ledger, now=now, started=started
+        )
+    except DATABASE_ERRORS as error:
+        # The database failed under the fold (PostgreSQL restarting, the connection killed
+        # while the summarizer answered): the attempt says nothing about the chat. Its row is
+        # not left "running" for the sweep to abandon a lock TTL later if it can be marked
+        # now; the caller retries (tasks.consolidate_chat).
+        record_interrupted(ledger, error, started)
+        raise
+
+
+# Errors of the database itself, not of what was asked of it: a lost or refused connection, a
+# restart, a cancelled statement, a deadlock. Retrying later may work (tasks.consolidate_chat).
+DATABASE_ERRORS = (OperationalError, InterfaceError)
+
+
+def summarize_and_commit(
+    chat: Chat,
+    snapshot: MemorySnapshot,
+    chunk: engine.Decision,
+    batch: list[Message],
+    summarizer: Summarizer,
+    ledger: Consolidation,
+    *,
+    now: datetime,
+    started: float,
+) -> tuple[FoldOutcome, MemorySnapshot]:
+    """The summarizer call, with no transaction open, then the commit (or the failure's record)
+    of the chunk whose ledger row ``record_running`` wrote."""
+    try:
         result = summarizer.summarize(
             snapshot.summary, [FoldMessage(m.seq, m.role, m.content) for m in batch]
         )
@@ -245,6 +276,59 @@ def fold_chunk(
         record_failure(chat.pk, snapshot, ledger, failure, CRASH_KIND, now, started)
         raise
     return commit_fold(chat, snapshot, chunk, ledger, result, now, started)
+
+
+def record_interrupted(ledger: Consolidation, error: BaseException, started: float) -> None:
+    """Best effort: the ledger row of a fold a database error interrupted, marked failed, and
+    the attempt's ``fold`` log line. Only a row still "running": the error may have come after
+    the commit itself landed (the connection lost before its answer), and then the row says so.
+    The brief is left alone: nothing is wrong with the chat's folds, and the task counts its own
+    retries. The database may still be down (this then fails, within DB_CONNECT_TIMEOUT, and
+    says so): the sweep abandons the row once no lock can cover it any more."""
+    duration_ms = int((time.monotonic() - started) * 1000)
+    error_name = type(error).__name__
+    marked: bool | None = None  # unknown: the row could not be written
+    try:
+        if not connection.in_atomic_block:  # (in one, closing would break the caller's)
+            # A connection the error broke is replaced, not reused (it would fail again).
+            connection.close_if_unusable_or_obsolete()
+        marked = bool(
+            Consolidation.objects.filter(pk=ledger.pk, status=ConsolidationStatus.RUNNING).update(
+                status=ConsolidationStatus.FAILED,
+                finished_at=timezone.now(),
+                duration_ms=duration_ms,
+                error=f"{error_name} (database error)",
+            )
+        )
+    except Exception as unmarked:
+        log.warning(
+            "could not mark the interrupted fold failed (%s); the sweep will",
+            type(unmarked).__name__,
+            extra={"chat_id": ledger.chat_id, "ledger_id": ledger.pk},
+        )
+    if marked is False:
+        # No longer running: the commit landed after all (its outcome stands), or the chat is gone.
+        log.info(
+            "database error after the fold's row was written",
+            extra={"chat_id": ledger.chat_id, "ledger_id": ledger.pk, "error": error_name},
+        )
+        return
+    log.warning(
+        "fold interrupted by a database error",
+        extra={
+            "event": "fold",
+            "chat_id": ledger.chat_id,
+            "ledger_id": ledger.pk,
+            "trigger": ledger.trigger,
+            "synchronous": ledger.synchronous,
+            "from_seq": ledger.from_seq,
+            "to_seq": ledger.to_seq,
+            "outcome": "failed",
+            "error_kind": "database",
+            "duration_ms": duration_ms,
+            "error": error_name,
+        },
+    )
 
 
 def record_running(ledger: Consolidation) -> None:

@@ -22,7 +22,11 @@ log = logging.getLogger("chatmem.tasks")
     name="chatmem.consolidate_chat", queue="memory", acks_late=True, base=WorkerDeadlinesTask
 )
 def consolidate_chat(
-    chat_id: int, trigger: str = "turn", due_at: float | None = None, waited: float = 0.0
+    chat_id: int,
+    trigger: str = "turn",
+    due_at: float | None = None,
+    waited: float = 0.0,
+    db_retries: int = 0,
 ) -> list[str]:
     started = time.monotonic()  # Celery's time limits count from here
     # Before reading anything: a turn that commits from here on queues a new task (dispatch).
@@ -32,9 +36,16 @@ def consolidate_chat(
         # Redis is down: the marker expires on its own; the lock below will fail the task.
         log.warning("could not clear the queued marker", extra={"chat_id": chat_id})
     due = datetime.fromtimestamp(due_at, UTC) if due_at is not None else None
-    outcomes = consolidation.consolidate_with_lock(
-        chat_id, trigger, chat_lock(), due_at=due, started=started
-    )
+    try:
+        outcomes = consolidation.consolidate_with_lock(
+            chat_id, trigger, chat_lock(), due_at=due, started=started
+        )
+    except consolidation.DATABASE_ERRORS as error:
+        # The lock is already released (consolidate_with_lock) and the ledger row marked failed
+        # if the database let it be (consolidation.record_interrupted).
+        if not _retry_after_database_error(chat_id, trigger, due_at, waited, db_retries, error):
+            raise
+        return ["database_error"]
     # The policy lives in the service; the task only queues what it says.
     wait = consolidation.manual_wait_delay(chat_id, trigger, outcomes, waited)
     if wait is not None:
@@ -43,6 +54,49 @@ def consolidate_chat(
     if delay is not None:
         _queue_again(chat_id, "retry", delay)
     return [outcome.status for outcome in outcomes]
+
+
+# A database error under a fold (PostgreSQL restarting or failing over, the connection killed
+# while the summarizer answered) is retried by the task itself: a delayed task of its own with
+# the same trigger (a manual request stays manual) after MEMORY_FAILURE_BACKOFF_SECONDS, doubling
+# (30, 60, 120, 240, 480 s by default, ±20 %), at most DATABASE_ERROR_RETRIES times. The count
+# travels with the task, not on the brief: the database may be down, and the chat's folds are
+# not what fails. Past the last retry (or a delay past half the visibility timeout) the task
+# fails with the error, and the sweep, then turns, find the chat again once the database is up.
+DATABASE_ERROR_RETRIES = 5
+
+
+def _retry_after_database_error(
+    chat_id: int,
+    trigger: str,
+    due_at: float | None,
+    waited: float,
+    db_retries: int,
+    error: BaseException,
+) -> bool:
+    """Whether a retry was asked for (queued, or its publish failed and was logged)."""
+    context = {"chat_id": chat_id, "trigger": trigger, "db_retries": db_retries}
+    delay = None
+    if db_retries < DATABASE_ERROR_RETRIES:
+        backoff = consolidation.failure_backoff(db_retries + 1).total_seconds()
+        delay = consolidation.within_visibility(backoff)
+    if delay is None:
+        # The task then fails with the error: Celery logs it, with its traceback.
+        log.warning("database error; no retry left", extra=context)
+        return False
+    log.warning(
+        "database error; retrying in %.0f s: %s",
+        delay,
+        f"{type(error).__name__}: {str(error)[:300]}",
+        extra={**context, "event": "db_retry", "retry_in_seconds": round(delay, 1)},
+    )
+    kwargs: dict[str, float] = {"db_retries": db_retries + 1}
+    if due_at is not None:
+        kwargs["due_at"] = due_at
+    if waited:
+        kwargs["waited"] = waited
+    _queue_again(chat_id, trigger, delay, kwargs)
+    return True
 
 
 def _queue_again(

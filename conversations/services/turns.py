@@ -23,7 +23,7 @@ from functools import partial
 from typing import Any
 
 from django.conf import settings
-from django.db import DatabaseError, InterfaceError, connection, connections, transaction
+from django.db import connection, connections, transaction
 from django.utils import timezone
 
 from conversations import rows
@@ -34,7 +34,7 @@ from conversations.services.backends import get_chat_model
 from conversations.services.context import build_model_messages
 from conversations.services.variants import ModelVariant, turn_variant
 from memory_worker import policy as engine
-from memory_worker.consolidation import decide_for_chat, execute_fold
+from memory_worker.consolidation import DATABASE_ERRORS, decide_for_chat, execute_fold
 from memory_worker.dispatch import request_consolidation
 from memory_worker.policies import policy_for_chat
 from memory_worker.state import (
@@ -149,11 +149,6 @@ def claim_owned_chat(owner_id: int, chat_id: int) -> Claimed:
     if Chat.objects.filter(pk=chat_id, owner_id=owner_id).exists():
         raise TurnInProgress(BUSY)
     raise Chat.DoesNotExist(f"no chat {chat_id} of user {owner_id}")
-
-
-# The database failed or could not be reached (a connection lost, a restart, a timeout): a turn
-# refused for it is a 503 to retry, not a bug.
-DATABASE_ERRORS = (DatabaseError, InterfaceError)
 
 
 def release_turn_slot(chat: Chat, token: uuid.UUID) -> None:

@@ -1,0 +1,258 @@
+"""PostgreSQL outages (the h13 review): the connection pool's wait is bounded by
+DB_CONNECT_TIMEOUT, not psycopg_pool's 30 s; pooled connections are checked before use, so a
+restart fails no request; a fold whose database fails under it is retried by its task and does
+not leave its ledger row "running"; a not-ready probe is a WARNING, not one ERROR per probe."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import time
+import typing
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from django.db import OperationalError, connection
+
+from conversations import health
+from conversations.models import Brief, Consolidation
+from memory_worker import consolidation, tasks
+from memory_worker.runtime import chat_lock
+from tests.conftest import contract_chat_after_turns
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def in_a_process(env: dict[str, str], code: str) -> dict[str, Any]:
+    """``code`` run after django.setup() in a fresh interpreter (the settings read ``env``); it
+    prints one JSON line."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("DB_") and k != "DATABASE_URL"}
+    result = subprocess.run(
+        [sys.executable, "-c", f"import django, json, time\ndjango.setup()\n{code}"],
+        cwd=ROOT,
+        env={**clean, "DJANGO_SETTINGS_MODULE": "chatmem_project.settings", **env},
+        capture_output=True,
+        text=True,
+        timeout=20,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    found: dict[str, Any] = json.loads(result.stdout.strip().splitlines()[-1])
+    return found
+
+
+# --- A and B: the pool's configuration --------------------------------------------------------
+
+POOL = """
+from django.db import connection
+pool = connection.pool
+check = getattr(pool, "_check", None)
+print(json.dumps({"timeout": pool.timeout, "check": getattr(check, "__qualname__", str(check))}))
+"""
+
+
+@pytest.mark.parametrize(("connect_timeout", "waits"), [("", 10.0), ("3", 3.0), ("0", 30.0)])
+def test_the_pool_waits_the_connect_timeout_and_checks_its_connections(
+    connect_timeout: str, waits: float
+) -> None:
+    """A request waited psycopg_pool's 30 s for a connection during an outage, whatever
+    DB_CONNECT_TIMEOUT said; 0 (libpq's "no limit") keeps the pool's 30 s (0 would fail at once)."""
+    env = {
+        "DATABASE_URL": "postgres://u@127.0.0.1:1/x",
+        "DB_POOL_MAX_SIZE": "4",
+        "DB_CONNECT_TIMEOUT": connect_timeout,
+    }
+    assert in_a_process(env, POOL) == {"timeout": waits, "check": "ConnectionPool.check_connection"}
+
+
+READYZ = """
+from django.test import Client
+started = time.monotonic()
+response = Client().get("/readyz")
+elapsed = time.monotonic() - started
+print(json.dumps({"status": response.status_code, "body": response.json(), "elapsed": elapsed}))
+"""
+
+
+def test_with_a_pool_readyz_gives_up_after_the_connect_timeout() -> None:
+    """Nothing listens on port 1: the pool's workers keep failing to connect, and /readyz waited
+    30 s for them (h13 E: 30.07 s)."""
+    env = {
+        "DATABASE_URL": "postgres://u@127.0.0.1:1/x",
+        "DB_POOL_MAX_SIZE": "2",
+        "DB_CONNECT_TIMEOUT": "2",
+    }
+    found = in_a_process(env, READYZ)
+    assert found["status"] == 503
+    assert found["body"]["database"].startswith("error"), found
+    assert 1.5 <= found["elapsed"] < 8, found
+
+
+RESTART = """
+import psycopg
+from django.db import connection
+def backend() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        return cursor.fetchone()[0]
+before = backend()
+connection.close()  # back to the pool, idle
+params = {k: v for k, v in connection.get_connection_params().items() if k != "pool"}
+with psycopg.connect(**params, autocommit=True) as admin:
+    admin.execute("SELECT pg_terminate_backend(%s)", [before])
+    while admin.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s", [before]).fetchone():
+        time.sleep(0.02)
+try:
+    after = backend()
+except Exception as error:
+    after = type(error).__name__
+print(json.dumps({"before": before, "after": after}))
+"""
+
+
+def test_a_pooled_connection_postgresql_dropped_fails_no_request(require_postgres: None) -> None:
+    """After a PostgreSQL restart every idle pooled connection is dead; unchecked, each failed
+    the request the pool handed it to (h13 B)."""
+    db = connection.settings_dict
+    url = f"postgres://{db['USER']}:{db['PASSWORD']}@{db['HOST']}:{db['PORT']}/{db['NAME']}"
+    env = {"DATABASE_URL": url, "DB_POOL_MAX_SIZE": "1", "DB_POOL_MIN_SIZE": "1"}
+    found = in_a_process(env, RESTART)
+    assert isinstance(found["after"], int), found  # not "OperationalError"
+    assert found["after"] != found["before"]
+
+
+# --- C: a fold whose database fails under it ------------------------------------------------
+
+
+def queued_retries(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, typing.Any]]:
+    published: list[dict[str, typing.Any]] = []
+    monkeypatch.setattr(
+        tasks.consolidate_chat, "apply_async", lambda **options: published.append(options)
+    )
+    return published
+
+
+def lock_is_free(chat_id: int) -> bool:
+    lock = chat_lock()
+    if not lock.acquire_or_mark_pending(chat_id, "probe"):
+        return False
+    lock.release(chat_id, "probe")
+    return True
+
+
+@pytest.fixture
+def ladder(settings: Any) -> Any:
+    settings.MEMORY_FAILURE_BACKOFF_SECONDS = 30
+    settings.MEMORY_FAILURE_BACKOFF_MAX_SECONDS = 3600
+    return settings
+
+
+@pytest.mark.django_db
+def test_a_fold_whose_commit_fails_on_the_database_is_retried(
+    api: Any, ladder: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """h13 F: the task failed and was acknowledged, the manual request was lost and the ledger
+    row stayed "running" until the sweep abandoned it a lock TTL later."""
+    published = queued_retries(monkeypatch)
+    chat_id = contract_chat_after_turns(api, 6)  # 12 unfolded messages: a fold is due
+
+    def lost(write: consolidation.FoldWrite) -> bool:
+        raise OperationalError("server closed the connection unexpectedly")
+
+    monkeypatch.setattr(consolidation, "commit_in_one_statement", lost)
+    monkeypatch.setattr(consolidation, "commit_in_transaction", lost)
+    assert tasks.consolidate_chat(chat_id, "manual", due_at=1000.0) == ["database_error"]
+    row = Consolidation.objects.get(chat_id=chat_id)
+    assert (row.status, row.error) == ("failed", "OperationalError (database error)")
+    assert row.finished_at is not None
+    brief = Brief.objects.get(chat_id=chat_id)
+    # Not the chat's failure: no backoff, not degraded, nothing folded.
+    assert (brief.consecutive_failures, brief.next_attempt_at, brief.degraded) == (0, None, False)
+    assert brief.last_consolidated == 0
+    assert lock_is_free(chat_id)
+    # A manual request stays manual; the lag still counts from the turn that found it due.
+    assert len(published) == 1
+    assert published[0]["args"] == (chat_id, "manual")
+    assert published[0]["kwargs"] == {"db_retries": 1, "due_at": 1000.0}
+    assert 0.8 * 30 <= published[0]["countdown"] <= 1.2 * 30
+
+    # The next retry waits twice as long; the last one gives up with the error.
+    assert tasks.consolidate_chat(chat_id, "manual", db_retries=1) == ["database_error"]
+    assert published[1]["kwargs"] == {"db_retries": 2}
+    assert 0.8 * 60 <= published[1]["countdown"] <= 1.2 * 60
+    with pytest.raises(OperationalError):
+        tasks.consolidate_chat(chat_id, "manual", db_retries=tasks.DATABASE_ERROR_RETRIES)
+    assert len(published) == 2
+    assert lock_is_free(chat_id)
+
+    # The database is back: the retry folds.
+    monkeypatch.undo()
+    published = queued_retries(monkeypatch)
+    assert tasks.consolidate_chat(chat_id, "manual", db_retries=1) == ["succeeded"]
+    assert Brief.objects.get(chat_id=chat_id).last_consolidated > 0
+    assert published == []
+    assert set(Consolidation.objects.filter(chat_id=chat_id).values_list("status", flat=True)) == {
+        "failed",
+        "succeeded",
+    }
+
+
+def test_a_connection_killed_during_the_summarizer_call(
+    require_postgres: None, api: Any, ladder: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The real thing: the worker's backend is terminated while the summarizer answers (no
+    transaction is open then); the commit fails, the row is marked failed on a new connection
+    and the task queues its retry."""
+    published = queued_retries(monkeypatch)
+    chat_id = contract_chat_after_turns(api, 6)
+    real = consolidation.get_summarizer
+    params = {k: v for k, v in connection.get_connection_params().items() if k != "pool"}
+
+    class Killed:
+        def __init__(self, inner: Any) -> None:
+            self.inner = inner
+
+        def summarize(self, *args: Any, **kwargs: Any) -> Any:
+            assert not connection.in_atomic_block
+            pid = connection.connection.info.backend_pid
+            with psycopg.connect(**params, autocommit=True) as admin:
+                admin.execute("SELECT pg_terminate_backend(%s)", [pid])
+                while admin.execute(
+                    "SELECT 1 FROM pg_stat_activity WHERE pid = %s", [pid]
+                ).fetchone():
+                    time.sleep(0.02)
+            return self.inner.summarize(*args, **kwargs)
+
+    monkeypatch.setattr(consolidation, "get_summarizer", lambda cap: Killed(real(cap)))
+    assert tasks.consolidate_chat(chat_id, "manual") == ["database_error"]
+    row = Consolidation.objects.get(chat_id=chat_id)
+    assert row.status == "failed" and "database error" in row.error
+    assert Brief.objects.get(chat_id=chat_id).last_consolidated == 0
+    assert [options["args"] for options in published] == [(chat_id, "manual")]
+    assert lock_is_free(chat_id)
+
+
+# --- D: a not-ready probe ---------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_a_not_ready_probe_is_a_warning_not_an_error(
+    client: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """django.request logged every 503 of /readyz at ERROR: one ERROR per probe per replica for
+    as long as the database was down."""
+    monkeypatch.setattr(health, "database_state", lambda: "error: OperationalError")
+    with caplog.at_level(logging.INFO):
+        response = client.get("/readyz")
+    assert response.status_code == 503
+    assert response.json()["database"] == "error: OperationalError"
+    assert [r for r in caplog.records if r.levelno >= logging.ERROR] == []
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert [(r.name, getattr(r, "event", None)) for r in warnings] == [
+        ("chatmem.health", "not_ready")
+    ]
+    assert "OperationalError" in warnings[0].getMessage()
