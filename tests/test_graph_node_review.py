@@ -76,6 +76,26 @@ def tokens_of(messages: list[Any]) -> int:
     return sum(count_tokens(message_text(m)) for m in messages)
 
 
+def tight_window_node(summarizer: Any) -> Any:
+    """sliding-window (no background fold due for 40 messages) under a 300-token hard bound."""
+    return SummarizationNode(
+        model=summarizer,
+        policy="sliding-window",
+        overrides={"max_memory_tokens": 300, "summary_token_cap": 64},
+    )
+
+
+def long_turns(count: int) -> list[Any]:
+    """``count`` complete turns of about 130 tokens, tagged [u1] [a1] ..."""
+    messages: list[Any] = []
+    for number in range(1, count + 1):
+        messages += [
+            HumanMessage(f"[u{number}] " + "detail " * 60, id=f"h{number}"),
+            AIMessage(f"[a{number}] " + "ok " * 60, id=f"a{number}"),
+        ]
+    return messages
+
+
 def react_turn(calls: int) -> list[Any]:
     """One earlier turn, then a human message and ``calls`` tool calls with their results."""
     messages: list[Any] = [
@@ -133,17 +153,8 @@ def test_a_tool_loop_folds_the_turns_before_it_synchronously() -> None:
 def test_a_new_message_over_the_bound_folds_the_whole_history_before_it() -> None:
     """A human message opens a turn: everything before it may be folded, as a REST turn does."""
     summarizer = Summarizer(inputs=[])
-    node = SummarizationNode(
-        model=summarizer,
-        policy="sliding-window",
-        overrides={"max_memory_tokens": 300, "summary_token_cap": 64},
-    )
-    messages: list[Any] = []
-    for number in range(1, 4):
-        messages += [
-            HumanMessage(f"[u{number}] " + "detail " * 60, id=f"h{number}"),
-            AIMessage(f"[a{number}] " + "ok " * 60, id=f"a{number}"),
-        ]
+    node = tight_window_node(summarizer)
+    messages = long_turns(3)
     messages.append(HumanMessage("[u4] and now?", id="h4"))
     result = node.invoke({"messages": [SystemMessage("Be brief."), *messages], "context": {}})
     output = result["summarized_messages"]
@@ -256,17 +267,8 @@ def test_two_human_messages_after_the_last_reply_are_both_new() -> None:
     the newest was, so the first of two could be folded without its answer-to-be (a fold of
     just "[u3a]" here) while the second went on verbatim."""
     summarizer = Summarizer(inputs=[])
-    node = SummarizationNode(
-        model=summarizer,
-        policy="sliding-window",
-        overrides={"max_memory_tokens": 300, "summary_token_cap": 64},
-    )
-    messages: list[Any] = []
-    for number in range(1, 3):
-        messages += [
-            HumanMessage(f"[u{number}] " + "detail " * 60, id=f"h{number}"),
-            AIMessage(f"[a{number}] " + "ok " * 60, id=f"a{number}"),
-        ]
+    node = tight_window_node(summarizer)
+    messages = long_turns(2)
     messages += [
         HumanMessage("[u3a] " + "first half " * 150, id="h3a"),
         HumanMessage("[u3b] second half", id="h3b"),
