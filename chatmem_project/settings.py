@@ -174,7 +174,11 @@ if DB_POOL_MAX_SIZE and DATABASES["default"]["ENGINE"] == "django.db.backends.po
     DATABASES["default"]["OPTIONS"]["pool"] = {
         "min_size": DB_POOL_MIN_SIZE,
         "max_size": DB_POOL_MAX_SIZE,
-        "timeout": _pool_timeout(DATABASES["default"]["OPTIONS"]["connect_timeout"]),
+        # DB_POOL_TIMEOUT: the same wait when the pool is merely busy (every connection in use)
+        # is a 503 after it too; raise it to let a burst wait longer.
+        "timeout": env_float(
+            "DB_POOL_TIMEOUT", _pool_timeout(DATABASES["default"]["OPTIONS"]["connect_timeout"])
+        ),
     }
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # The embedded default has two writers (requests and the in-process fold runner). BEGIN

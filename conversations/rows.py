@@ -8,10 +8,12 @@ SQLite's datetimes and UUIDs), and the result is an ordinary model instance (``M
 with any field not selected deferred as with ``only()``."""
 
 import functools
+import sqlite3
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
-from django.db import DEFAULT_DB_ALIAS, connection, connections
+import psycopg
+from django.db import DEFAULT_DB_ALIAS, InterfaceError, OperationalError, connection, connections
 from django.db.models import Field, Model, signals
 from django.db.models.base import ModelState
 from django.db.models.fields.related_descriptors import ForeignKeyDeferredAttribute
@@ -229,3 +231,29 @@ def field_converters(fields: Sequence[Field]) -> list[tuple[int, Any, Converter]
         ):
             converters.append((index, column, convert))
     return converters
+
+
+# SQLSTATEs of a database that is not there to answer: class 08 (connection exceptions), and
+# 57P01-57P03 (shutting down, crashed, not yet accepting connections).
+UNREACHABLE_SQLSTATES = ("57P01", "57P02", "57P03")
+
+
+def database_unreachable(error: BaseException) -> bool:
+    """Whether a database error means the database could not be reached or the connection was
+    lost (a restart, a failover, a network cut, the pool out of connections): an outage to
+    retry, a 503. Not an error the database answered (a deadlock, a statement timeout, a missing
+    table, a constraint): those are bugs or load to look into, a 500 with its traceback."""
+    if isinstance(error, InterfaceError):  # "connection already closed"
+        return True
+    if not isinstance(error, OperationalError):
+        return False
+    cause = error.__cause__
+    if isinstance(cause, sqlite3.OperationalError):
+        # The embedded mode's one writer busy past the lock timeout.
+        return "database is locked" in str(cause)
+    sqlstate = getattr(cause, "sqlstate", None)
+    if sqlstate is None:
+        # No server answered: psycopg's connection failures, a broken connection, the pool's
+        # timeout carry no SQLSTATE.
+        return cause is None or isinstance(cause, psycopg.OperationalError)
+    return str(sqlstate).startswith("08") or sqlstate in UNREACHABLE_SQLSTATES

@@ -4,6 +4,7 @@ on a new connection, not left claimed until it goes stale; a stream always gets 
 
 from __future__ import annotations
 
+import sqlite3
 from typing import Any
 
 import httpx
@@ -15,6 +16,7 @@ from rest_framework.authtoken.models import Token
 from conversations.api import views
 from conversations.llm import OfflineChatModel
 from conversations.models import Chat, Message
+from conversations.rows import database_unreachable
 from conversations.services import exchanges
 
 TURN = {"content": "hello"}
@@ -118,3 +120,60 @@ def test_a_stream_whose_store_fails_ends_with_an_error(
     last = [line for line in lines if line.startswith("data: ")][-1]
     assert "database_unavailable" in last
     assert not Chat.objects.filter(turn_token__isnull=False).exists()  # the slot is free
+
+
+def caused_by(cause: BaseException) -> OperationalError:
+    """A Django database error as Django raises it: the driver's error as its cause."""
+    error = OperationalError(str(cause))
+    error.__cause__ = cause
+    return error
+
+
+@pytest.mark.parametrize(
+    ("cause", "unreachable"),
+    [
+        (psycopg.OperationalError("connection to server failed: Connection refused"), True),
+        (psycopg.errors.AdminShutdown("terminating connection due to administrator command"), True),
+        (psycopg.errors.CannotConnectNow("the database system is starting up"), True),
+        (psycopg.errors.DeadlockDetected("deadlock detected"), False),
+        (psycopg.errors.QueryCanceled("canceling statement due to statement timeout"), False),
+        (sqlite3.OperationalError("database is locked"), True),
+        (sqlite3.OperationalError("no such table: authtoken_token"), False),
+    ],
+)
+def test_only_an_unreachable_database_is_an_outage(cause: BaseException, unreachable: bool) -> None:
+    """Every OperationalError was a 503 "retry shortly": a deadlock, a statement timeout or an
+    unmigrated database too, hiding the bug behind a retry."""
+    assert database_unreachable(caused_by(cause)) is unreachable
+
+
+def test_a_database_error_that_is_no_outage_stays_a_500(api: Any, monkeypatch: Any) -> None:
+    def deadlocked(*args: Any) -> Any:
+        raise caused_by(psycopg.errors.DeadlockDetected("deadlock detected"))
+
+    monkeypatch.setattr(views.ChatViewSet, "get_queryset", deadlocked)
+    api.raise_request_exception = False
+    response = api.get("/api/v1/chats/")
+    assert response.status_code == 500
+
+
+def test_a_turn_lost_after_its_store_is_not_to_be_resent(api: Any, monkeypatch: Any) -> None:
+    """The store committed, then the connection broke before its answer: a 503 that invites a
+    retry stored the turn twice (the OpenAI SDKs retry by themselves). The store had freed the
+    slot, so the release finds it no longer held: the turn may have been stored."""
+    from conversations.services import turns
+
+    chat_id = api.post("/api/v1/chats/", {}, format="json").json()["id"]
+    real = turns.store_turn
+
+    def stored_then_lost(*args: Any, **kwargs: Any) -> Any:
+        real(*args, **kwargs)
+        raise OperationalError("server closed the connection unexpectedly")
+
+    monkeypatch.setattr(turns, "store_turn", stored_then_lost)
+    response = api.post(f"/api/v1/chats/{chat_id}/turns/", TURN, format="json")
+    assert response.status_code == 503
+    assert response["x-should-retry"] == "false"
+    assert "may have been stored" in response.json()["detail"]
+    assert "Retry-After" not in response
+    assert Message.objects.filter(chat_id=chat_id).count() == 2

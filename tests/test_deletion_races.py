@@ -14,6 +14,7 @@ from typing import Any
 from django.db import connection, connections
 from django.utils import timezone
 
+from conversations.llm import OfflineChatModel
 from conversations.models import Chat, Consolidation, Message
 from memory_worker import consolidation
 from memory_worker.state import load_snapshot
@@ -86,20 +87,40 @@ def on_a_thread(work: Callable[[], Any]) -> tuple[threading.Thread, dict[str, An
     return thread, result
 
 
-def waiting_on_a_lock() -> bool:
-    """Another backend of this database waits for a row lock (the deletion's)."""
+def waiting_on_a_lock(pids: list[int] | None = None) -> bool:
+    """A backend of this database (of ``pids``, when given) waits for a row lock."""
     with connections["default"].cursor() as cursor:
         cursor.execute(
             "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-            "AND wait_event_type = 'Lock'"
+            "AND wait_event_type = 'Lock' AND (%s::int[] IS NULL OR pid = ANY(%s::int[]))",
+            [pids, pids],
         )
         return bool(cursor.fetchone()[0])
 
 
-def test_a_turn_committing_during_a_deletion(require_postgres: None, api: Any, user: Any) -> None:
+def backend_pid() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        return int(cursor.fetchone()[0])
+
+
+def test_a_turn_storing_during_a_deletion(
+    require_postgres: None, api: Any, user: Any, monkeypatch: Any
+) -> None:
+    """The turn claimed its slot and called the model before the deletion began; it stores
+    while the deletion runs: its append waits for the chat row, then finds no chat."""
     chat_id = new_chat(api)
     say(api, chat_id, 1)
-    deletion = PausedDeletion(user, chat_id, "conversations_message")
+    answering, answer, turn_pid = threading.Event(), threading.Event(), []
+    real = OfflineChatModel.complete
+
+    def held(self: Any, *args: Any, **kwargs: Any) -> Any:
+        turn_pid.append(backend_pid())
+        answering.set()
+        answer.wait(DEADLINE)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(OfflineChatModel, "complete", held)
 
     def turn() -> Any:
         client = client_for(user)
@@ -107,7 +128,10 @@ def test_a_turn_committing_during_a_deletion(require_postgres: None, api: Any, u
         return client.post(f"/api/v1/chats/{chat_id}/turns/", {"content": "hi"}, format="json")
 
     thread, result = on_a_thread(turn)
-    assert wait_until(waiting_on_a_lock, DEADLINE)  # the turn waits for the deletion
+    assert answering.wait(DEADLINE)  # claimed, in the model call
+    deletion = PausedDeletion(user, chat_id, "conversations_message")
+    answer.set()
+    assert wait_until(lambda: waiting_on_a_lock(turn_pid), DEADLINE)  # the append waits
     assert deletion.finish() == 204
     thread.join(DEADLINE)
     assert result["value"].status_code == 404
@@ -126,10 +150,14 @@ def test_a_fold_starting_during_a_deletion(require_postgres: None, api: Any, use
     decision = consolidation.decide_for_chat(chat, snapshot, "turn", timezone.now())
     assert decision is not None
     deletion = PausedDeletion(user, chat_id, "conversations_consolidation")
-    thread, result = on_a_thread(
-        lambda: consolidation.execute_fold(chat, snapshot, decision, now=timezone.now())
-    )
-    assert wait_until(waiting_on_a_lock, DEADLINE)
+    fold_pid: list[int] = []
+
+    def fold() -> Any:
+        fold_pid.append(backend_pid())
+        return consolidation.execute_fold(chat, snapshot, decision, now=timezone.now())
+
+    thread, result = on_a_thread(fold)
+    assert wait_until(lambda: bool(fold_pid) and waiting_on_a_lock(fold_pid), DEADLINE)
     assert deletion.finish() == 204
     thread.join(DEADLINE)
     assert "error" not in result, result.get("error")
@@ -162,3 +190,48 @@ def test_a_synchronous_fold_on_a_chat_deleted_before_it_started(
         assert response.status_code == 201
     assert deleted
     assert response.status_code == 404
+
+
+def test_an_agent_state_commit_during_a_deletion(
+    require_postgres: None, api: Any, use_fake_openai: Any, monkeypatch: Any
+) -> None:
+    """The commit updates the agent state row, then inserts response summaries, whose foreign
+    key is checked at commit; the deletion, holding the chat row, waited for the agent state
+    row: a deadlock that failed the deletion. The commit now holds the chat first."""
+    from conversations.models import AgentState, ResponseSummary
+    from conversations.services.agent_state import summarize_turns
+    from tests.test_agent_state import FILLER, replies_with
+
+    replies_with(use_fake_openai, f"I'll save the recipes once you confirm. {FILLER}")
+    chat_id = new_chat(api)
+    agent = {"decision": "propose", "complexity": "low", "proposal_message": "Save them?"}
+    body = {"content": "save the recipes", "agent": agent}
+    assert api.post(f"/api/v1/chats/{chat_id}/turns/", body, format="json").status_code == 201
+    inserting, insert = threading.Event(), threading.Event()
+    real = ResponseSummary.objects.bulk_create
+
+    def held(summaries: Any, **kwargs: Any) -> Any:
+        assert summaries  # a row to insert: its foreign key is what the commit checks
+        inserting.set()
+        insert.wait(DEADLINE)
+        return real(summaries, **kwargs)
+
+    monkeypatch.setattr(ResponseSummary.objects, "bulk_create", held)
+    commit_thread, committed = on_a_thread(lambda: summarize_turns(chat_id))
+    assert inserting.wait(DEADLINE)  # the agent state row is updated, the summary not inserted
+    delete_pid: list[int] = []
+
+    def delete() -> Any:
+        delete_pid.append(backend_pid())
+        return Chat.objects.get(pk=chat_id).delete()
+
+    delete_thread, deleted = on_a_thread(delete)
+    assert wait_until(lambda: bool(delete_pid) and waiting_on_a_lock(delete_pid), DEADLINE)
+    insert.set()
+    commit_thread.join(DEADLINE)
+    delete_thread.join(DEADLINE)
+    assert "error" not in committed, committed.get("error")
+    assert "error" not in deleted, deleted.get("error")
+    assert not Chat.objects.filter(pk=chat_id).exists()
+    assert not AgentState.objects.filter(chat_id=chat_id).exists()
+    assert not ResponseSummary.objects.filter(chat_id=chat_id).exists()

@@ -15,7 +15,8 @@ from rest_framework.views import exception_handler as drf_exception_handler
 
 from conversations.llm import UPSTREAM_TIMEOUT, ModelError
 from conversations.models import Chat
-from conversations.services.turns import DATABASE_ERRORS, ContextOverBound, TurnInProgress
+from conversations.rows import database_unreachable
+from conversations.services.turns import ContextOverBound, TurnInProgress
 from conversations.services.variants import UnknownVariant
 
 log = logging.getLogger("chatmem.api")
@@ -30,7 +31,26 @@ class DatabaseUnavailable(exceptions.APIException):
         "not stored: GET the chat's messages to see.)"
     )
     default_code = "database_unavailable"
-    wait = 5  # DRF sends it as Retry-After
+    wait: int | None = 5  # DRF sends it as Retry-After
+    should_retry = True
+
+
+class DatabaseLostAfterStore(DatabaseUnavailable):
+    """The connection broke after the turn's store may have committed (it freed its slot, or
+    the slot could not be read): sent again unchanged, the turn could be stored twice."""
+
+    default_detail = (
+        "The database connection broke while the turn was being stored; it may have been "
+        "stored. GET the chat's messages before sending it again."
+    )
+    wait = None
+    should_retry = False
+
+
+def database_error(error: BaseException) -> DatabaseUnavailable:
+    if getattr(error, "turn_may_be_stored", False):
+        return DatabaseLostAfterStore()
+    return DatabaseUnavailable()
 
 
 class TurnConflict(exceptions.APIException):
@@ -81,8 +101,8 @@ def turn_error(error: Exception) -> exceptions.APIException:
         return TurnConflict(str(error))
     if isinstance(error, ContextOverBound):
         return MemoryUnavailable(str(error))
-    if isinstance(error, DATABASE_ERRORS):
-        return DatabaseUnavailable()
+    if database_unreachable(error):
+        return database_error(error)
     if isinstance(error, ModelError):
         exc_class = ModelTimeout if error.status == UPSTREAM_TIMEOUT else ModelUpstreamError
         if not error.retryable:
@@ -109,9 +129,10 @@ def turn_refusals() -> Iterator[None]:
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
     # DRF turns Django's Http404/PermissionDenied into its own exceptions; do it first so the
     # code below sees the exception whose codes the response carries.
-    if isinstance(exc, DATABASE_ERRORS):
+    unreachable = database_unreachable(exc)
+    if unreachable:
         log.warning("database unavailable: %s", exc, extra={"path": context["request"].path})
-        exc = DatabaseUnavailable()
+        exc = database_error(exc)
     elif isinstance(exc, Http404):
         exc = exceptions.NotFound()
     elif isinstance(exc, PermissionDenied):
@@ -127,6 +148,9 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
     if response is not None and getattr(exc, "should_retry", True) is False:
         # The OpenAI SDKs (and other clients honouring it) retry a 5xx unless told not to.
         response["x-should-retry"] = "false"
+    if response is not None and unreachable:
+        # Logged above, once, as the warning an outage is: not django.request's ERROR as well.
+        response._has_been_logged = True  # type: ignore[attr-defined]
     return response
 
 

@@ -15,9 +15,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from django.conf import settings
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 
 from conversations import agent_state as rules
+from conversations import rows
 from conversations.llm import ModelError
 from conversations.models import AgentState, Chat, Message, ResponseSummary, Role
 from conversations.services.backends import chat_backend_name, get_chat_model
@@ -359,6 +360,8 @@ def commit(state: AgentState, turns: list[Turn], draft: Draft) -> bool:
     )
     watermark = max(turn.last_seq for turn in turns)
     with transaction.atomic():
+        if not hold_chat(state.chat_id):
+            return False  # deleted meanwhile: nothing to keep
         # The fencing step: only the run that read this watermark may move it.
         committed = AgentState.objects.filter(
             chat_id=state.chat_id, processed_seq=state.processed_seq
@@ -393,6 +396,22 @@ def commit(state: AgentState, turns: list[Turn], draft: Draft) -> bool:
 
 # ---------------------------------------------------------------------------------------------
 # The seed's LLM calls (with deterministic stand-ins)
+
+
+def hold_chat(chat_id: int) -> bool:
+    """Whether the chat still exists, holding it against deletion until the transaction ends.
+    A deletion locks the chat row first, then deletes its rows table by table
+    (conversations.models.lock_chat_being_deleted); this commit updates the agent state row, then
+    inserts response summaries, whose foreign key on the chat is checked at commit. Without the
+    chat locked first, each waited for the other: a deadlock that failed the deletion. FOR KEY
+    SHARE blocks only a deletion (or a key change), not a turn's updates of the chat row."""
+    if connection.vendor != "postgresql":
+        return Chat.objects.filter(pk=chat_id).exists()
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT 1 FROM {rows.quoted_table(Chat)} WHERE id = %s FOR KEY SHARE", [chat_id]
+        )
+        return cursor.fetchone() is not None
 
 
 def llm_enabled() -> bool:

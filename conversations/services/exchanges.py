@@ -26,12 +26,12 @@ from django.db import IntegrityError, connections, transaction
 
 from conversations.llm import ChatCompletion, CompletionStream, ToolOptions
 from conversations.models import Chat, Message, Role
+from conversations.rows import database_unreachable
 from conversations.services import chats as chat_service
 from conversations.services.agent_state import queue_agent_summary
 from conversations.services.backends import get_chat_model
 from conversations.services.context import build_model_messages, without_unanswered_tool_calls
 from conversations.services.turns import (
-    DATABASE_ERRORS,
     EXPECTED_REFUSALS,
     TurnDelta,
     TurnDone,
@@ -303,7 +303,7 @@ class StreamedExchange:
             last = TurnDone(TurnResult(self.result.stored[0], self.result.reply))
         except BaseException as error:  # reported to the client after the deltas
             chat_id = self.prepared.chat.pk
-            if isinstance(error, DATABASE_ERRORS):  # an outage: the client gets a 503 to retry
+            if database_unreachable(error):  # an outage: the client gets a 503 to retry
                 log.warning(
                     "streamed exchange failed: database error: %s",
                     error,

@@ -29,6 +29,7 @@ from django.utils import timezone
 from conversations import rows
 from conversations.llm import ChatCompletion, ModelError, ModelMessages
 from conversations.models import Brief, Chat, Message, Role
+from conversations.rows import database_unreachable
 from conversations.services.agent_state import queue_agent_summary
 from conversations.services.backends import get_chat_model
 from conversations.services.context import build_model_messages
@@ -151,18 +152,18 @@ def claim_owned_chat(owner_id: int, chat_id: int) -> Claimed:
     raise Chat.DoesNotExist(f"no chat {chat_id} of user {owner_id}")
 
 
-def release_turn_slot(chat: Chat, token: uuid.UUID) -> None:
-    """Frees the slot if it is still this turn's. Never raises: it runs while a turn's own error
-    propagates, and a database error here would replace that error, and leave the stream that
-    waits for it without its last event. A connection the failure broke is replaced once (the
-    database may well be back); a slot that cannot be freed goes stale after
-    TURN_SLOT_STALE_SECONDS, when the next turn takes it over."""
+def release_turn_slot(chat: Chat, token: uuid.UUID) -> bool:
+    """Frees the slot if it is still this turn's, and says whether it was. Never raises: it runs
+    while a turn's own error propagates, and a database error here would replace that error, and
+    leave the stream that waits for it without its last event. A connection the failure broke
+    is replaced once (the database may well be back); a slot that cannot be freed goes stale
+    after TURN_SLOT_STALE_SECONDS, when the next turn takes it over."""
     for attempt in (1, 2):
         try:
-            Chat.objects.filter(pk=chat.pk, turn_token=token).update(
+            freed = Chat.objects.filter(pk=chat.pk, turn_token=token).update(
                 turn_token=None, turn_started_at=None
             )
-            return
+            return bool(freed)
         except DATABASE_ERRORS:
             if attempt == 2 or connection.in_atomic_block:
                 break
@@ -172,6 +173,7 @@ def release_turn_slot(chat: Chat, token: uuid.UUID) -> None:
         extra={"chat_id": chat.pk},
         exc_info=True,
     )
+    return False
 
 
 @contextlib.contextmanager
@@ -182,8 +184,12 @@ def turn_slot(chat: Chat, token: uuid.UUID | None) -> Iterator[uuid.UUID]:
     token = token or claim_turn_slot(chat)
     try:
         yield token
-    except BaseException:
-        release_turn_slot(chat, token)
+    except BaseException as error:
+        freed = release_turn_slot(chat, token)
+        if not freed and database_unreachable(error):
+            # The store frees the slot in the statement that stores the turn: a slot no longer
+            # held (or unreadable) after a lost connection means the turn may have been stored.
+            error.turn_may_be_stored = True  # type: ignore[attr-defined]
         raise
 
 
@@ -696,12 +702,14 @@ def _run_streamed_turn(
         )
     except EXPECTED_REFUSALS as error:
         failed.append(TurnFailed(error))
-    except DATABASE_ERRORS as error:  # an outage, not a bug: the client gets a 503 to retry
-        log.warning("streamed turn failed: database error: %s", error, extra={"chat_id": chat.pk})
-        failed.append(TurnFailed(error))
     except Exception as error:
         if announced:  # stored and announced; only an after-commit hook failed
             log.exception("after-commit hook of a streamed turn failed", extra={"chat_id": chat.pk})
+        elif database_unreachable(error):  # an outage, not a bug: the client gets a 503
+            log.warning(
+                "streamed turn failed: database error: %s", error, extra={"chat_id": chat.pk}
+            )
+            failed.append(TurnFailed(error))
         else:
             log.exception("streamed turn failed", extra={"chat_id": chat.pk})
             failed.append(TurnFailed(error))
@@ -711,9 +719,9 @@ def _run_streamed_turn(
     finally:
         try:
             release_turn_slot(chat, token)  # store_turn released it already when it succeeded
-            for failure in failed:
-                events.put(failure)
         finally:
+            for failure in failed:  # whatever happened above: the stream must get its end
+                events.put(failure)
             # This thread's own database connection: it would otherwise stay open until the
             # garbage collector finds the dead thread's connection handler.
             connections.close_all()
