@@ -316,19 +316,26 @@ def record_interrupted(ledger: Consolidation, error: BaseException, started: flo
     log.warning(
         "fold interrupted by a database error",
         extra={
-            "event": "fold",
-            "chat_id": ledger.chat_id,
+            **failed_fold_fields(ledger),
             "ledger_id": ledger.pk,
-            "trigger": ledger.trigger,
-            "synchronous": ledger.synchronous,
-            "from_seq": ledger.from_seq,
-            "to_seq": ledger.to_seq,
-            "outcome": "failed",
             "error_kind": "database",
             "duration_ms": duration_ms,
             "error": error_name,
         },
     )
+
+
+def failed_fold_fields(ledger: Consolidation) -> dict[str, Any]:
+    """What every failed fold's log line says of the attempt."""
+    return {
+        "event": "fold",
+        "chat_id": ledger.chat_id,
+        "trigger": ledger.trigger,
+        "synchronous": ledger.synchronous,
+        "from_seq": ledger.from_seq,
+        "to_seq": ledger.to_seq,
+        "outcome": "failed",
+    }
 
 
 def record_running(ledger: Consolidation) -> None:
@@ -680,13 +687,7 @@ def fail_brief(
     log.warning(
         "fold failed",
         extra={
-            "event": "fold",
-            "chat_id": chat_id,
-            "trigger": ledger.trigger,
-            "synchronous": ledger.synchronous,
-            "from_seq": ledger.from_seq,
-            "to_seq": ledger.to_seq,
-            "outcome": "failed",
+            **failed_fold_fields(ledger),
             "error_kind": kind,
             "failure_class": plan.failure_class,
             "transient": plan.failure_class == TRANSIENT,

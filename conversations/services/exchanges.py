@@ -26,13 +26,11 @@ from django.db import IntegrityError, connections, transaction
 
 from conversations.llm import ChatCompletion, CompletionStream, ToolOptions
 from conversations.models import Chat, Message, Role
-from conversations.rows import database_unreachable
 from conversations.services import chats as chat_service
 from conversations.services.agent_state import queue_agent_summary
 from conversations.services.backends import get_chat_model
 from conversations.services.context import build_model_messages, without_unanswered_tool_calls
 from conversations.services.turns import (
-    EXPECTED_REFUSALS,
     TurnDelta,
     TurnDone,
     TurnEvent,
@@ -41,6 +39,7 @@ from conversations.services.turns import (
     TurnResult,
     append_messages,
     bounded_snapshot,
+    log_turn_failure,
     queue_consolidation_if_due,
     release_turn_slot,
     reply_row,
@@ -302,16 +301,7 @@ class StreamedExchange:
             self.result = store_exchange(self.prepared, self.stream.result)
             last = TurnDone(TurnResult(self.result.stored[0], self.result.reply))
         except BaseException as error:  # reported to the client after the deltas
-            chat_id = self.prepared.chat.pk
-            if database_unreachable(error):  # an outage: the client gets a 503 to retry
-                log.warning(
-                    "streamed exchange failed: database error: %s",
-                    error,
-                    extra={"chat_id": chat_id},
-                )
-            elif not isinstance(error, EXPECTED_REFUSALS):
-                # A bug: the client gets a server_error event, the operator the traceback.
-                log.exception("streamed exchange failed", extra={"chat_id": chat_id})
+            log_turn_failure("streamed exchange failed", error, self.prepared.chat.pk)
             self.error = error
             last = TurnFailed(error if isinstance(error, Exception) else RuntimeError(error))
         finally:

@@ -68,6 +68,18 @@ class ContextOverBound(Exception):
 EXPECTED_REFUSALS = (ModelError, ContextOverBound, TurnInProgress, Chat.DoesNotExist)
 
 
+def log_turn_failure(what: str, error: BaseException, chat_id: int) -> None:
+    """A failed turn in the log as what it is. Call it while handling ``error``: a refusal the
+    client is told about is no news; a database out of reach is an outage (the client gets a
+    503), a warning; anything else is a bug, with its traceback."""
+    if isinstance(error, EXPECTED_REFUSALS):
+        return
+    if database_unreachable(error):
+        log.warning("%s: database error: %s", what, error, extra={"chat_id": chat_id})
+    else:
+        log.exception(what, extra={"chat_id": chat_id})
+
+
 @dataclass(frozen=True)
 class TurnResult:
     user_message: Message
@@ -681,7 +693,7 @@ def _run_streamed_turn(
     announced: list[TurnResult] = []
     # A failure is told after the slot is freed: a client retrying as soon as it reads the error
     # would otherwise meet its own turn's slot (a 409).
-    failed: list[TurnFailed] = []
+    failure: TurnFailed | None = None
 
     def announce(result: TurnResult) -> None:
         announced.append(result)
@@ -700,19 +712,13 @@ def _run_streamed_turn(
             on_stored=announce,
             snapshot=snapshot,
         )
-    except EXPECTED_REFUSALS as error:
-        failed.append(TurnFailed(error))
     except Exception as error:
-        if announced:  # stored and announced; only an after-commit hook failed
+        if announced and not isinstance(error, EXPECTED_REFUSALS):
+            # Stored and announced; only an after-commit hook failed.
             log.exception("after-commit hook of a streamed turn failed", extra={"chat_id": chat.pk})
-        elif database_unreachable(error):  # an outage, not a bug: the client gets a 503
-            log.warning(
-                "streamed turn failed: database error: %s", error, extra={"chat_id": chat.pk}
-            )
-            failed.append(TurnFailed(error))
         else:
-            log.exception("streamed turn failed", extra={"chat_id": chat.pk})
-            failed.append(TurnFailed(error))
+            log_turn_failure("streamed turn failed", error, chat.pk)
+            failure = TurnFailed(error)
     else:
         if not announced:  # inside an outer transaction (tests): on_commit has not run yet
             events.put(TurnDone(result))
@@ -720,7 +726,7 @@ def _run_streamed_turn(
         try:
             release_turn_slot(chat, token)  # store_turn released it already when it succeeded
         finally:
-            for failure in failed:  # whatever happened above: the stream must get its end
+            if failure is not None:  # whatever happened above: the stream must get its end
                 events.put(failure)
             # This thread's own database connection: it would otherwise stay open until the
             # garbage collector finds the dead thread's connection handler.
