@@ -80,12 +80,11 @@ def check_default_chats_have_room(app_configs: Any = None, **kwargs: Any) -> lis
     presets' knobs, CHAT_MODEL_CONTEXT_TOKENS) leave a new chat too little of the model's
     window: its turns will be 503s once it has to fold. A warning: chats are still created."""
     from conversations.services.chats import operator_defaults_room_problem
-    from memory_worker.presets import PRESETS
 
     try:
         problem = operator_defaults_room_problem(settings.MEMORY_POLICY)
-    except Exception:  # a malformed setting: its own check reports it
+    except Exception:  # a malformed setting (an unknown preset among them): its own check says
         return []
-    if problem is None or settings.MEMORY_POLICY not in PRESETS:
+    if problem is None:
         return []
     return [Warning(f"The defaults of a new chat: {problem}", id="chatmem.W001")]

@@ -47,10 +47,6 @@ def read_number(variable: str, raw: str, kind: type[int] | type[float]) -> int |
     return int(value) if kind is int else value
 
 
-def _number(variable: str, raw: str, as_float: bool) -> int | float:
-    return read_number(variable, raw, float if as_float else int)
-
-
 def _raw(env: Any, variable: str) -> str:
     """Empty or blank means unset, as for every other setting."""
     return str(env.str(variable, default="")).strip()
@@ -61,19 +57,21 @@ def preset_env_overrides(env: Any) -> dict[str, dict[str, object]]:
     for variable, (preset, knob) in ENV_KNOBS.items():
         raw = _raw(env, variable)
         if raw:
-            overrides[preset][knob] = _number(variable, raw, knob in FLOAT_KNOBS)
+            overrides[preset][knob] = read_number(
+                variable, raw, float if knob in FLOAT_KNOBS else int
+            )
     budget = _raw(env, PROMPT_BUDGET_VARIABLE)
     if budget or "chunk_threshold" in overrides["chunked"]:
         threshold = overrides["chunked"].get("chunk_threshold", PRESETS["chunked"].chunk_threshold)
         headroom = (
-            _number(PROMPT_BUDGET_VARIABLE, budget, False) if budget else DEFAULT_PROMPT_BUDGET
+            read_number(PROMPT_BUDGET_VARIABLE, budget, int) if budget else DEFAULT_PROMPT_BUDGET
         )
         assert isinstance(threshold, int)
         overrides["chunked"]["max_memory_tokens"] = threshold + int(headroom)
     cap = _raw(env, SUMMARY_CAP_VARIABLE)
     if cap:
         for knobs in overrides.values():
-            knobs["summary_token_cap"] = _number(SUMMARY_CAP_VARIABLE, cap, False)
+            knobs["summary_token_cap"] = read_number(SUMMARY_CAP_VARIABLE, cap, int)
     for preset, knobs in overrides.items():
         try:
             resolve_policy(preset, knobs)

@@ -94,11 +94,12 @@ def replay_missed_daily_notes(now: datetime, limit: int = REPLAY_BATCH) -> int:
         return 0
     cursor = replay_cursor(now)
     folds = settled_folds(cursor, now - REPLAY_AFTER, limit)
-    merged = merged_ranges({fold.chat_id for fold in folds})
+    committed = [fold for fold in folds if fold.status == ConsolidationStatus.SUCCEEDED]
+    merged = merged_ranges({fold.chat_id for fold in committed})
     replayed = 0
     for fold in folds:
         missed = fold.status == ConsolidationStatus.SUCCEEDED and (
-            [fold.from_seq, fold.to_seq] not in merged[fold.chat_id]
+            (fold.from_seq, fold.to_seq) not in merged[fold.chat_id]
         )
         if missed:
             version = fold.base_version + 1
@@ -133,11 +134,13 @@ def settled_folds(cursor: int, cutoff: datetime, limit: int) -> list[Consolidati
     return settled
 
 
-def merged_ranges(chat_ids: set[int]) -> dict[int, list[list[int]]]:
-    merged: dict[int, list[list[int]]] = defaultdict(list)
+def merged_ranges(chat_ids: set[int]) -> dict[int, set[tuple[int, int]]]:
+    """The fold ranges the chats' daily notes record, per chat (only committed folds' chats are
+    asked for: the others' notes are never looked at)."""
+    merged: dict[int, set[tuple[int, int]]] = defaultdict(set)
     notes = DailyNote.objects.filter(chat_id__in=chat_ids).values_list("chat_id", "ranges")
     for chat_id, ranges in notes:
-        merged[chat_id] += [list(bounds) for bounds in ranges]
+        merged[chat_id].update((first, last) for first, last in ranges)
     return merged
 
 

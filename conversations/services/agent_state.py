@@ -189,12 +189,20 @@ def advance(state: AgentState, turn: Turn, draft: Draft) -> None:
     """The state as this run just committed it, so the next turn chains on it in memory (its
     commit is fenced on this watermark) instead of reading the batch again."""
     state.processed_seq = turn.last_seq
-    state.turns = draft.turns
-    state.engagement_summary = draft.theme
-    state.entity_registry = draft.registry
-    state.pending_clarification = draft.pending
-    state.recent_steps = draft.recent_steps
-    state.step_summaries = draft.step_summaries
+    for name, value in draft_fields(draft).items():
+        setattr(state, name, value)
+
+
+def draft_fields(draft: Draft) -> dict[str, Any]:
+    """The state fields a draft sets, as ``commit`` stores them and ``advance`` keeps them."""
+    return {
+        "turns": draft.turns,
+        "engagement_summary": draft.theme,
+        "entity_registry": draft.registry,
+        "pending_clarification": draft.pending,
+        "recent_steps": draft.recent_steps,
+        "step_summaries": draft.step_summaries,
+    }
 
 
 def _state_for(chat_id: int, from_seq: int | None) -> AgentState | None:
@@ -367,15 +375,10 @@ def commit(state: AgentState, turns: list[Turn], draft: Draft) -> bool:
             chat_id=state.chat_id, processed_seq=state.processed_seq
         ).update(
             processed_seq=watermark,
-            turns=draft.turns,
-            engagement_summary=draft.theme,
             active_entities=active,
-            entity_registry=draft.registry,
-            pending_clarification=draft.pending,
-            recent_steps=draft.recent_steps,
-            step_summaries=draft.step_summaries,
             context_block=block,
             context_tokens=count_tokens(block) if block else 0,
+            **draft_fields(draft),
         )
         if committed:
             ResponseSummary.objects.bulk_create(draft.summaries, ignore_conflicts=True)
