@@ -8,6 +8,7 @@ vocabulary. An agent turn is the validated ``agent`` object of a turn request (s
 ``complexity``, ``entities``, ``step_results``, ``goal``, ``proposal_message``,
 ``assumptions`` and ``clarification_questions``."""
 
+import itertools
 import json
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -349,17 +350,15 @@ def render_context(
     agent object with long texts) made every later turn of the chat a 503, including the one
     that would clear it. The least important parts go first (``smaller_parts``)."""
     parts = ContextParts(theme, list(entities), dict(pending) if pending else None)
-    block = render_parts(parts)
     if max_tokens is None or count_tokens is None:
-        return block
+        return render_parts(parts)
     if max_tokens <= 0:
         return ""
-    for smaller in smaller_parts(parts):
+    block = ""
+    for candidate in itertools.chain([parts], smaller_parts(parts)):
+        block = render_parts(candidate)
         if count_tokens(block) <= max_tokens:
             return block
-        block = render_parts(smaller)
-    if count_tokens(block) <= max_tokens:
-        return block
     return clip_to_tokens(block, max_tokens, count_tokens)
 
 
@@ -400,8 +399,10 @@ def smaller_parts(parts: ContextParts) -> Iterator[ContextParts]:
         yield replace(parts, entities=entities)
     parts = replace(parts, entities=[])
     for limit in CLIP_STEPS:
-        parts = clipped_texts(parts, limit)
-        yield parts
+        clipped = clipped_texts(parts, limit)
+        if clipped != parts:  # nothing longer than the limit: the same block, counted already
+            yield clipped
+            parts = clipped
     questions = (parts.pending or {}).get("clarification_questions") or []
     if len(questions) > 1:
         yield replace(
