@@ -17,8 +17,8 @@ from django.utils import timezone
 from conversations.llm import OfflineChatModel
 from conversations.models import Chat, Consolidation, Message
 from memory_worker import consolidation
-from memory_worker.state import load_snapshot
 from tests.conftest import client_for
+from tests.test_consolidation import chat_with_a_fold_due
 from tests.workers import wait_until
 
 DEADLINE = 15.0
@@ -143,12 +143,8 @@ def test_a_turn_storing_during_a_deletion(
 def test_a_fold_starting_during_a_deletion(require_postgres: None, api: Any, user: Any) -> None:
     """Its "running" ledger row waits for the deletion, then finds no chat: the fold ends with
     nothing to do (it raised IntegrityError: a failed task with a traceback, or a turn's 500)."""
-    chat_id = new_chat(api)
-    say(api, chat_id, 26)
-    chat = Chat.objects.get(pk=chat_id)
-    snapshot = load_snapshot(chat_id)
-    decision = consolidation.decide_for_chat(chat, snapshot, "turn", timezone.now())
-    assert decision is not None
+    chat, snapshot, decision = chat_with_a_fold_due(api)
+    chat_id = chat.pk
     deletion = PausedDeletion(user, chat_id, "conversations_consolidation")
     fold_pid: list[int] = []
 
