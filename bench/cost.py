@@ -510,6 +510,22 @@ def new_turns_section(record: RecordedRequest) -> str:
     return source[start:end] if start >= 0 else ""
 
 
+def instructions_tokens(record: RecordedRequest) -> int:
+    return sum(
+        tokens(content_text(message.get("content")))
+        for message in body_messages(record)
+        if message.get("role") == "system"
+    )
+
+
+def existing_summary_tokens(record: RecordedRequest) -> int:
+    """Tokens of the EXISTING_SUMMARY section's text (0 for the first fold's NONE)."""
+    source = next(text for text in message_contents(record) if SUMMARY_MARKER in text)
+    start = source.find(SUMMARY_MARKER) + len(SUMMARY_MARKER)
+    existing = source[start : source.find("=== END_EXISTING_SUMMARY ===", start)].strip()
+    return 0 if existing == "NONE" else tokens(existing)
+
+
 def folded_tags(record: RecordedRequest) -> list[str]:
     return NEW_TURN_LINE.findall(new_turns_section(record))
 
@@ -620,6 +636,15 @@ class Metrics:
     folded_content_share: float
     overhead_share: float
     overhead_tokens_per_call: float
+    # The overhead per call in three parts: the instructions (system messages), the existing
+    # summary every fold rewrites, and the rest (seed 003's section markers and turn labels, and
+    # a stricter retry's extra messages).
+    instructions_tokens_per_call: float
+    existing_summary_tokens_per_call: float
+    format_tokens_per_call: float
+    # What amplification would be with no instructions at all: the floor of any summarizer
+    # that takes seed 003's input and rewrites the summary on every fold (DESIGN §5).
+    amplification_without_instructions: float
     prompt_tokens_mean: float
     prompt_tokens_p95: int
     prompt_tokens_max: int
@@ -656,6 +681,9 @@ def measure(run: Run, workload: Sequence[Turn]) -> Metrics:
     succeeded = [row for row in run.ledger if row["status"] == "succeeded"]
     folded = sum(row["to_seq"] - row["from_seq"] + 1 for row in succeeded)
     prompts = [prompt_tokens(record) for record in chats]
+    calls = len(summaries) or 1
+    instructions = sum(instructions_tokens(record) for record in summaries)
+    existing = sum(existing_summary_tokens(record) for record in summaries)
     return Metrics(
         config=run.config.name,
         preset=run.config.preset,
@@ -676,6 +704,10 @@ def measure(run: Run, workload: Sequence[Turn]) -> Metrics:
         folded_content_share=folded_content / conversation,
         overhead_share=(sent - folded_content) / conversation,
         overhead_tokens_per_call=(sent - folded_content) / len(summaries) if summaries else 0.0,
+        instructions_tokens_per_call=instructions / calls,
+        existing_summary_tokens_per_call=existing / calls,
+        format_tokens_per_call=(sent - folded_content - instructions - existing) / calls,
+        amplification_without_instructions=(sent - instructions) / conversation,
         prompt_tokens_mean=mean(prompts),
         prompt_tokens_p95=percentile(prompts, 0.95),
         prompt_tokens_max=max(prompts, default=0),
@@ -742,6 +774,8 @@ RESULT_HEADER = (
     "calls/100 turns",
     "msgs/call",
     "amplification (content + overhead)",
+    "overhead/call: instructions + summary + format",
+    "amplification without instructions",
     "prompt tokens mean / p95 / max",
     "mean verbatim history",
     "drop w/o fold",
@@ -759,6 +793,9 @@ def result_row(m: Metrics) -> list[str]:
         f"{m.calls_per_100_turns:.1f}",
         f"{m.messages_per_call:.1f}",
         f"{m.amplification:.2f} ({m.folded_content_share:.2f} + {m.overhead_share:.2f})",
+        f"{m.instructions_tokens_per_call:.0f} + {m.existing_summary_tokens_per_call:.0f}"
+        f" + {m.format_tokens_per_call:.0f}",
+        f"{m.amplification_without_instructions:.3f}",
         f"{m.prompt_tokens_mean:,.0f} / {m.prompt_tokens_p95:,} / {m.prompt_tokens_max:,}",
         f"{m.verbatim_tokens_mean:,.0f}",
         str(m.drop_without_fold),

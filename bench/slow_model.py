@@ -6,6 +6,7 @@ clients get 0.9 x 400 turns/s for 60 s with no errors, and does consolidation ke
                                [--workers 2] [--threads 200] [--worker-class gthread]
                                [--celery-workers 2]
                                [--database-url postgres://postgres@127.0.0.1:5432/chatmem_bench]
+                               [--no-proxy] [--no-floor]
                                [--out bench/results/slow_model.json]
 
 Runs, as subprocesses on this machine: the fake OpenAI-compatible server (chat replies after
@@ -26,7 +27,10 @@ group, in cores and in milliseconds per turn (``bench/cpu.py``).
 Then, on the same server and model (unless ``--no-proxy``), the same clients run the same time
 against ``/bench/proxy`` (``bench/proxy_urls.py``): a stateless view that only forwards the
 message to the model. It is what this stack does on this machine with no memory at all, the
-ceiling any memory service on it is measured against.
+ceiling any memory service on it is measured against. Then (unless ``--no-floor``) the same
+against ``/bench/floor/<chat id>`` on chats of its own as long as chatmem's: a turn that stores
+its messages as DESIGN §2-3 asks and does nothing else, the most any design that keeps those
+promises could serve here.
 """
 
 from __future__ import annotations
@@ -85,6 +89,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--no-proxy", action="store_true", help="skip the stateless proxy phase after the run"
     )
+    parser.add_argument(
+        "--no-floor",
+        action="store_true",
+        help="skip the floor phase (bench/proxy_urls.py: storing turns and nothing else)",
+    )
     parser.add_argument("--out", default="bench/results/slow_model.json")
     return parser.parse_args(argv)
 
@@ -126,6 +135,23 @@ def make_clients(clients: int, history: int) -> tuple[str, list[int]]:
         tokens=16,
     )
     return Token.objects.create(user=user).key, chats
+
+
+def make_floor_chats(token: str, clients: int, history: int) -> list[int]:
+    """Chats for the floor phase, of the token's user, each ``history`` messages long."""
+    from rest_framework.authtoken.models import Token
+
+    from conversations.services.chats import create_chat
+
+    user = Token.objects.get(key=token).user
+    chats = [create_chat(user, title="bench-slow-floor").pk for _ in range(clients)]
+    insert_history(
+        chats,
+        history,
+        lambda seq: f"Earlier message {seq}: the release plan has {seq % 9} open items.",
+        tokens=16,
+    )
+    return chats
 
 
 def fold_figures(chat_ids: Sequence[int], since: datetime, until: datetime) -> dict[str, Any]:
@@ -194,6 +220,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     redis.Redis.from_url(args.redis_url).flushdb()
     token, chats = make_clients(args.clients, args.history)
+    # The floor's chats: as many, as long, of the same user (so the same token).
+    floor_chats = [] if args.no_floor else make_floor_chats(token, args.clients, args.history)
     env = {**os.environ, "DJANGO_SETTINGS_MODULE": "chatmem_project.settings"}
     # The server also mounts the stateless proxy (bench.proxy_urls); the workers need no more.
     server_env = {**env, "DJANGO_SETTINGS_MODULE": "bench.settings_proxy"}
@@ -224,11 +252,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         window_start = phase_started + timedelta(seconds=args.warmup)
         folds = fold_figures(chats, window_start, phase_ended)
         left = backlog(chats)
-        proxy = None
+        proxy = floor = None
         if not args.no_proxy:
             proxy_paths = ["/bench/proxy"] * args.clients
             proxy = sampled_phase(
                 "proxy", server_port, proxy_paths, token, args.seconds, groups, args.warmup
+            )
+        if floor_chats:
+            floor_paths = [f"/bench/floor/{chat_id}" for chat_id in floor_chats]
+            floor = sampled_phase(
+                "floor", server_port, floor_paths, token, args.seconds, groups, args.warmup
             )
     finally:
         if server is not None:
@@ -257,6 +290,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "errors": phase.errors,
         "cpu": phase.cpu,
         "stateless_proxy": proxy_figures(proxy, args) if proxy else None,
+        # Storing turns as DESIGN §2-3 asks and nothing else (bench/proxy_urls.py): the most
+        # any design that keeps the turn's storage promises could serve here.
+        "floor": proxy_figures(floor, args) if floor else None,
         "ratio_to_proxy": (
             round(len(measured) / len(in_window(proxy, args)), 3)
             if proxy and in_window(proxy, args)

@@ -70,6 +70,27 @@ def test_workload_is_seeded_and_shaped_as_the_issue_asks() -> None:
         assert low <= reply_words <= high
 
 
+def test_a_calls_overhead_splits_into_instructions_existing_summary_and_format() -> None:
+    summary = "## Decisions\n- ship on Friday"
+    source = (
+        f"{SUMMARY_MARKER}\n{summary}\n=== END_EXISTING_SUMMARY ===\n\n"
+        "=== NEW_TURNS ===\nTurn 1:\nUser: [t1u] words\n=== END_NEW_TURNS ==="
+    )
+    instructions = "Rewrite the summary."
+    body = {
+        "messages": [
+            {"role": "system", "content": instructions},
+            {"role": "user", "content": source},
+        ]
+    }
+    record = RecordedRequest("summarize", "/v1/chat/completions", body, {}, 0.0, None, 1)
+    assert cost.instructions_tokens(record) == cost.tokens(instructions)
+    assert cost.existing_summary_tokens(record) == cost.tokens(summary)
+    # The first fold's NONE is the format's, not a summary.
+    assert cost.existing_summary_tokens(summarize_request(2, "[t1u]")) == 0
+    assert cost.instructions_tokens(summarize_request(2, "[t1u]")) == 0
+
+
 def run_bench(tmp_path: Path, *args: str) -> dict[str, Any]:
     out = tmp_path / "cost.json"
     command = [sys.executable, "-m", "bench.cost", *args, "--out", str(out)]
@@ -94,3 +115,12 @@ def test_short_run_loses_nothing_and_reports_goals(tmp_path: Path) -> None:
     assert results["token-budget@4000+500/target=0"]["summarizer_calls"] >= 3
     assert results["token-budget@4000+500/target=0"]["prompt_tokens_max"] <= 4800
     assert {goal["goal"] for goal in report["goals"]} >= {"calls", "amplification", "drops"}
+    for result in results.values():
+        parts = (
+            result["instructions_tokens_per_call"]
+            + result["existing_summary_tokens_per_call"]
+            + result["format_tokens_per_call"]
+        )
+        assert abs(parts - result["overhead_tokens_per_call"]) < 1e-6
+        assert result["instructions_tokens_per_call"] > 0 and result["format_tokens_per_call"] > 0
+        assert result["amplification_without_instructions"] < result["amplification"]
