@@ -4,12 +4,13 @@ through ``bench.settings_proxy``.
 
 - ``/bench/proxy``: a minimal stateless view that only forwards the message to the model and
   returns its reply (issue 6's comparison).
-- ``/bench/floor/<chat id>``: the least a turn that keeps DESIGN's storage promises can do on
-  this stack, and nothing else: claim the chat's turn slot and read its tail in one statement,
-  call the model with that tail, then store both messages with adjacent seq from the counter and
-  free the slot in one statement. No memory policy, folding, throttle, Redis, metrics or
-  serializers; it never folds, so it reads the newest ``FLOOR_TAIL`` messages, about as many as
-  a chatmem turn reads in the throughput benchmark (its tail runs from 40 to 70 messages).
+- ``/bench/floor/<chat id>``: a turn that keeps DESIGN's storage promises (§2-3) and does
+  nothing else, what storing a turn costs on this stack before any memory work: claim the chat's
+  turn slot and read its tail in one statement, call the model with that tail, then store both
+  messages with adjacent seq from the counter and free the slot in one statement. No memory
+  policy, folding, throttle, Redis, metrics or serializers; it never folds, so it reads the
+  newest ``FLOOR_TAIL`` messages, about as many as a chatmem turn reads in the throughput
+  benchmark (its tail runs from 40 to 70 messages).
 """
 
 import uuid

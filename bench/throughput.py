@@ -364,8 +364,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "chatmem": chatmem,
         "floor": floor,
         "ratio_chatmem_to_proxy": round(ratio, 3),
-        # The least any turn that stores its messages as DESIGN §2-3 asks can do, against the
-        # proxy: what the 0.5 goal leaves room for (bench/proxy_urls.py).
+        # A turn that stores its messages as DESIGN §2-3 asks and does nothing else, against the
+        # proxy: what the 0.5 goal leaves the memory room for (bench/proxy_urls.py).
         "ratio_floor_to_proxy": round(floor_ratio, 3),
         "ratio_chatmem_to_floor": round(ratio / floor_ratio, 3),
         "goals": {
