@@ -282,6 +282,10 @@ MEMORY_SWEEP_INTERVAL_SECONDS = env_float("MEMORY_SWEEP_INTERVAL_SECONDS", 60.0)
 # A turn queues no consolidation task for a chat that has one queued and not started yet
 # (memory_worker.dispatch); a marker older than this no longer counts (0: no deduplication).
 MEMORY_ENQUEUE_DEDUP_SECONDS = env_float("MEMORY_ENQUEUE_DEDUP_SECONDS", 60.0)
+# A turn over its hard bound waits this long for a consolidation task queued for its chat to
+# start (and then for that fold, up to MEMORY_LLM_TIMEOUT_SECONDS) before folding itself: a free
+# worker starts it within moments, and a turn does not wait behind a backlog.
+MEMORY_QUEUED_FOLD_WAIT_SECONDS = env_float("MEMORY_QUEUED_FOLD_WAIT_SECONDS", 2.0)
 # How many policy re-evaluations one task runs while holding the lock before handing on.
 MEMORY_MAX_RERUNS_PER_TASK = env_int("MEMORY_MAX_RERUNS_PER_TASK", 5)
 

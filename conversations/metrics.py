@@ -95,6 +95,10 @@ SUMMARIZER_TOKENS = Counter(
 SYNC_FOLDS = Counter(
     "chatmem_sync_folds_total", "Folds run on the request path before a model call."
 )
+SYNC_FOLD_WAITS = Counter(
+    "chatmem_sync_fold_waits_total",
+    "Turns over their bound that waited for the fold in flight instead of folding themselves.",
+)
 LOCK_CONTENDED = Counter(
     "chatmem_lock_contended_total", "Consolidation triggers that found the chat's lock held."
 )
@@ -162,6 +166,8 @@ class MetricsLogHandler(logging.Handler):
                 self.fold(record)
             elif event == "sync_fold":
                 SYNC_FOLDS.inc()
+            elif event == "sync_fold_wait":
+                SYNC_FOLD_WAITS.inc()
             elif event == "lock_contended":
                 LOCK_CONTENDED.inc()
             elif event == "enqueue_failed":

@@ -5,7 +5,7 @@ from itertools import pairwise
 from typing import Any
 
 from django.conf import settings
-from django.core.checks import Error, register
+from django.core.checks import Error, Warning, register
 
 
 def deadline_chain() -> list[tuple[str, float]]:
@@ -59,6 +59,29 @@ def check_default_policy(app_configs: Any = None, **kwargs: Any) -> list[Error]:
     ]
 
 
+@register()
+def check_preset_headroom(app_configs: Any = None, **kwargs: Any) -> list[Warning]:
+    """The operator's knobs for a preset (MEMORY_* environment settings) that leave its
+    background folds no headroom below the hard bound: a chat's own overrides that do so are a
+    400, the operator's are this warning, and the chats still run (their turns fold)."""
+    from memory_worker.policies import effective_policy
+    from memory_worker.presets import PRESETS, synchronous_only
+
+    warnings = []
+    for preset in PRESETS:
+        try:
+            problem = synchronous_only(effective_policy(preset))
+        except Exception:  # a malformed knob: the settings refuse it at start-up already
+            continue
+        if problem:
+            warnings.append(
+                Warning(
+                    f"Preset {preset!r} with the environment's knobs: {problem}", id="chatmem.W002"
+                )
+            )
+    return warnings
+
+
 DAILY_NOTES_BACKENDS = ("offline", "chat")
 
 
@@ -91,6 +114,7 @@ POSITIVE_MEMORY_SETTINGS = (
 )
 NON_NEGATIVE_MEMORY_SETTINGS = (
     "MEMORY_ENQUEUE_DEDUP_SECONDS",
+    "MEMORY_QUEUED_FOLD_WAIT_SECONDS",
     "MEMORY_SWEEP_MIN_COOLDOWN_SECONDS",
     "WORKER_METRICS_PORT",
 )

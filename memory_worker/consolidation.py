@@ -27,7 +27,6 @@ from django.utils import timezone
 
 from conversations import rows
 from conversations.models import Brief, Chat, Consolidation, ConsolidationStatus, Message
-from conversations.services.agent_state import digest_fold_messages
 from memory_worker import policy as engine
 from memory_worker.backends import get_summarizer
 from memory_worker.locks import ChatLock, Release
@@ -139,8 +138,6 @@ def execute_fold(
     by then (``time_for_a_chunk``); the outcome then says more is due and the caller hands on.
     The outcome is the last chunk's; ``decision`` stays the whole range's."""
     to_fold = [m for m in snapshot.unfolded if decision.from_seq <= m.seq <= decision.to_seq]
-    # turn-digest (seed 004): replies with a response summary are folded from that summary.
-    to_fold = digest_fold_messages(chat, to_fold)
     chunks = engine.split_for_summarizer(
         [engine.Msg(m.seq, m.role, m.token_count) for m in to_fold],
         settings.MEMORY_SUMMARIZER_INPUT_BUDGET,

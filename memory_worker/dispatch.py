@@ -99,6 +99,13 @@ def mark_queued(chat_id: int) -> bool:
     return bool(redis_client(settings.REDIS_URL).set(key, "1", nx=True, px=int(ttl * 1000)))
 
 
+def fold_queued(chat_id: int) -> bool:
+    """Whether a task queued for this chat has not started yet (its marker is taken)."""
+    if not settings.REDIS_URL:
+        return False
+    return bool(redis_client(settings.REDIS_URL).exists(QUEUED_KEY.format(chat_id)))
+
+
 def clear_queued(chat_id: int) -> None:
     if settings.REDIS_URL:
         redis_client(settings.REDIS_URL).delete(QUEUED_KEY.format(chat_id))

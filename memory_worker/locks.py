@@ -30,6 +30,7 @@ class ChatLock(Protocol):
     def is_pending(self, chat_id: int) -> bool: ...
     def pending_chats(self) -> list[int]: ...
     def clear_pending(self, chat_id: int) -> None: ...
+    def is_held(self, chat_id: int) -> bool: ...
 
 
 PENDING_SET = "chatmem:pending"
@@ -102,6 +103,9 @@ class RedisChatLock:
     def clear_pending(self, chat_id: int) -> None:
         self._client.srem(PENDING_SET, str(chat_id))
 
+    def is_held(self, chat_id: int) -> bool:
+        return bool(self._client.exists(self.key(chat_id)))
+
     def holder(self, chat_id: int) -> str | None:
         value = self._client.get(self.key(chat_id))
         return value.decode() if isinstance(value, bytes) else value
@@ -164,3 +168,8 @@ class LocalChatLock:
     def clear_pending(self, chat_id: int) -> None:
         with self._mutex:
             self._pending.discard(chat_id)
+
+    def is_held(self, chat_id: int) -> bool:
+        with self._mutex:
+            holder = self._holders.get(chat_id)
+            return holder is not None and holder[1] > time.monotonic()

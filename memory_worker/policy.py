@@ -22,12 +22,29 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from functools import cached_property
+from math import ceil
 from typing import NamedTuple, Protocol, TypeVar
 
 ROLE_OVERHEAD_TOKENS = 4  # per chat message: role and separators
 PROMPT_PRIMING_TOKENS = 3  # every reply is primed with a few tokens
 # A model needs room to answer: the prompt may use at most this share of its context window.
 PROMPT_WINDOW_SHARE = 0.9
+
+# Headroom (DESIGN §4): every background threshold sits below its hard bound by a reserve for
+# the growth expected while a fold runs, ``headroom_turns`` turns of the chat's recent size.
+RECENT_TURNS = 4  # a chat's turn size: the mean of its newest unfolded turns
+# The floor of a turn's size, as a share of the bound: a chat with few or small turns still
+# leaves a few turns' worth of room.
+NOMINAL_TURN_SHARE = 1 / 16
+# A reserve never takes more than this share of its bound: with very large turns the threshold
+# stays above the fold target, so folds stay batched (and a turn that meets the bound waits for
+# the fold in flight instead).
+MAX_RESERVE_SHARE = 0.5
+MESSAGES_PER_TURN = 2  # a user message and its reply: the least a turn adds
+# A token fold's default target keeps 1/FOLD_TARGET_SHARE of the bound (beside the summary)
+# verbatim: every summarizer call re-sends the summary and its instructions, so fewer, larger
+# folds cost less (docs/benchmarks.md, the topology run).
+FOLD_TARGET_SHARE = 8
 
 TRIGGER_PRIORITY = (
     "token_budget",
@@ -71,8 +88,11 @@ class Policy:
     max_fold_turns: int | None = None  # seed 004: fold one turn at a time
     # Hard bounds (promise 2), enforced before the model call.
     context_size: int | None = None  # history messages (seed 001 context_size, seed 000 K + B)
-    max_memory_tokens: int | None = None  # history tokens
+    max_memory_tokens: int | None = None  # history tokens; max_tokens bounds them too
     summary_token_cap: int = 500
+    # Turns of growth every background threshold leaves below its hard bound (DESIGN §4): the
+    # turn that crosses a threshold and the next one's message fit while the fold runs.
+    headroom_turns: int = 1
 
 
 @dataclass(frozen=True)
@@ -91,6 +111,16 @@ class ChatState:
         """after_boundaries, computed once per state: one decision consults it from several
         places (backlog, each trigger's range, the turn limit), and the state never changes."""
         return _after_boundaries(self)
+
+    @cached_property
+    def turn_size(self) -> tuple[float, float]:
+        """Mean tokens (role overhead included) and messages of the newest RECENT_TURNS
+        unfolded turns; computed once, as every trigger's threshold uses it."""
+        turns = turns_of(sorted(self.unfolded, key=lambda m: m.seq))[-RECENT_TURNS:]
+        if not turns:
+            return 0.0, 0.0
+        tokens = sum(m.tokens + ROLE_OVERHEAD_TOKENS for turn in turns for m in turn)
+        return tokens / len(turns), sum(len(turn) for turn in turns) / len(turns)
 
     @cached_property
     def suffix_sums(self) -> tuple[list[int], list[int]]:
@@ -208,6 +238,124 @@ def _limit_turns(state: ChatState, policy: Policy, end: int) -> int:
     return max(allowed) if allowed else state.last_consolidated
 
 
+# --- headroom ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Thresholds:
+    """Each hard bound with the background threshold derived below it. History tokens and
+    unfolded messages are compared with ``>``: a fold is due past the threshold. ``None``: the
+    policy has no such bound or trigger."""
+
+    token_bound: int | None
+    token_reserve: int
+    token_trigger: int | None
+    message_bound: int | None
+    message_reserve: int
+    message_trigger: int | None
+    prompt_bound: int
+    prompt_reserve: int
+    prompt_trigger: int
+    chunk_trigger: int | None
+    fold_target: int
+
+
+def token_bound(policy: Policy) -> int | None:
+    """The hard bound on history tokens: ``max_memory_tokens``, and seed 002's ``max_tokens``
+    (summary and messages within it), the smaller when both are set."""
+    bounds = [b for b in (policy.max_memory_tokens, policy.max_tokens) if b is not None]
+    return min(bounds) if bounds else None
+
+
+def recent_turn_size(state: ChatState) -> tuple[float, float]:
+    """Mean tokens and messages of the chat's newest unfolded turns ((0, 0) for none)."""
+    return state.turn_size
+
+
+def reserve(bound: int, turns: int, turn_size: float, floor: float) -> int:
+    """``turns`` turns of ``turn_size`` (at least ``floor``), at most MAX_RESERVE_SHARE of the
+    bound."""
+    return min(ceil(turns * max(turn_size, floor)), int(bound * MAX_RESERVE_SHARE))
+
+
+def thresholds(
+    policy: Policy,
+    model_context_tokens: int,
+    turn_tokens: float = 0.0,
+    turn_messages: float = 0.0,
+) -> Thresholds:
+    """The background thresholds for a chat whose turns average ``turn_tokens`` tokens and
+    ``turn_messages`` messages (0: unknown, the floors apply). Each is at most its hard bound
+    minus its reserve; a seed's own trigger knob, when lower, stays the threshold."""
+    turns = policy.headroom_turns
+    bound = token_bound(policy)
+    token_reserve = 0
+    token_trigger = None
+    if bound is not None:
+        token_reserve = reserve(bound, turns, turn_tokens, bound * NOMINAL_TURN_SHARE)
+        token_trigger = bound - token_reserve
+    if policy.max_tokens is not None:
+        seed_trigger = policy.max_tokens - policy.max_summary_tokens
+        token_trigger = seed_trigger if token_trigger is None else min(token_trigger, seed_trigger)
+    message_reserve = 0
+    message_trigger = None
+    if policy.context_size is not None:
+        per_turn = max(turn_messages, MESSAGES_PER_TURN)
+        message_reserve = reserve(policy.context_size, turns, per_turn, MESSAGES_PER_TURN)
+        message_trigger = policy.context_size - message_reserve
+    if policy.overflow_buffer is not None:
+        seed_overflow = policy.tail_messages + policy.overflow_buffer
+        message_trigger = (
+            seed_overflow if message_trigger is None else min(message_trigger, seed_overflow)
+        )
+    prompt_bound = int(PROMPT_WINDOW_SHARE * model_context_tokens)
+    prompt_reserve = reserve(prompt_bound, turns, turn_tokens, prompt_bound * NOMINAL_TURN_SHARE)
+    prompt_trigger = prompt_bound - prompt_reserve
+    if policy.token_budget_fraction is not None:
+        prompt_trigger = min(
+            prompt_trigger, int(policy.token_budget_fraction * model_context_tokens)
+        )
+    chunk_trigger = policy.chunk_threshold
+    if chunk_trigger is not None and bound is not None:
+        chunk_trigger = min(chunk_trigger, bound - token_reserve)
+    return Thresholds(
+        token_bound=bound,
+        token_reserve=token_reserve,
+        token_trigger=token_trigger,
+        message_bound=policy.context_size,
+        message_reserve=message_reserve,
+        message_trigger=message_trigger,
+        prompt_bound=prompt_bound,
+        prompt_reserve=prompt_reserve,
+        prompt_trigger=prompt_trigger,
+        chunk_trigger=chunk_trigger,
+        fold_target=fold_target(policy, bound, token_trigger, prompt_trigger),
+    )
+
+
+def fold_target(
+    policy: Policy, bound: int | None, token_trigger: int | None, prompt_trigger: int
+) -> int:
+    """The history a token fold folds down to (the summary at its reserve included): well below
+    the threshold, so folds come in batches (hysteresis). ``fold_target_tokens`` when set (at
+    most the threshold: above it a fold would fold nothing); else the summary's reserve and a
+    eighth of the rest of the token bound, at most half of either threshold: each fold then
+    takes most of the verbatim history, and the summary is rewritten less often."""
+    trigger = prompt_trigger if token_trigger is None else min(token_trigger, prompt_trigger)
+    if policy.fold_target_tokens is not None:
+        return min(policy.fold_target_tokens, trigger)
+    if bound is None:
+        return trigger // 2
+    summary = policy.max_summary_tokens if policy.max_tokens is not None else 0
+    summary = max(summary, min(policy.summary_token_cap, bound // 2))
+    return min(summary + (bound - summary) // FOLD_TARGET_SHARE, trigger // 2)
+
+
+def chat_thresholds(state: ChatState, policy: Policy) -> Thresholds:
+    """The thresholds for this chat now: its reserve sized from its recent turns."""
+    return thresholds(policy, state.model_context_tokens, *recent_turn_size(state))
+
+
 def _fold(state: ChatState, trigger: str, end: int) -> Decision | None:
     if end <= state.last_consolidated:
         return None
@@ -221,31 +369,21 @@ def backlog(state: ChatState, policy: Policy) -> int:
 # --- background decision ---------------------------------------------------------------------
 
 
-def _token_target(policy: Policy, state: ChatState) -> int:
-    if policy.fold_target_tokens is not None:
-        return policy.fold_target_tokens
-    if policy.max_tokens is not None:
-        return policy.max_tokens - policy.max_summary_tokens
-    fraction = policy.token_budget_fraction or 1.0
-    return int(fraction * state.model_context_tokens) // 2
-
-
 def token_budget_exceeded(state: ChatState, policy: Policy) -> bool:
-    if policy.token_budget_fraction is not None and prompt_tokens(state) > (
-        policy.token_budget_fraction * state.model_context_tokens
-    ):
+    return _token_budget_exceeded(state, chat_thresholds(state, policy))
+
+
+def _token_budget_exceeded(state: ChatState, limits: Thresholds) -> bool:
+    if prompt_tokens(state) > limits.prompt_trigger:
         return True
-    return (
-        policy.max_tokens is not None
-        and history_tokens(state) > policy.max_tokens - policy.max_summary_tokens
-    )
+    return limits.token_trigger is not None and history_tokens(state) > limits.token_trigger
 
 
 def _token_fold_end(state: ChatState, policy: Policy, newest_allowed: int) -> int:
     """Fold the oldest turns until the rest (with a summary at its reserve) fits the low-water
-    target (seed 002), never past ``newest_allowed``. A policy with a verbatim message tail
-    folds down to that tail, as seed 000 §5 keeps only the most recent K after a fold."""
-    target = _token_target(policy, state)
+    target, never past ``newest_allowed``. A policy with a verbatim message tail folds down to
+    that tail, as seed 000 §5 keeps only the most recent K after a fold."""
+    target = chat_thresholds(state, policy).fold_target
     reserve = max(policy.max_summary_tokens, state.summary_tokens)
     end = newest_allowed
     for boundary, after in after_boundaries(state).items():
@@ -266,18 +404,18 @@ def _newest_turn_boundary(state: ChatState) -> int:
 
 def _triggered(state: ChatState, policy: Policy, now: datetime) -> str | None:
     pending = backlog(state, policy)
-    unfolded_count = len(state.unfolded)
+    limits = chat_thresholds(state, policy)
     checks = {
-        "token_budget": token_budget_exceeded(state, policy),
-        "overflow": policy.overflow_buffer is not None
-        and unfolded_count > policy.tail_messages + policy.overflow_buffer,
+        "token_budget": _token_budget_exceeded(state, limits),
+        "overflow": limits.message_trigger is not None
+        and len(state.unfolded) > limits.message_trigger,
         "hard_limit": policy.hard_limit is not None and pending >= policy.hard_limit,
         "window": policy.window is not None and pending >= policy.window,
         "safety": policy.safety_user_turns is not None
         and sum(1 for m in state.unfolded if m.role == "user" and m.seq > state.turns_mark)
         >= policy.safety_user_turns,
-        "chunk_size": policy.chunk_threshold is not None
-        and history_tokens(state) > policy.chunk_threshold,
+        "chunk_size": limits.chunk_trigger is not None
+        and history_tokens(state) > limits.chunk_trigger,
         "cooldown": policy.cooldown_seconds is not None
         and pending > 0
         and (
@@ -293,7 +431,9 @@ def _triggered(state: ChatState, policy: Policy, now: datetime) -> str | None:
 
 def _range_end(state: ChatState, policy: Policy, trigger: str) -> int:
     if trigger == "token_budget":
-        end = _token_fold_end(state, policy, _newest_turn_boundary(state))
+        # Background folds keep the verbatim tail: the bound's own check folds into it when
+        # nothing else fits.
+        end = _token_fold_end(state, policy, compress_end(state, policy))
     else:
         end = compress_end(state, policy)
     return _limit_turns(state, policy, end)
@@ -322,8 +462,8 @@ def _within_bound(
     remaining, remaining_tokens = len(seqs) - first_after, suffix_tokens[first_after]
     if policy.context_size is not None and remaining > policy.context_size:
         return False
-    history = summary_tokens + remaining_tokens
-    if policy.max_memory_tokens is not None and history > policy.max_memory_tokens:
+    bound = token_bound(policy)
+    if bound is not None and summary_tokens + remaining_tokens > bound:
         return False
     prompt = _prompt_total(
         state.system_tokens, summary_tokens, remaining, remaining_tokens, new_tokens
@@ -369,7 +509,7 @@ def _pre_turn_fold_end(state: ChatState, policy: Policy, opens_turn: bool) -> in
 
 
 def _has_token_target(policy: Policy) -> bool:
-    return policy.max_tokens is not None or policy.fold_target_tokens is not None
+    return token_bound(policy) is not None or policy.fold_target_tokens is not None
 
 
 # --- summarizer input ------------------------------------------------------------------------

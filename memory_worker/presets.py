@@ -7,7 +7,7 @@ import dataclasses
 from collections.abc import Mapping
 from types import MappingProxyType
 
-from memory_worker.policy import Policy
+from memory_worker.policy import MESSAGES_PER_TURN, Policy, thresholds, token_bound
 
 DEFAULT_PRESET = "sliding-window"
 
@@ -31,12 +31,12 @@ PRESETS: Mapping[str, Policy] = MappingProxyType(
             cooldown_seconds=900.0,
             context_size=75,
         ),
-        # seed 002: fold oldest until the rest fits max_tokens - max_summary_tokens.
+        # seed 002: summary and messages within max_tokens (the hard bound); folds start below
+        # it by the headroom and go down to the fold target (docs/policies.md).
         "token-budget": Policy(
             name="token-budget",
             max_tokens=4000,
             max_summary_tokens=256,
-            max_memory_tokens=4000,
         ),
         # seed 003: K = 3 turns, chunk threshold 6000, prompt memory budget 3000 (adapted: the
         # whole unfolded buffer is shown, so the bound is threshold + budget, see docs).
@@ -88,7 +88,12 @@ _AT_LEAST_ONE = {
     "max_memory_tokens",
 }
 # Integer knobs with bounds of their own (the others: 0 or 1 up to MAX_KNOB).
-_INT_BOUNDS = {"summary_token_cap": (MIN_SUMMARY_TOKEN_CAP, MAX_SUMMARY_TOKEN_CAP)}
+# More than a few turns of headroom only lowers every threshold: folds get smaller, not safer.
+MAX_HEADROOM_TURNS = 20
+_INT_BOUNDS = {
+    "summary_token_cap": (MIN_SUMMARY_TOKEN_CAP, MAX_SUMMARY_TOKEN_CAP),
+    "headroom_turns": (1, MAX_HEADROOM_TURNS),
+}
 
 
 def knob_names() -> tuple[str, ...]:
@@ -147,49 +152,65 @@ def _check_consistency(policy: Policy) -> None:
             f"max_summary_tokens ({policy.max_summary_tokens}) must be less than max_tokens "
             f"({policy.max_tokens})."
         )
-    if (
-        policy.max_memory_tokens is not None
-        and policy.summary_token_cap >= policy.max_memory_tokens
-    ):
+    bound = token_bound(policy)
+    if bound is not None and policy.summary_token_cap >= bound:
         raise PolicyError(
-            f"summary_token_cap ({policy.summary_token_cap}) must be less than "
-            f"max_memory_tokens ({policy.max_memory_tokens})."
+            f"summary_token_cap ({policy.summary_token_cap}) must be less than the token bound "
+            f"({bound}: max_memory_tokens, or max_tokens)."
         )
+
+
+# The model's window is the chat's variant's, checked apart (conversations.services.chats): the
+# token and message thresholds below do not depend on it.
+ANY_WINDOW = MAX_KNOB
 
 
 def synchronous_only(policy: Policy) -> str | None:
-    """Why the policy's background trigger could never fire before its hard bound (every fold
-    would then run synchronously, in a turn, and a failed one would be that turn's 503), or None.
-    Not a reason to refuse the policy everywhere: chats already stored with it keep working, and
-    chat creation refuses only overrides that cause it (memory_worker.policies)."""
-    bound = policy.max_memory_tokens
-    token_trigger = (
-        policy.max_tokens - policy.max_summary_tokens if policy.max_tokens is not None else None
-    )
+    """Why the policy leaves its background folds no headroom below its hard bound (most folds
+    would then run synchronously, in a turn), or None. Judged on the floors of the reserves
+    (policy.thresholds with no turns yet). Not a reason to refuse the policy everywhere: chats
+    already stored with it keep working, and chat creation refuses only overrides that cause it
+    (memory_worker.policies)."""
+    limits = thresholds(policy, ANY_WINDOW)
+    bound = limits.token_bound
     if bound is not None and policy.chunk_threshold is not None and policy.chunk_threshold > bound:
         return (
-            f"chunk_threshold ({policy.chunk_threshold}) must be at most max_memory_tokens "
-            f"({bound}), the hard bound; raise max_memory_tokens with it."
+            f"chunk_threshold ({policy.chunk_threshold}) must be at most the token bound "
+            f"({bound}); raise max_memory_tokens with it."
         )
-    if bound is not None and token_trigger is not None and token_trigger > bound:
+    if policy.max_tokens is not None and bound is not None:
+        seed_trigger = policy.max_tokens - policy.max_summary_tokens
+        if seed_trigger > bound:
+            return (
+                f"max_tokens - max_summary_tokens ({seed_trigger}) must be at most "
+                f"max_memory_tokens ({bound}), the hard bound; raise max_memory_tokens with it."
+            )
+    trigger = limits.token_trigger
+    target = limits.fold_target if policy.fold_target_tokens is None else policy.fold_target_tokens
+    if trigger is not None and target >= trigger:
         return (
-            f"max_tokens - max_summary_tokens ({token_trigger}) must be at most "
-            f"max_memory_tokens ({bound}), the hard bound; raise max_memory_tokens with it."
+            f"the fold target ({target} tokens) must be below the background "
+            f"threshold ({trigger}: the token bound less {policy.headroom_turns} turn(s) of "
+            "headroom, or max_tokens - max_summary_tokens); lower fold_target_tokens or "
+            "headroom_turns, or raise the bound."
         )
-    target = policy.fold_target_tokens
-    if target is not None and token_trigger is not None and target > token_trigger:
+    return _message_problem(policy, limits.message_trigger, limits.message_reserve)
+
+
+def _message_problem(policy: Policy, trigger: int | None, reserve: int) -> str | None:
+    if trigger is None or policy.context_size is None:
+        return None
+    kept = max(policy.tail_messages, policy.tail_turns * MESSAGES_PER_TURN)
+    if trigger <= kept:
         return (
-            f"fold_target_tokens ({target}) must be at most max_tokens - max_summary_tokens "
-            f"({token_trigger}), where token folds start."
+            f"context_size less {reserve} message(s) of headroom ({trigger}) must be more than "
+            f"the verbatim tail ({kept} messages); raise context_size or lower the tail."
         )
-    if (
-        policy.context_size is not None
-        and policy.window is not None
-        and policy.tail_messages + policy.window > policy.context_size
-    ):
+    if policy.window is not None and policy.tail_messages + policy.window > trigger:
         return (
             f"tail_messages + window ({policy.tail_messages} + {policy.window}) must be at most "
-            f"context_size ({policy.context_size}), the hard bound."
+            f"context_size less {reserve} message(s) of headroom ({trigger}); raise "
+            "context_size with them."
         )
     return None
 
@@ -208,8 +229,14 @@ def resolve_policy(name: str, overrides: Mapping[str, object] | None = None) -> 
     return policy
 
 
-def policy_parameters(policy: Policy) -> dict[str, object]:
-    return dataclasses.asdict(policy)
+def policy_parameters(policy: Policy, model_context_tokens: int | None = None) -> dict[str, object]:
+    """The knobs; with the model's window, also ``thresholds``: the bounds and the background
+    thresholds derived below them for a chat whose turns are not known yet (the reserves'
+    floors; a chat's own turns size its reserves as it goes, docs/policies.md)."""
+    parameters = dataclasses.asdict(policy)
+    if model_context_tokens is not None:
+        parameters["thresholds"] = dataclasses.asdict(thresholds(policy, model_context_tokens))
+    return parameters
 
 
 def knob_json_schema() -> dict[str, dict[str, object]]:

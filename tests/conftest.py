@@ -8,6 +8,7 @@ from collections.abc import Iterator
 import pytest
 
 from tests.fake_openai import FakeOpenAI
+from tests.workers import point_celery_at
 
 IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
 TEST_REDIS_URL = os.environ.get("TEST_REDIS_URL", "")
@@ -134,3 +135,19 @@ def api(user):  # type: ignore[no-untyped-def]
 @pytest.fixture
 def other_api(other_user):  # type: ignore[no-untyped-def]
     return client_for(other_user)
+
+
+@pytest.fixture
+def broker(settings, clean_redis):  # type: ignore[no-untyped-def]
+    """The test Redis as broker and lock store, as the web process has it, with a lock TTL
+    short enough for a test to outlast."""
+    from memory_worker.runtime import _lock
+
+    previous = point_celery_at(clean_redis)
+    settings.REDIS_URL = clean_redis
+    settings.MEMORY_DISPATCH = "celery"
+    settings.MEMORY_LOCK_TTL_SECONDS = 8
+    _lock.cache_clear()
+    yield clean_redis
+    point_celery_at(previous)
+    _lock.cache_clear()

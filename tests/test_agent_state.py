@@ -12,7 +12,7 @@ import pytest
 
 from conversations.agent_state import PROPOSED_SUMMARY
 from conversations.models import AgentState, Chat, Message, ResponseSummary
-from conversations.services.agent_state import digest_fold_messages, summarize_turns
+from conversations.services.agent_state import summarize_turns
 from memory_worker import policy as engine
 from memory_worker.consolidation import consolidate_once
 from memory_worker.state import engine_state, load_snapshot
@@ -501,7 +501,12 @@ def test_the_agent_state_can_make_the_turn_fold_first(api) -> None:  # type: ign
 # turn-digest
 
 
-def test_turn_digest_fold_sends_response_summaries(api, use_fake_openai, settings) -> None:  # type: ignore[no-untyped-def]
+def test_turn_digest_fold_sends_the_full_reply_not_its_response_summary(  # type: ignore[no-untyped-def]
+    api, use_fake_openai, settings
+) -> None:
+    """Seed 004's TurnSummary takes the oldest turn's user and assistant text: a reply folded
+    from its one-sentence response summary left the context without its content ever reaching
+    the summarizer (promise 1)."""
     settings.AGENT_SUMMARY_BACKEND = "offline"
     chat_id = new_chat(api, policy="turn-digest")
     long_reply = f"I'll save the recipes FULL-TEXT-MARKER once you confirm. {FILLER}"
@@ -520,24 +525,9 @@ def test_turn_digest_fold_sends_response_summaries(api, use_fake_openai, setting
     assert outcome.status == "succeeded"
     assert (outcome.decision.from_seq, outcome.decision.to_seq) == (1, 2)  # type: ignore[union-attr]
     fold_input = str(use_fake_openai.summarize_requests()[-1]["body"])
-    assert PROPOSED_SUMMARY in fold_input
-    assert "FULL-TEXT-MARKER" not in fold_input
-    assert "save recipes" in fold_input  # the user's message is sent as it is
-
-
-def test_digest_applies_only_to_turn_digest_chats(api) -> None:  # type: ignore[no-untyped-def]
-    digest = Chat.objects.get(pk=new_chat(api, policy="turn-digest"))
-    other = Chat.objects.get(pk=new_chat(api, policy="contract"))
-    for chat in (digest, other):
-        agent_turn(api, chat.pk, "x", {"decision": "propose", "proposal_message": "ok?"})
-    digest_messages = list(Message.objects.filter(chat=digest).order_by("seq"))
-    other_messages = list(Message.objects.filter(chat=other).order_by("seq"))
-    folded = digest_fold_messages(digest, digest_messages)
-    assert [m.content for m in folded] == [digest_messages[0].content, PROPOSED_SUMMARY]
-    assert folded[1].token_count == count_tokens(PROPOSED_SUMMARY)
-    assert digest_fold_messages(other, other_messages) == other_messages
-    # History itself is untouched (append-only).
-    assert Message.objects.get(chat=digest, seq=2).content != PROPOSED_SUMMARY
+    assert "FULL-TEXT-MARKER" in fold_input
+    assert PROPOSED_SUMMARY not in fold_input
+    assert "save recipes" in fold_input
 
 
 def test_plain_turn_digest_turns_get_summaries_without_agent_context(  # type: ignore[no-untyped-def]

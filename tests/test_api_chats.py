@@ -253,16 +253,21 @@ def test_a_chat_whose_variant_was_removed_falls_back_to_the_default(api, setting
     ("policy", "overrides", "words"),
     [
         ("chunked", {"chunk_threshold": 20000}, "chunk_threshold (20000) must be at most"),
-        ("token-budget", {"max_tokens": 20000}, "max_tokens - max_summary_tokens (19744)"),
-        ("token-budget", {"fold_target_tokens": 3800}, "fold_target_tokens (3800)"),
+        (
+            "token-budget",
+            {"max_tokens": 20000, "max_memory_tokens": 4000},
+            "max_tokens - max_summary_tokens (19744)",
+        ),
+        ("token-budget", {"fold_target_tokens": 3800}, "the fold target (3800 tokens)"),
         ("sliding-window", {"tail_messages": 70}, "tail_messages + window (70 + 12)"),
+        ("contract", {"tail_messages": 8}, "less 2 message(s) of headroom (8)"),
     ],
 )
 def test_overrides_that_leave_every_fold_to_the_turn_are_refused(  # type: ignore[no-untyped-def]
     api, policy, overrides, words
 ) -> None:
-    """Their background trigger could never fire before the hard bound: every fold would run in
-    a turn, and a failed one would be that turn's 503."""
+    """Their background trigger could not fire with headroom below the hard bound: folds would
+    run in turns, and a failed one would be that turn's 503."""
     response = api.post(
         "/api/v1/chats/", {"policy": policy, "policy_overrides": overrides}, format="json"
     )

@@ -6,9 +6,10 @@ within the policy's bound."""
 
 import os
 from datetime import UTC, datetime, timedelta
+from math import inf
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
@@ -20,13 +21,16 @@ from memory_worker.policy import (
     Policy,
     PreTurn,
     after_boundaries,
+    chat_thresholds,
+    compress_end,
     decide,
     decide_before_turn,
     history_tokens,
     prompt_tokens,
+    thresholds,
     token_budget_exceeded,
 )
-from memory_worker.presets import PRESETS, resolve_policy
+from memory_worker.presets import PRESETS, PolicyError, resolve_policy, synchronous_only
 
 EXAMPLES = int(os.environ.get("HYPOTHESIS_POLICY_EXAMPLES", "200"))
 START = datetime(2026, 1, 1, tzinfo=UTC)
@@ -64,7 +68,8 @@ def history_within_bound(state: ChatState, policy: Policy, new_tokens: int) -> b
     if policy.context_size is not None and len(state.unfolded) > policy.context_size:
         return False
     history = state.summary_tokens + sum(m.tokens for m in state.unfolded)
-    if policy.max_memory_tokens is not None and history > policy.max_memory_tokens:
+    bounds = [b for b in (policy.max_memory_tokens, policy.max_tokens) if b is not None]
+    if bounds and history > min(bounds):
         return False
     return prompt_tokens(state, new_tokens) <= PROMPT_WINDOW_SHARE * state.model_context_tokens
 
@@ -115,17 +120,18 @@ def triggers_holding(
     if pending <= 0:
         return []
     last_at = state.last_consolidated_at
+    limits = chat_thresholds(state, policy)
     checks = {
         "token_budget": token_budget_exceeded(state, policy),
-        "overflow": policy.overflow_buffer is not None
-        and len(state.unfolded) > policy.tail_messages + policy.overflow_buffer,
+        "overflow": limits.message_trigger is not None
+        and len(state.unfolded) > limits.message_trigger,
         "hard_limit": policy.hard_limit is not None and pending >= policy.hard_limit,
         "window": policy.window is not None and pending >= policy.window,
         "safety": policy.safety_user_turns is not None
         and sum(1 for m in state.unfolded if m.role == "user" and m.seq > state.turns_mark)
         >= policy.safety_user_turns,
-        "chunk_size": policy.chunk_threshold is not None
-        and history_tokens(state) > policy.chunk_threshold,
+        "chunk_size": limits.chunk_trigger is not None
+        and history_tokens(state) > limits.chunk_trigger,
         "cooldown": policy.cooldown_seconds is not None
         and (last_at is None or (now - last_at).total_seconds() >= policy.cooldown_seconds),
     }
@@ -328,3 +334,132 @@ def test_after_boundaries_is_the_recount_at_every_boundary(state: ChatState) -> 
         later = [m for m in state.unfolded if m.seq > boundary]
         assert after.users == sum(1 for m in later if m.role == "user")
         assert after.tokens == sum(m.tokens for m in later)
+
+
+# --- headroom (DESIGN §4) ------------------------------------------------------------------
+
+HEADROOM_OVERRIDES = {
+    **OVERRIDES,
+    "token-budget": st.fixed_dictionaries(
+        {},
+        optional={
+            "max_tokens": st.integers(1000, 20_000),
+            "max_summary_tokens": st.integers(64, 900),
+            "fold_target_tokens": st.integers(0, 6000),
+        },
+    ),
+}
+
+
+@st.composite
+def accepted_policies(draw: st.DrawFn) -> Policy:
+    """A policy chat creation accepts: valid, and with headroom below every bound."""
+    name = draw(st.sampled_from(sorted(PRESETS)))
+    overrides = {
+        **draw(HEADROOM_OVERRIDES[name]),
+        **draw(st.fixed_dictionaries({}, optional={"headroom_turns": st.integers(1, 6)})),
+    }
+    try:
+        policy = resolve_policy(name, overrides)
+    except PolicyError:
+        assume(False)
+        raise
+    assume(synchronous_only(policy) is None)
+    return policy
+
+
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(
+    policy=accepted_policies(),
+    turn_tokens=st.floats(0, 20_000),
+    turn_messages=st.floats(0, 12),
+    window=st.sampled_from([4_000, 16_000, 128_000]),
+)
+def test_each_background_threshold_lies_below_its_bound_by_the_reserve(
+    policy: Policy, turn_tokens: float, turn_messages: float, window: int
+) -> None:
+    """The reserve is headroom_turns turns of the chat's size (a floor of 1/16 of the bound
+    each), at most half the bound; every threshold sits at least the reserve below its bound,
+    and the fold target below the thresholds (hysteresis)."""
+    limits = thresholds(policy, window, turn_tokens, turn_messages)
+    turns = policy.headroom_turns
+    if limits.token_bound is not None:
+        bound = limits.token_bound
+        wanted = turns * max(turn_tokens, bound / 16)
+        assert limits.token_reserve >= min(wanted, bound // 2)
+        assert limits.token_trigger is not None
+        assert limits.token_trigger <= bound - limits.token_reserve
+        assert limits.chunk_trigger is None or limits.chunk_trigger <= bound - limits.token_reserve
+        assert limits.fold_target <= limits.token_trigger
+    if limits.message_bound is not None:
+        wanted_messages = turns * max(turn_messages, 2)
+        assert limits.message_reserve >= min(wanted_messages, limits.message_bound // 2)
+        assert limits.message_trigger is not None
+        assert limits.message_trigger <= limits.message_bound - limits.message_reserve
+    assert limits.prompt_trigger <= limits.prompt_bound - limits.prompt_reserve
+    assert limits.fold_target <= limits.prompt_trigger
+    if policy.fold_target_tokens is None:
+        assert limits.fold_target <= min(limits.prompt_trigger, limits.token_trigger or inf) // 2
+
+
+@st.composite
+def conversations(draw: st.DrawFn, policy: Policy) -> ChatState:
+    """Whole turns (a user message and a reply, sometimes tool calls) after W, with a summary."""
+    watermark = draw(st.integers(0, 20)) * 2
+    messages: list[Msg] = []
+    for _ in range(draw(st.integers(0, 40))):
+        seq = watermark + len(messages)
+        messages.append(Msg(seq + 1, "user", draw(st.integers(1, 900))))
+        if draw(st.booleans()):
+            messages.append(Msg(seq + 2, "assistant", 20))
+            messages.append(Msg(seq + 3, "tool", draw(st.integers(1, 400))))
+        messages.append(Msg(watermark + len(messages) + 1, "assistant", draw(st.integers(1, 2500))))
+    return ChatState(
+        last_consolidated=watermark,
+        last_seq=watermark + len(messages),
+        unfolded=tuple(messages),
+        summary_tokens=draw(st.integers(0, policy.summary_token_cap)) if watermark else 0,
+        system_tokens=30,
+        turns_mark=watermark,
+        last_consolidated_at=START,
+        model_context_tokens=draw(st.sampled_from([16_000, 128_000])),
+    )
+
+
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(data=st.data(), policy=accepted_policies())
+def test_a_background_token_fold_leaves_the_history_at_or_under_its_target(
+    data: st.DataObject, policy: Policy
+) -> None:
+    """Hysteresis: a token-budget fold takes the oldest turns until the rest, with the summary
+    at its reserve, fits the fold target; only the verbatim tail (the newest turn at least)
+    or max_fold_turns may keep it above."""
+    state = data.draw(conversations(policy))
+    decision = decide(state, policy, START)
+    assume(decision is not None and decision.trigger == "token_budget")
+    assert decision is not None
+    rest = sum(m.tokens for m in state.unfolded if m.seq > decision.to_seq)
+    reserve = max(policy.max_summary_tokens, state.summary_tokens)
+    target = chat_thresholds(state, policy).fold_target
+    assert (
+        reserve + rest <= target
+        or decision.to_seq == compress_end(state, policy)
+        or policy.max_fold_turns is not None
+    )
+
+
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(data=st.data(), policy=accepted_policies())
+def test_a_chat_under_its_thresholds_takes_a_turn_within_its_reserve_without_folding(
+    data: st.DataObject, policy: Policy
+) -> None:
+    """What the headroom is for: while no threshold is passed, a new message that fits in the
+    reserve needs no synchronous fold (the turn that comes while a fold runs still fits)."""
+    state = data.draw(conversations(policy))
+    limits = chat_thresholds(state, policy)
+    assume(prompt_tokens(state) <= limits.prompt_trigger)
+    assume(limits.token_trigger is None or history_tokens(state) <= limits.token_trigger)
+    assume(limits.message_trigger is None or len(state.unfolded) <= limits.message_trigger)
+    new_tokens = data.draw(st.integers(1, max(1, limits.prompt_reserve - 4)))
+    assume(new_tokens + 4 <= limits.prompt_reserve)
+    assert decide_before_turn(state, policy, new_tokens) == PreTurn(None, True)

@@ -9,11 +9,13 @@ from memory_worker.policy import (
     Decision,
     Msg,
     Policy,
+    chat_thresholds,
     decide,
     decide_before_turn,
     decide_manual,
     prompt_tokens,
     split_for_summarizer,
+    thresholds,
 )
 from memory_worker.presets import PRESETS, PolicyError, policy_parameters, resolve_policy
 
@@ -109,13 +111,18 @@ def test_seed_001_bound_is_context_size_75() -> None:
 
 
 def test_seed_000_overflow_folds_and_keeps_exactly_k() -> None:
+    """K + B = 10 is the bound; the overflow fold starts one turn below it (the preset's
+    headroom), so the turn that comes while it runs still fits, and keeps exactly K."""
     policy = PRESETS["contract"]
-    assert decide(state_of(alternating(10)), policy, NOW) is None  # K + B = 10 may stay
-    folded = decide(state_of(alternating(12)), policy, NOW)
-    assert folded == Decision("overflow", 1, 6)  # 12 - 6 = exactly K = 6 remain verbatim
-    # The 11th message is a user message: keeping exactly 6 would split its turn, so the cut
+    assert decide(state_of(alternating(8)), policy, NOW) is None
+    folded = decide(state_of(alternating(10)), policy, NOW)
+    assert folded == Decision("overflow", 1, 4)  # 10 - 4 = exactly K = 6 remain verbatim
+    # The 9th message is a user message: keeping exactly 6 would split its turn, so the cut
     # moves back to the turn boundary and 7 (>= K) stay.
-    assert decide(state_of(alternating(11)), policy, NOW) == Decision("overflow", 1, 4)
+    assert decide(state_of(alternating(9)), policy, NOW) == Decision("overflow", 1, 2)
+    # Without the headroom (the seed's literal rule) the fold would wait for 11.
+    literal = thresholds(policy, BIG_WINDOW)
+    assert literal.message_trigger == policy.context_size - policy.headroom_turns * 2 == 8
 
 
 def test_seed_000_priority_token_over_overflow_over_safety() -> None:
@@ -149,17 +156,26 @@ def test_seed_000_safety_counts_user_messages_only() -> None:
 # --- seed 002: token budget -----------------------------------------------------------------
 
 
-def test_seed_002_fold_until_rest_fits_max_tokens_minus_summary() -> None:
+def test_seed_002_folds_below_its_bound_down_to_its_target() -> None:
+    """Seed 002's history bound is max_tokens; the fold starts a turn of the chat's size below
+    it (or at max_tokens - max_summary_tokens, when lower) and folds the oldest turns until the
+    rest, the summary's reserve with it, fits the fold target (hysteresis: the next fold is
+    several turns away)."""
     policy = PRESETS["token-budget"]  # max_tokens 4000, max_summary_tokens 256
-    seven = alternating(14, tokens=250)  # 3,500 tokens: under 3,744
-    assert decide(state_of(seven), policy, NOW) is None
-    eight = alternating(16, tokens=250)  # 4,000 tokens > 3,744
-    decision = decide(state_of(eight), policy, NOW)
+    five = alternating(10, tokens=250)  # 2,500 tokens
+    limits = chat_thresholds(state_of(five), policy)
+    assert limits.token_trigger == 4000 - (500 + 8)  # a turn of 508 tokens
+    small_turns = chat_thresholds(state_of(alternating(4, tokens=100)), policy)
+    assert small_turns.token_trigger == 4000 - 256  # seed 002's own trigger is lower
+    assert decide(state_of(five), policy, NOW) is None
+    seven = alternating(14, tokens=250)  # 3,500 tokens > 3,492
+    decision = decide(state_of(seven), policy, NOW)
     assert decision is not None and decision.trigger == "token_budget"
-    rest = sum(m.tokens for m in eight if m.seq > decision.to_seq)
-    assert rest + 256 <= 4000 - 256
+    rest = sum(m.tokens for m in seven if m.seq > decision.to_seq)
+    target = limits.fold_target
+    assert rest + 256 <= target
     # The oldest are folded first, and no more than needed (one turn less would not fit).
-    assert rest + 500 + 256 > 4000 - 256
+    assert rest + 500 + 256 > target
 
 
 def test_seed_002_fold_target_is_a_knob() -> None:
@@ -174,10 +190,10 @@ def test_seed_002_fold_target_is_a_knob() -> None:
 
 def test_seed_003_k_three_turns_with_threshold() -> None:
     policy = PRESETS["chunked"]  # K = 3 turns, threshold 6,000
-    under = alternating(8, tokens=700)  # 4 turns, 5,600 tokens
+    under = alternating(12, tokens=450)  # 6 turns, 5,400 tokens
     assert decide(state_of(under), policy, NOW) is None
-    over = alternating(10, tokens=700)  # 5 turns, 7,000 tokens
-    assert decide(state_of(over), policy, NOW) == Decision("chunk_size", 1, 4)  # keep 3 turns
+    over = alternating(14, tokens=450)  # 7 turns, 6,300 tokens
+    assert decide(state_of(over), policy, NOW) == Decision("chunk_size", 1, 8)  # keep 3 turns
     # Over the threshold but only K turns buffered: olderPart is empty, nothing to fold.
     three_big = alternating(6, tokens=1100)
     assert decide(state_of(three_big), policy, NOW) is None
@@ -318,11 +334,12 @@ def test_a_fold_before_tool_results_keeps_the_turn_they_continue(preset: str) ->
 
 
 def test_a_token_budget_fold_before_a_turn_stops_at_its_low_water_mark() -> None:
-    """Seed 002: fold the oldest until the rest fits max_tokens - max_summary_tokens; it folded
-    everything but the newest turn, leaving one turn of verbatim history."""
-    policy = PRESETS["token-budget"]  # bound 4,000 tokens of history; low water 3,744
+    """A synchronous fold of seed 002 goes down to the same fold target as a background one;
+    folding only down to the newest turn left one turn of verbatim history."""
+    policy = PRESETS["token-budget"]  # bound 4,000 tokens of history
     messages = alternating(40, tokens=102)  # 4,080 tokens
     pre = decide_before_turn(state_of(messages), policy, new_message_tokens=10)
     assert pre.fold is not None
     kept = sum(m.tokens for m in messages if m.seq > pre.fold.to_seq)
-    assert 3744 - 2 * 102 < kept + policy.max_summary_tokens <= 3744
+    target = chat_thresholds(state_of(messages), policy).fold_target
+    assert target - 2 * 102 < kept + policy.max_summary_tokens <= target

@@ -30,21 +30,25 @@ def test_turns_are_folded_by_a_real_worker(require_postgres, celery_broker, user
         worker.wait_ready()
         api = client_for(user)
         chat_id = contract_chat_after_turns(api, 12)
-        assert wait_until(
-            lambda: Brief.objects.get(chat_id=chat_id).last_consolidated > 0, timeout=30
-        ), worker.log()
-        brief = Brief.objects.get(chat_id=chat_id)
-        assert brief.summary
-        succeeded = Consolidation.objects.filter(chat_id=chat_id, status="succeeded").order_by(
-            "from_seq"
-        )
-        assert succeeded.exists()
-        covered = [seq for row in succeeded for seq in range(row.from_seq, row.to_seq + 1)]
-        assert covered == list(range(1, brief.last_consolidated + 1))
+        # The folds may go on while the test reads: compare once the ledger and the brief
+        # agree, and only a fold that skipped or repeated a message keeps them apart.
+        assert wait_until(lambda: folded_by_the_ledger(chat_id), timeout=30), worker.log()
+        assert Brief.objects.get(chat_id=chat_id).summary
+        succeeded = Consolidation.objects.filter(chat_id=chat_id, status="succeeded")
         assert all(row.worker for row in succeeded)
         assert_lag_recorded(api)
     finally:
         worker.stop()
+
+
+def folded_by_the_ledger(chat_id: int) -> bool:
+    """Something is folded, and the succeeded ledger rows cover 1..W exactly once."""
+    succeeded = Consolidation.objects.filter(chat_id=chat_id, status="succeeded").order_by(
+        "from_seq"
+    )
+    covered = [seq for row in succeeded for seq in range(row.from_seq, row.to_seq + 1)]
+    watermark = Brief.objects.get(chat_id=chat_id).last_consolidated
+    return watermark > 0 and covered == list(range(1, watermark + 1))
 
 
 def assert_lag_recorded(api) -> None:  # type: ignore[no-untyped-def]

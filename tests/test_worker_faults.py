@@ -13,23 +13,9 @@ from memory_worker.dispatch import request_consolidation
 from memory_worker.invariants import chat_violations
 from memory_worker.locks import RedisChatLock
 from tests.conftest import client_for, contract_chat_after_turns
-from tests.workers import FAST_DEADLINES, Worker, point_celery_at, wait_until
+from tests.workers import FAST_DEADLINES, Worker, wait_until
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis, pytest.mark.worker]
-
-
-@pytest.fixture
-def broker(settings, clean_redis):  # type: ignore[no-untyped-def]
-    from memory_worker.runtime import _lock
-
-    previous = point_celery_at(clean_redis)
-    settings.REDIS_URL = clean_redis
-    settings.MEMORY_DISPATCH = "celery"
-    settings.MEMORY_LOCK_TTL_SECONDS = 8
-    _lock.cache_clear()
-    yield clean_redis
-    point_celery_at(previous)
-    _lock.cache_clear()
 
 
 def model_env(server) -> dict[str, str]:  # type: ignore[no-untyped-def]

@@ -8,7 +8,11 @@ from rest_framework import serializers
 from conversations.api.agent_serializers import AgentContextSerializer
 from conversations.models import Brief, Chat, Consolidation, DailyNote, Message, Role
 from conversations.services import chats as chat_service
-from memory_worker.policies import policy_for_chat, policy_for_new_settings
+from memory_worker.policies import (
+    policy_for_chat,
+    policy_for_new_settings,
+    variant_context_tokens,
+)
 from memory_worker.presets import PRESETS, PolicyError, policy_parameters
 
 
@@ -52,7 +56,7 @@ class ChatSerializer(serializers.ModelSerializer):
 
     @extend_schema_field(OpenApiTypes.OBJECT)
     def get_effective_policy(self, chat: Chat) -> dict[str, object]:
-        return policy_parameters(policy_for_chat(chat))
+        return policy_parameters(policy_for_chat(chat), variant_context_tokens(chat))
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         preset = attrs.get("policy") or settings.MEMORY_POLICY

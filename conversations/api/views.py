@@ -29,7 +29,7 @@ from conversations.models import Chat
 from conversations.services import agent_state as agent_service
 from conversations.services import chats as chat_service
 from conversations.services import turns as turn_service
-from conversations.services.variants import UnknownVariant
+from conversations.services.variants import UnknownVariant, chat_variant
 from conversations.throttling import TurnRateThrottle
 from memory_worker.dispatch import request_consolidation
 from memory_worker.policies import effective_policy
@@ -201,11 +201,16 @@ def running_summary(view: chat_service.MemoryView) -> dict[str, object]:
 @policy_schema
 class PolicyListView(APIView):
     def get(self, request: Request) -> Response:
+        window = chat_variant("").context_tokens
         return Response(
             {
                 "results": [
-                    # As chats get them: with the operator's environment knobs.
-                    {"name": name, "parameters": policy_parameters(effective_policy(name))}
+                    # As chats get them: with the operator's environment knobs and the
+                    # default model variant's window.
+                    {
+                        "name": name,
+                        "parameters": policy_parameters(effective_policy(name), window),
+                    }
                     for name in sorted(PRESETS)
                 ]
             }

@@ -510,32 +510,3 @@ def chat_state(chat: Chat) -> dict[str, Any]:
         "context_tokens": state.context_tokens,
         "limits": limits().__dict__,
     }
-
-
-def digest_fold_messages(chat: Chat, messages: list[Message]) -> list[Message]:
-    """For a turn-digest chat, the messages a fold sends to the summarizer, with each assistant
-    reply that has a response summary replaced by that summary (seed 004: older turns are
-    compressed from the summaries, not the full text). Unsaved copies: history is append-only."""
-    if chat.policy != TURN_DIGEST or not messages:
-        return messages
-    replies = [m.seq for m in messages if m.role == Role.ASSISTANT]
-    summaries = dict(
-        ResponseSummary.objects.filter(chat_id=chat.pk, seq__in=replies).values_list(
-            "seq", "summary"
-        )
-    )
-    if not summaries:
-        return messages
-    return [_with_content(m, summaries[m.seq]) if m.seq in summaries else m for m in messages]
-
-
-def _with_content(message: Message, content: str) -> Message:
-    return Message(
-        id=message.id,
-        chat_id=message.chat_id,
-        seq=message.seq,
-        role=message.role,
-        content=content,
-        token_count=count_tokens(content),
-        metadata=message.metadata,
-    )

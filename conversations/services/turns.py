@@ -15,6 +15,7 @@ import json
 import logging
 import queue
 import threading
+import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
@@ -35,7 +36,7 @@ from conversations.services.backends import get_chat_model
 from conversations.services.context import build_model_messages
 from conversations.services.variants import ModelVariant, turn_variant
 from memory_worker import policy as engine
-from memory_worker.consolidation import DATABASE_ERRORS, decide_for_chat, execute_fold
+from memory_worker.consolidation import DATABASE_ERRORS, decide_for_chat
 from memory_worker.dispatch import request_consolidation
 from memory_worker.policies import policy_for_chat
 from memory_worker.state import (
@@ -47,6 +48,7 @@ from memory_worker.state import (
     with_appended,
 )
 from memory_worker.tokens import count_tokens
+from memory_worker.turn_fold import WAITED, fold_before_turn
 
 log = logging.getLogger("chatmem.turn")
 
@@ -294,33 +296,34 @@ def bounded_snapshot(
     since claiming the slot), folding synchronously first when the context with the new message
     would exceed the policy's hard bound (seed 000 §7)."""
     policy = policy_for_chat(chat)
-    for attempt in range(SYNC_FOLD_ATTEMPTS):
-        if attempt:
-            renew_turn_slot(chat, token)
-        snapshot = first if attempt == 0 and first is not None else snapshot_of_live_chat(chat)
+    # Waiting for folds in flight (each commit is re-read) is bounded in time, not in count: a
+    # policy that folds one turn per fold can take several to make room.
+    wait_deadline = time.monotonic() + settings.MEMORY_LLM_TIMEOUT_SECONDS
+    folds = 0
+    snapshot = first if first is not None else snapshot_of_live_chat(chat)
+    while folds < SYNC_FOLD_ATTEMPTS:
         state = engine_state(chat, snapshot, variant.context_tokens)
         pre_turn = engine.decide_before_turn(state, policy, user_tokens, opens_turn=opens_turn)
         if not pre_turn.fits:
             raise ContextOverBound(too_big_message(opens_turn))
         if pre_turn.fold is None:
             return snapshot
-        log.info(
-            "synchronous fold before the model call",
-            extra={
-                "event": "sync_fold",
-                "chat_id": chat.pk,
-                "from_seq": pre_turn.fold.from_seq,
-                "to_seq": pre_turn.fold.to_seq,
-                "prompt_tokens": engine.prompt_tokens(state, user_tokens),
-            },
+        outcome = fold_before_turn(
+            chat,
+            snapshot,
+            pre_turn.fold,
+            engine.prompt_tokens(state, user_tokens),
+            wait_deadline=wait_deadline,
         )
-        outcome = execute_fold(chat, snapshot, pre_turn.fold, now=timezone.now(), synchronous=True)
         if outcome.status == "failed":
             raise ContextOverBound(
                 "Memory consolidation is needed before this turn and it failed "
                 f"({outcome.error}); nothing was stored, retry later."
             )
-        # succeeded or superseded (a background fold won): re-read and check again
+        folds += outcome.status != WAITED
+        # succeeded, superseded, or waited for a fold in flight: re-read and check again
+        renew_turn_slot(chat, token)
+        snapshot = snapshot_of_live_chat(chat)
     raise ContextOverBound("The context could not be brought within its bound; retry later.")
 
 

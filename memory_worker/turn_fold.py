@@ -1,0 +1,148 @@
+"""The fold a turn needs before its model call (DESIGN §3 step 4), taken like every other fold:
+under the chat's lock (§6). While a background fold of the chat is in flight (its lock held, or
+its task queued and about to start) the turn waits for it instead of summarizing the same range,
+then re-reads; only with none in flight does it fold itself. The fence still keeps the data
+right whatever the lock does: a turn that gives up waiting folds fenced, without the lock."""
+
+import logging
+import time
+import uuid
+from enum import Enum
+
+import redis
+from django.conf import settings
+from django.utils import timezone
+
+from conversations.models import Brief, Chat
+from memory_worker import policy as engine
+from memory_worker.consolidation import FoldOutcome, execute_fold
+from memory_worker.dispatch import fold_queued, request_consolidation
+from memory_worker.locks import ChatLock
+from memory_worker.runtime import chat_lock
+from memory_worker.state import MemorySnapshot
+
+log = logging.getLogger("chatmem.fold")
+
+# How often a waiting turn looks again: a fold commits in tens of milliseconds on a fast
+# summarizer, and each look is one Redis GET and one primary-key read.
+POLL_SECONDS = 0.02
+WAITED = "waited"  # the FoldOutcome status of a turn that waited for a fold in flight
+
+
+class Wait(Enum):
+    ACQUIRED = "acquired"  # the turn holds the lock
+    MOVED = "moved"  # a fold committed, or the one in flight ended: judge again
+    EXPIRED = "expired"  # a fold still in flight after the wait: fold fenced, unlocked
+
+
+def fold_before_turn(
+    chat: Chat,
+    snapshot: MemorySnapshot,
+    decision: engine.Decision,
+    prompt_tokens: int,
+    *,
+    wait_deadline: float,
+    lock: ChatLock | None = None,
+) -> FoldOutcome:
+    """This turn's fold of ``decision`` under the chat's lock, or FoldOutcome(WAITED) when
+    another fold committed since ``snapshot`` or ended while the turn waited: the caller then
+    re-reads and judges again. A fold in flight is waited for until ``wait_deadline``
+    (``time.monotonic()``). ``prompt_tokens``: the prompt over the bound, for the log."""
+    lock = lock or chat_lock()
+    started = time.monotonic()
+    token = uuid.uuid4().hex
+    try:
+        waited = acquire_or_wait(chat.pk, snapshot.version, lock, token, started, wait_deadline)
+    except redis.RedisError:
+        # The lock only saves work: a turn never fails for want of it (the fence decides).
+        log.warning(
+            "the lock store is unreachable; folding without the lock (fenced)",
+            extra={"event": "sync_fold_unlocked", "chat_id": chat.pk},
+        )
+        waited = Wait.EXPIRED
+    if waited is Wait.MOVED:
+        return _waited(chat.pk, started)
+    if waited is Wait.EXPIRED:
+        return _fold(chat, snapshot, decision, prompt_tokens)
+    try:
+        if brief_version(chat.pk) != snapshot.version:
+            return _waited(chat.pk, started)  # a fold committed between the last look and now
+        return _fold(chat, snapshot, decision, prompt_tokens)
+    finally:
+        release(chat.pk, token, lock)
+
+
+def release(chat_id: int, token: str, lock: ChatLock) -> None:
+    """Free the lock; a trigger that found it held by this turn marked the chat pending, and
+    the holder owes it a run: a task, as a turn does no more memory work than it must. Redis
+    gone meanwhile: the lock expires by its TTL, and the sweep finds the chat."""
+    try:
+        lock.release(chat_id, token)
+        if lock.is_pending(chat_id):
+            request_consolidation(chat_id, "rerun")
+    except redis.RedisError:
+        log.warning("could not release the chat's lock", extra={"chat_id": chat_id})
+
+
+def acquire_or_wait(
+    chat_id: int, version: int, lock: ChatLock, token: str, started: float, deadline: float
+) -> Wait:
+    """Take the lock when no fold is in flight; else wait until a fold commits (the brief's
+    version moves) or the one in flight ends. A fold still in flight at ``deadline`` (its holder
+    stuck, or dead until the lock's TTL) is not waited for longer."""
+    queued_until = started + settings.MEMORY_QUEUED_FOLD_WAIT_SECONDS
+    saw_fold = False
+    while True:
+        if brief_version(chat_id) != version:
+            return Wait.MOVED
+        held = lock.is_held(chat_id)
+        now = time.monotonic()
+        # A queued task starts within moments when a worker is free; with none free the turn
+        # does not wait for the backlog.
+        queued = not held and now < queued_until and fold_queued(chat_id)
+        if not held and not queued:
+            if saw_fold:
+                return Wait.MOVED  # the fold in flight ended without committing
+            if lock.acquire_or_mark_pending(chat_id, token):
+                return Wait.ACQUIRED
+            held = True  # a task took it between the look and the acquire
+        saw_fold = saw_fold or held
+        if now >= deadline:
+            log.warning(
+                "a fold in flight outlasted the wait; folding without the lock (fenced)",
+                extra={"event": "sync_fold_wait_expired", "chat_id": chat_id},
+            )
+            return Wait.EXPIRED
+        time.sleep(POLL_SECONDS)
+
+
+def brief_version(chat_id: int) -> int | None:
+    return Brief.objects.filter(chat_id=chat_id).values_list("version", flat=True).first()
+
+
+def _fold(
+    chat: Chat, snapshot: MemorySnapshot, decision: engine.Decision, prompt_tokens: int
+) -> FoldOutcome:
+    log.info(
+        "synchronous fold before the model call",
+        extra={
+            "event": "sync_fold",
+            "chat_id": chat.pk,
+            "from_seq": decision.from_seq,
+            "to_seq": decision.to_seq,
+            "prompt_tokens": prompt_tokens,
+        },
+    )
+    return execute_fold(chat, snapshot, decision, now=timezone.now(), synchronous=True)
+
+
+def _waited(chat_id: int, started: float) -> FoldOutcome:
+    log.info(
+        "the turn waited for the fold in flight",
+        extra={
+            "event": "sync_fold_wait",
+            "chat_id": chat_id,
+            "waited_ms": round((time.monotonic() - started) * 1000),
+        },
+    )
+    return FoldOutcome(WAITED)
