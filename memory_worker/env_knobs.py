@@ -29,6 +29,9 @@ PROMPT_BUDGET_VARIABLE = "MEMORY_PROMPT_TOKEN_BUDGET"
 DEFAULT_PROMPT_BUDGET = 3000
 # the summarizer's cap is every preset's summary cap
 SUMMARY_CAP_VARIABLE = "MEMORY_SUMMARY_TOKEN_CAP"
+# every preset's headroom below its bounds: sized for the deployment's summarizer against its
+# turns (docs/policies.md)
+HEADROOM_VARIABLE = "MEMORY_HEADROOM_TURNS"
 
 
 def read_number(variable: str, raw: str, kind: type[int] | type[float]) -> int | float:
@@ -68,10 +71,14 @@ def preset_env_overrides(env: Any) -> dict[str, dict[str, object]]:
         )
         assert isinstance(threshold, int)
         overrides["chunked"]["max_memory_tokens"] = threshold + int(headroom)
-    cap = _raw(env, SUMMARY_CAP_VARIABLE)
-    if cap:
-        for knobs in overrides.values():
-            knobs["summary_token_cap"] = read_number(SUMMARY_CAP_VARIABLE, cap, int)
+    for variable, knob in (
+        (SUMMARY_CAP_VARIABLE, "summary_token_cap"),
+        (HEADROOM_VARIABLE, "headroom_turns"),
+    ):
+        raw = _raw(env, variable)
+        if raw:
+            for knobs in overrides.values():
+                knobs[knob] = read_number(variable, raw, int)
     for preset, knobs in overrides.items():
         try:
             resolve_policy(preset, knobs)

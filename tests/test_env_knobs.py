@@ -19,7 +19,20 @@ def test_unset_environment_keeps_the_seed_defaults(monkeypatch: pytest.MonkeyPat
     for name in ("MEMORY_TAIL_KEEP_SIZE", "MEMORY_K_RAW_TURNS", "MEMORY_PROMPT_TOKEN_BUDGET"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.delenv("MEMORY_SUMMARY_TOKEN_CAP", raising=False)
+    monkeypatch.delenv("MEMORY_HEADROOM_TURNS", raising=False)
     assert overrides_from(monkeypatch) == {}
+
+
+def test_the_headroom_is_every_presets(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Sized for the deployment's summarizer, not for one seed: a summarizer slower than the
+    turns needs room for more of them below every bound."""
+    found = overrides_from(monkeypatch, MEMORY_HEADROOM_TURNS="3")
+    assert {name: knobs["headroom_turns"] for name, knobs in found.items()} == dict.fromkeys(
+        ("contract", "sliding-window", "token-budget", "chunked", "turn-digest"), 3
+    )
+    monkeypatch.setenv("MEMORY_HEADROOM_TURNS", "0")
+    with pytest.raises(ValueError, match='Knob "headroom_turns" must be at least 1'):
+        overrides_from(monkeypatch)
 
 
 def test_seed_001_and_003_knobs(monkeypatch: pytest.MonkeyPatch) -> None:
