@@ -560,24 +560,35 @@ def mean(values: Sequence[float]) -> float:
     return sum(values) / len(values) if values else 0.0
 
 
-def first_fold_positions(indexed: Iterable[tuple[int, RecordedRequest]]) -> dict[str, int]:
+def first_fold_positions(
+    indexed: Iterable[tuple[int, RecordedRequest]],
+    carried: Callable[[RecordedRequest], list[str]] = folded_tags,
+) -> dict[str, int]:
     """For each message tag, the position (in all requests) of the first summarize request
-    whose NEW_TURNS carries it."""
+    whose NEW_TURNS carries it (``carried``: the tags a summarize request carries)."""
     first: dict[str, int] = {}
     for position, record in indexed:
-        for tag in folded_tags(record):
+        for tag in carried(record):
             first.setdefault(tag, position)
     return first
 
 
-def drops_without_fold(run: Run, stored: dict[str, int]) -> int:
+def drops_without_fold(
+    run: Run,
+    stored: dict[str, int],
+    carried: Callable[[RecordedRequest], list[str]] = folded_tags,
+) -> int:
     """Messages that left the model's context before being sent to the summarizer.
 
     ``stored`` maps a tag to the index (among chat requests) of the first chat request that
-    must show it: its own request for a user message, the next one for a reply."""
+    must show it: its own request for a user message, the next one for a reply. ``carried``
+    reads the tags a summarize request carries (bench.topology also counts a turn-digest
+    reply's digest as carrying it)."""
     indexed = list(enumerate(run.records))
     chats = [(position, r) for position, r in indexed if r.kind == "chat"]
-    summarized = first_fold_positions((p, r) for p, r in indexed if r.kind == "summarize")
+    summarized = first_fold_positions(
+        ((p, r) for p, r in indexed if r.kind == "summarize"), carried
+    )
     contexts = [context_tags(record) for _, record in chats]
     drops = 0
     for tag, visible_from in stored.items():

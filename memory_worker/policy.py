@@ -429,6 +429,12 @@ def _triggered(state: ChatState, policy: Policy, now: datetime) -> str | None:
     return None
 
 
+# The triggers that guard a hard bound: max_fold_turns (seed 004's one turn at a time) paces the
+# others, but a chat that fell behind near its bound would only fall further behind by a turn
+# per fold, and its turns would fold synchronously.
+BOUND_TRIGGERS = frozenset({"token_budget", "overflow"})
+
+
 def _range_end(state: ChatState, policy: Policy, trigger: str) -> int:
     if trigger == "token_budget":
         # Background folds keep the verbatim tail: the bound's own check folds into it when
@@ -436,6 +442,8 @@ def _range_end(state: ChatState, policy: Policy, trigger: str) -> int:
         end = _token_fold_end(state, policy, compress_end(state, policy))
     else:
         end = compress_end(state, policy)
+    if trigger in BOUND_TRIGGERS:
+        return end
     return _limit_turns(state, policy, end)
 
 

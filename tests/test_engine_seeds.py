@@ -120,9 +120,9 @@ def test_seed_000_overflow_folds_and_keeps_exactly_k() -> None:
     # The 9th message is a user message: keeping exactly 6 would split its turn, so the cut
     # moves back to the turn boundary and 7 (>= K) stay.
     assert decide(state_of(alternating(9)), policy, NOW) == Decision("overflow", 1, 2)
-    # Without the headroom (the seed's literal rule) the fold would wait for 11.
-    literal = thresholds(policy, BIG_WINDOW)
-    assert literal.message_trigger == policy.context_size - policy.headroom_turns * 2 == 8
+    # Without the headroom (the seed's literal rule) the fold would wait for 11: K + B less one
+    # turn of two messages.
+    assert thresholds(policy, BIG_WINDOW).message_trigger == 10 - 2
 
 
 def test_seed_000_priority_token_over_overflow_over_safety() -> None:
