@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from bench import cost, topology
+from bench import cost, topology, topology_chats, topology_measures
 from tests.fake_openai import SUMMARY_MARKER, RecordedRequest
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -20,7 +20,7 @@ BASE = cost.build_workload(6, seed=3)
 
 
 def number(ordinal: int, turn: int) -> int:
-    return topology.chat_workload(BASE, ordinal)[turn - 1].number
+    return topology_chats.chat_workload(BASE, ordinal)[turn - 1].number
 
 
 def request(kind: str, messages: list[dict[str, str]], position: int) -> RecordedRequest:
@@ -61,19 +61,22 @@ def chat_run(records: list[RecordedRequest], served: list[int]) -> cost.Run:
 
 
 def test_each_chat_has_its_own_tags_on_the_same_text() -> None:
-    first, second = topology.chat_workload(BASE, 1), topology.chat_workload(BASE, 2)
+    first, second = topology_chats.chat_workload(BASE, 1), topology_chats.chat_workload(BASE, 2)
     for one, two, base in zip(first, second, BASE, strict=True):
         assert one.user.startswith(cost.user_tag(one.number))
         assert one.reply.startswith(cost.reply_tag(one.number))
         assert one.user.split(" ", 1)[1] == two.user.split(" ", 1)[1] == base.user.split(" ", 1)[1]
-        assert (topology.chat_ordinal(one.number), topology.chat_ordinal(two.number)) == (1, 2)
+        assert (
+            topology_chats.chat_ordinal(one.number),
+            topology_chats.chat_ordinal(two.number),
+        ) == (1, 2)
         # One width: a tag costs the same tokens in every chat.
         assert cost.tokens(cost.user_tag(one.number)) == cost.tokens(cost.user_tag(two.number))
 
 
 def test_a_turn_request_gets_its_own_chats_reply_and_an_agent_request_a_digest() -> None:
-    workloads = {1: topology.chat_workload(BASE, 1), 2: topology.chat_workload(BASE, 2)}
-    replies = topology.ChatReplies(workloads)
+    workloads = {1: topology_chats.chat_workload(BASE, 1), 2: topology_chats.chat_workload(BASE, 2)}
+    replies = topology_chats.ChatReplies(workloads)
     one, two = workloads[1][2], workloads[2][4]
     replies.sending(1, one.number)
     replies.sending(2, two.number)
@@ -84,7 +87,7 @@ def test_a_turn_request_gets_its_own_chats_reply_and_an_agent_request_a_digest()
     assert digest.startswith(f"(digest of {cost.reply_tag(one.number)})")
     assert replies.served == {1: [one.number], 2: [two.number]}
     # A turn request of a chat that sends nothing (another configuration's) is a stray.
-    stray = topology.chat_workload(BASE, 9)[0]
+    stray = topology_chats.chat_workload(BASE, 9)[0]
     replies({"messages": [{"role": "user", "content": stray.user}]})
     assert replies.strays == 1
 
@@ -118,7 +121,7 @@ def test_requests_are_attributed_to_their_chat() -> None:
         turn_request(5, new=cost.user_tag(a2)),
         turn_request(6, new=cost.user_tag(stray)),
     ]
-    split = topology.split_records(records, [1, 2])
+    split = topology_measures.split_records(records, [1, 2])
     assert [r.number for r in split.by_chat[1]] == [1, 3, 5]
     assert [r.number for r in split.by_chat[2]] == [2]
     assert [r.number for r in split.agent_calls[2]] == [4] and split.agent_calls[1] == []
@@ -136,14 +139,17 @@ def test_a_drop_is_seen_in_its_chat_and_a_digest_only_when_counted() -> None:
         turn_request(4, new=u(a2)),
         turn_request(5, new=u(b2)),
     ]
-    split = topology.split_records(records, [1, 2])
+    split = topology_measures.split_records(records, [1, 2])
     one, two = chat_run(split.by_chat[1], [a1, a2]), chat_run(split.by_chat[2], [b1, b2])
     assert cost.drops_without_fold(two, cost.stored_messages(two)) == 2  # b1's user and reply
     assert cost.drops_without_fold(one, cost.stored_messages(one)) == 1  # a1's reply, as itself
-    counting = topology.carried_with_digests
+    counting = topology_measures.carried_with_digests
     assert cost.drops_without_fold(one, cost.stored_messages(one), counting) == 0
-    assert topology.reply_fold_forms(split.by_chat[1]) == {"digest": 1}
-    assert topology.repeated_agent_calls([agent_request(1, a(a1)), agent_request(2, a(a1))]) == 1
+    assert topology_measures.reply_fold_forms(split.by_chat[1]) == {"digest": 1}
+    assert (
+        topology_measures.repeated_agent_calls([agent_request(1, a(a1)), agent_request(2, a(a1))])
+        == 1
+    )
 
 
 def test_history_is_the_summary_and_the_messages_before_the_new_one() -> None:
@@ -151,14 +157,14 @@ def test_history_is_the_summary_and_the_messages_before_the_new_one() -> None:
     record = turn_request(1, "[t1u] a", "[t1a] b", "[t2u] c", new="[t2a] d", summary=summary)
     texts = ["[t1u] a words", "[t1a] b words", "[t2u] c words"]
     tokens = cost.tokens(summary) + sum(cost.tokens(text) for text in texts)
-    assert topology.history_of(record) == (3, tokens)
-    assert topology.check_bound({"context_size": 3}, [record]).over_bound == 0
-    assert topology.check_bound({"context_size": 2}, [record]).over_bound == 1
+    assert topology_measures.history_of(record) == (3, tokens)
+    assert topology_measures.check_bound({"context_size": 3}, [record]).over_bound == 0
+    assert topology_measures.check_bound({"context_size": 2}, [record]).over_bound == 1
     tight = {"max_memory_tokens": None, "max_tokens": tokens - 1}
-    check = topology.check_bound(tight, [record])
+    check = topology_measures.check_bound(tight, [record])
     assert (check.token_bound, check.over_bound, check.max_tokens) == (tokens - 1, 1, tokens)
     both = {"max_memory_tokens": tokens, "max_tokens": tokens + 100}
-    assert topology.token_bound(both) == tokens
+    assert topology_measures.token_bound(both) == tokens
 
 
 def test_ledger_and_sync_fold_counts() -> None:
@@ -168,7 +174,7 @@ def test_ledger_and_sync_fold_counts() -> None:
         {"status": "superseded", "synchronous": False, "summarizer_calls": 1},
         {"status": "failed", "synchronous": True, "summarizer_calls": 0},
     ]
-    counts = topology.ledger_counts(rows)
+    counts = topology_measures.ledger_counts(rows)
     assert (counts.attempts, counts.succeeded, counts.superseded, counts.failed) == (4, 2, 1, 1)
     assert (counts.synchronous, counts.summarizer_calls) == (2, 4)
     assert (counts.superseded_pct, counts.failed_pct) == (25.0, 25.0)
@@ -185,8 +191,8 @@ def test_ledger_and_sync_fold_counts() -> None:
         {"event": "sync_fold", "request_id": "t-2"},
         {"event": "fold", "request_id": "t-3"},
     ]
-    assert topology.sync_fold_turns(lines) == 2
-    assert topology.web_events(lines) == {"sync_fold": 3, "fold": 1}
+    assert topology_measures.sync_fold_turns(lines) == 2
+    assert topology_measures.web_events(lines) == {"sync_fold": 3, "fold": 1}
 
 
 # --- a short real run ---------------------------------------------------------------------------
