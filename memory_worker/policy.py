@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from functools import cached_property
 from math import ceil
+from statistics import median
 from typing import NamedTuple, Protocol, TypeVar
 
 ROLE_OVERHEAD_TOKENS = 4  # per chat message: role and separators
@@ -32,7 +33,10 @@ PROMPT_WINDOW_SHARE = 0.9
 
 # Headroom (DESIGN §4): every background threshold sits below its hard bound by a reserve for
 # the growth expected while a fold runs, ``headroom_turns`` turns of the chat's recent size.
-RECENT_TURNS = 4  # a chat's turn size: the mean of its newest unfolded turns
+# A chat's turn size: the median of its newest unfolded turns. Typical growth, not one long
+# reply's: a turn far larger than the chat's others waits for the fold in flight instead of
+# lowering every threshold for as long as it is among the newest.
+RECENT_TURNS = 8
 # The floor of a turn's size, as a share of the bound: a chat with few or small turns still
 # leaves a few turns' worth of room.
 NOMINAL_TURN_SHARE = 1 / 16
@@ -114,13 +118,13 @@ class ChatState:
 
     @cached_property
     def turn_size(self) -> tuple[float, float]:
-        """Mean tokens (role overhead included) and messages of the newest RECENT_TURNS
+        """Median tokens (role overhead included) and messages of the newest RECENT_TURNS
         unfolded turns; computed once, as every trigger's threshold uses it."""
         turns = turns_of(sorted(self.unfolded, key=lambda m: m.seq))[-RECENT_TURNS:]
         if not turns:
             return 0.0, 0.0
-        tokens = sum(m.tokens + ROLE_OVERHEAD_TOKENS for turn in turns for m in turn)
-        return tokens / len(turns), sum(len(turn) for turn in turns) / len(turns)
+        tokens = [sum(m.tokens + ROLE_OVERHEAD_TOKENS for m in turn) for turn in turns]
+        return float(median(tokens)), float(median(len(turn) for turn in turns))
 
     @cached_property
     def suffix_sums(self) -> tuple[list[int], list[int]]:
@@ -268,7 +272,7 @@ def token_bound(policy: Policy) -> int | None:
 
 
 def recent_turn_size(state: ChatState) -> tuple[float, float]:
-    """Mean tokens and messages of the chat's newest unfolded turns ((0, 0) for none)."""
+    """Median tokens and messages of the chat's newest unfolded turns ((0, 0) for none)."""
     return state.turn_size
 
 
@@ -286,7 +290,8 @@ def thresholds(
 ) -> Thresholds:
     """The background thresholds for a chat whose turns average ``turn_tokens`` tokens and
     ``turn_messages`` messages (0: unknown, the floors apply). Each is at most its hard bound
-    minus its reserve; a seed's own trigger knob, when lower, stays the threshold."""
+    minus its reserve; a seed's own trigger knob, when lower, stays the threshold. Seed 002's
+    ``max_tokens - max_summary_tokens`` is not one: the reserve replaces that fixed offset."""
     turns = policy.headroom_turns
     bound = token_bound(policy)
     token_reserve = 0
@@ -294,9 +299,6 @@ def thresholds(
     if bound is not None:
         token_reserve = reserve(bound, turns, turn_tokens, bound * NOMINAL_TURN_SHARE)
         token_trigger = bound - token_reserve
-    if policy.max_tokens is not None:
-        seed_trigger = policy.max_tokens - policy.max_summary_tokens
-        token_trigger = seed_trigger if token_trigger is None else min(token_trigger, seed_trigger)
     message_reserve = 0
     message_trigger = None
     if policy.context_size is not None:

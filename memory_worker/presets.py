@@ -178,21 +178,13 @@ def synchronous_only(policy: Policy) -> str | None:
             f"chunk_threshold ({policy.chunk_threshold}) must be at most the token bound "
             f"({bound}); raise max_memory_tokens with it."
         )
-    if policy.max_tokens is not None and bound is not None:
-        seed_trigger = policy.max_tokens - policy.max_summary_tokens
-        if seed_trigger > bound:
-            return (
-                f"max_tokens - max_summary_tokens ({seed_trigger}) must be at most "
-                f"max_memory_tokens ({bound}), the hard bound; raise max_memory_tokens with it."
-            )
     trigger = limits.token_trigger
     target = limits.fold_target if policy.fold_target_tokens is None else policy.fold_target_tokens
     if trigger is not None and target >= trigger:
         return (
             f"the fold target ({target} tokens) must be below the background "
             f"threshold ({trigger}: the token bound less {policy.headroom_turns} turn(s) of "
-            "headroom, or max_tokens - max_summary_tokens); lower fold_target_tokens or "
-            "headroom_turns, or raise the bound."
+            "headroom); lower fold_target_tokens or headroom_turns, or raise the bound."
         )
     return _message_problem(policy, limits.message_trigger, limits.message_reserve)
 

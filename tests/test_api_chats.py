@@ -253,11 +253,6 @@ def test_a_chat_whose_variant_was_removed_falls_back_to_the_default(api, setting
     ("policy", "overrides", "words"),
     [
         ("chunked", {"chunk_threshold": 20000}, "chunk_threshold (20000) must be at most"),
-        (
-            "token-budget",
-            {"max_tokens": 20000, "max_memory_tokens": 4000},
-            "max_tokens - max_summary_tokens (19744)",
-        ),
         ("token-budget", {"fold_target_tokens": 3800}, "the fold target (3800 tokens)"),
         ("sliding-window", {"tail_messages": 70}, "tail_messages + window (70 + 12)"),
         ("contract", {"tail_messages": 8}, "less 2 message(s) of headroom (8)"),

@@ -158,15 +158,15 @@ def test_seed_000_safety_counts_user_messages_only() -> None:
 
 def test_seed_002_folds_below_its_bound_down_to_its_target() -> None:
     """Seed 002's history bound is max_tokens; the fold starts a turn of the chat's size below
-    it (or at max_tokens - max_summary_tokens, when lower) and folds the oldest turns until the
-    rest, the summary's reserve with it, fits the fold target (hysteresis: the next fold is
-    several turns away)."""
+    it (at least 1/16 of the bound: seed 002's fixed max_summary_tokens offset is replaced) and
+    folds the oldest turns until the rest, the summary's reserve with it, fits the fold target
+    (hysteresis: the next fold is several turns away)."""
     policy = PRESETS["token-budget"]  # max_tokens 4000, max_summary_tokens 256
     five = alternating(10, tokens=250)  # 2,500 tokens
     limits = chat_thresholds(state_of(five), policy)
     assert limits.token_trigger == 4000 - (500 + 8)  # a turn of 508 tokens
     small_turns = chat_thresholds(state_of(alternating(4, tokens=100)), policy)
-    assert small_turns.token_trigger == 4000 - 256  # seed 002's own trigger is lower
+    assert small_turns.token_trigger == 4000 - 4000 // 16  # the floor: turns of 208 < 250
     assert decide(state_of(five), policy, NOW) is None
     seven = alternating(14, tokens=250)  # 3,500 tokens > 3,492
     decision = decide(state_of(seven), policy, NOW)
