@@ -40,6 +40,7 @@ from memory_worker.state import (
 )
 from memory_worker.summarizers import FoldMessage, Summarizer, SummarizerError, SummaryResult
 from memory_worker.tokens import count_tokens
+from memory_worker.turn_groups import split_for_summarizer
 
 log = logging.getLogger("chatmem.fold")
 
@@ -138,7 +139,7 @@ def execute_fold(
     by then (``time_for_a_chunk``); the outcome then says more is due and the caller hands on.
     The outcome is the last chunk's; ``decision`` stays the whole range's."""
     to_fold = [m for m in snapshot.unfolded if decision.from_seq <= m.seq <= decision.to_seq]
-    chunks = engine.split_for_summarizer(
+    chunks = split_for_summarizer(
         [engine.Msg(m.seq, m.role, m.token_count) for m in to_fold],
         settings.MEMORY_SUMMARIZER_INPUT_BUDGET,
     )

@@ -18,13 +18,15 @@ Vocabulary:
 from __future__ import annotations
 
 from bisect import bisect_right
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from functools import cached_property
 from math import ceil
 from statistics import median
-from typing import NamedTuple, Protocol, TypeVar
+from typing import NamedTuple
+
+from memory_worker.turn_groups import turns_of
 
 ROLE_OVERHEAD_TOKENS = 4  # per chat message: role and separators
 PROMPT_PRIMING_TOKENS = 3  # every reply is primed with a few tokens
@@ -520,44 +522,3 @@ def _pre_turn_fold_end(state: ChatState, policy: Policy, opens_turn: bool) -> in
 
 def _has_token_target(policy: Policy) -> bool:
     return token_bound(policy) is not None or policy.fold_target_tokens is not None
-
-
-# --- summarizer input ------------------------------------------------------------------------
-
-
-class HasRole(Protocol):
-    @property
-    def role(self) -> str: ...
-
-
-RoleT = TypeVar("RoleT", bound=HasRole)
-
-
-def turns_of(msgs: Sequence[RoleT]) -> list[list[RoleT]]:
-    """Group messages (the engine's Msg, or stored messages) into turns: each user message
-    opens one; a leading non-user message opens one too."""
-    grouped: list[list[RoleT]] = []
-    for message in msgs:
-        if message.role == "user" or not grouped:
-            grouped.append([message])
-        else:
-            grouped[-1].append(message)
-    return grouped
-
-
-def split_for_summarizer(msgs: Sequence[Msg], max_input_tokens: int) -> list[tuple[int, int]]:
-    """Consecutive (from_seq, to_seq) chunks of whole turns, each within ``max_input_tokens``
-    where possible; a turn larger than the budget is a chunk of its own, never trimmed."""
-    chunks: list[tuple[int, int]] = []
-    current: list[Msg] = []
-    current_tokens = 0
-    for turn in turns_of(msgs):
-        turn_tokens = sum(m.tokens for m in turn)
-        if current and current_tokens + turn_tokens > max_input_tokens:
-            chunks.append((current[0].seq, current[-1].seq))
-            current, current_tokens = [], 0
-        current.extend(turn)
-        current_tokens += turn_tokens
-    if current:
-        chunks.append((current[0].seq, current[-1].seq))
-    return chunks

@@ -14,10 +14,10 @@ from memory_worker.policy import (
     decide_before_turn,
     decide_manual,
     prompt_tokens,
-    split_for_summarizer,
     thresholds,
 )
 from memory_worker.presets import PRESETS, PolicyError, policy_parameters, resolve_policy
+from memory_worker.turn_groups import split_for_summarizer
 
 NOW = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
 BIG_WINDOW = 1_000_000

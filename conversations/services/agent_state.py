@@ -22,8 +22,8 @@ from conversations import rows
 from conversations.llm import ModelError
 from conversations.models import AgentState, Chat, Message, ResponseSummary, Role
 from conversations.services.backends import chat_backend_name, get_chat_model
-from memory_worker.policy import turns_of
 from memory_worker.tokens import count_tokens
+from memory_worker.turn_groups import turns_of
 
 log = logging.getLogger("chatmem.agent_state")
 
