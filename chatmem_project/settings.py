@@ -373,12 +373,13 @@ CHATMEM_DEFAULT_SYSTEM_PROMPT = env(
 # A turn slot older than this is taken to belong to a dead process; it must outlast the model
 # deadline so a live turn is never pre-empted.
 TURN_SLOT_STALE_SECONDS = env_float("TURN_SLOT_STALE_SECONDS", LLM_TIMEOUT_SECONDS + 30)
-# The longest a turn holds its web worker: a synchronous fold first (a summarizer call, up to
-# MEMORY_LLM_TIMEOUT_SECONDS), then the slot is renewed and the model answers within the slot's
-# lifetime (its deadline and a margin). A stopping web server (a deploy) lets the turns in flight
+# The longest a turn holds its web worker: a wait for a fold in flight (up to
+# MEMORY_LLM_TIMEOUT_SECONDS), its own synchronous fold (a summarizer call, as long again), then
+# the slot is renewed and the model answers within the slot's lifetime (its deadline and a
+# margin). A stopping web server (a deploy) lets the turns in flight
 # finish for this long: gunicorn.conf.py's graceful_timeout; docker-compose.yml's web
 # stop_grace_period must exceed it. (Not an environment knob: it follows the deadlines.)
-WEB_GRACEFUL_TIMEOUT_SECONDS = MEMORY_LLM_TIMEOUT_SECONDS + TURN_SLOT_STALE_SECONDS
+WEB_GRACEFUL_TIMEOUT_SECONDS = 2 * MEMORY_LLM_TIMEOUT_SECONDS + TURN_SLOT_STALE_SECONDS
 # A streamed turn sends an SSE comment after this many idle seconds (a synchronous fold, a slow
 # first token), so proxies do not drop the connection as idle. (Not an environment knob.)
 TURN_STREAM_HEARTBEAT_SECONDS = 15.0

@@ -24,6 +24,7 @@ class Release(Enum):
 
 class ChatLock(Protocol):
     def acquire_or_mark_pending(self, chat_id: int, token: str) -> bool: ...
+    def try_acquire(self, chat_id: int, token: str) -> bool: ...
     def release_or_rerun(self, chat_id: int, token: str) -> Release: ...
     def release(self, chat_id: int, token: str) -> bool: ...
     def mark_pending(self, chat_id: int) -> None: ...
@@ -83,6 +84,11 @@ class RedisChatLock:
         keys = [self.key(chat_id), PENDING_SET]
         return bool(self._acquire(keys=keys, args=[token, self._ttl_ms, chat_id]))
 
+    def try_acquire(self, chat_id: int, token: str) -> bool:
+        """Take the lock if free, leaving the pending set alone: for a holder that does not
+        re-judge the chat (a turn's own fold), which must neither serve nor add a rerun."""
+        return bool(self._client.set(self.key(chat_id), token, nx=True, px=self._ttl_ms))
+
     def release_or_rerun(self, chat_id: int, token: str) -> Release:
         keys = [self.key(chat_id), PENDING_SET]
         result = int(self._release_or_rerun(keys=keys, args=[token, self._ttl_ms, chat_id]))
@@ -131,6 +137,13 @@ class LocalChatLock:
                 return False
             self._holders[chat_id] = (token, time.monotonic() + self._ttl)
             self._pending.discard(chat_id)
+            return True
+
+    def try_acquire(self, chat_id: int, token: str) -> bool:
+        with self._mutex:
+            if self._held_by_other(chat_id, token):
+                return False
+            self._holders[chat_id] = (token, time.monotonic() + self._ttl)
             return True
 
     def release_or_rerun(self, chat_id: int, token: str) -> Release:

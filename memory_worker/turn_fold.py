@@ -7,6 +7,7 @@ right whatever the lock does: a turn that gives up waiting folds fenced, without
 import logging
 import time
 import uuid
+from collections.abc import Callable
 from enum import Enum
 
 import redis
@@ -24,8 +25,10 @@ from memory_worker.state import MemorySnapshot
 log = logging.getLogger("chatmem.fold")
 
 # How often a waiting turn looks again: a fold commits in tens of milliseconds on a fast
-# summarizer, and each look is one Redis GET and one primary-key read.
+# summarizer, and each look is a primary-key read and a Redis call or two, so the pause
+# doubles up to a quarter second for a slow one.
 POLL_SECONDS = 0.02
+MAX_POLL_SECONDS = 0.25
 WAITED = "waited"  # the FoldOutcome status of a turn that waited for a fold in flight
 
 
@@ -42,12 +45,15 @@ def fold_before_turn(
     prompt_tokens: int,
     *,
     wait_deadline: float,
+    before_fold: Callable[[], None],
     lock: ChatLock | None = None,
 ) -> FoldOutcome:
     """This turn's fold of ``decision`` under the chat's lock, or FoldOutcome(WAITED) when
     another fold committed since ``snapshot`` or ended while the turn waited: the caller then
     re-reads and judges again. A fold in flight is waited for until ``wait_deadline``
-    (``time.monotonic()``). ``prompt_tokens``: the prompt over the bound, for the log."""
+    (``time.monotonic()``). ``before_fold`` runs before the turn's own fold (the caller renews
+    its turn slot: a wait and a fold together can outlast it). ``prompt_tokens``: the prompt
+    over the bound, for the log."""
     lock = lock or chat_lock()
     started = time.monotonic()
     token = uuid.uuid4().hex
@@ -59,14 +65,17 @@ def fold_before_turn(
             "the lock store is unreachable; folding without the lock (fenced)",
             extra={"event": "sync_fold_unlocked", "chat_id": chat.pk},
         )
+        release(chat.pk, token, lock)  # an acquire whose reply was lost may have taken it
         waited = Wait.EXPIRED
     if waited is Wait.MOVED:
         return _waited(chat.pk, started)
     if waited is Wait.EXPIRED:
+        before_fold()
         return _fold(chat, snapshot, decision, prompt_tokens)
     try:
         if brief_version(chat.pk) != snapshot.version:
             return _waited(chat.pk, started)  # a fold committed between the last look and now
+        before_fold()
         return _fold(chat, snapshot, decision, prompt_tokens)
     finally:
         release(chat.pk, token, lock)
@@ -89,9 +98,12 @@ def acquire_or_wait(
 ) -> Wait:
     """Take the lock when no fold is in flight; else wait until a fold commits (the brief's
     version moves) or the one in flight ends. A fold still in flight at ``deadline`` (its holder
-    stuck, or dead until the lock's TTL) is not waited for longer."""
+    stuck, or dead until the lock's TTL) is not waited for longer. The turn's acquire leaves
+    the pending set alone: it decided its range before taking the lock, so it cannot serve a
+    rerun that was asked for, and a trigger it met is the holder's to serve already."""
     queued_until = started + settings.MEMORY_QUEUED_FOLD_WAIT_SECONDS
     saw_fold = False
+    pause = POLL_SECONDS
     while True:
         if brief_version(chat_id) != version:
             return Wait.MOVED
@@ -103,7 +115,7 @@ def acquire_or_wait(
         if not held and not queued:
             if saw_fold:
                 return Wait.MOVED  # the fold in flight ended without committing
-            if lock.acquire_or_mark_pending(chat_id, token):
+            if lock.try_acquire(chat_id, token):
                 return Wait.ACQUIRED
             held = True  # a task took it between the look and the acquire
         saw_fold = saw_fold or held
@@ -113,7 +125,8 @@ def acquire_or_wait(
                 extra={"event": "sync_fold_wait_expired", "chat_id": chat_id},
             )
             return Wait.EXPIRED
-        time.sleep(POLL_SECONDS)
+        time.sleep(pause)
+        pause = min(pause * 2, MAX_POLL_SECONDS)
 
 
 def brief_version(chat_id: int) -> int | None:

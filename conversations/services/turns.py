@@ -314,6 +314,7 @@ def bounded_snapshot(
             pre_turn.fold,
             engine.prompt_tokens(state, user_tokens),
             wait_deadline=wait_deadline,
+            before_fold=partial(renew_turn_slot, chat, token),
         )
         if outcome.status == "failed":
             raise ContextOverBound(
