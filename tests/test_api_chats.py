@@ -351,3 +351,24 @@ def test_defaults_with_no_room_are_the_operators_warning_not_every_chats_400(api
         assert "chatmem.W001" in [message.id for message in run_checks()]
     finally:
         _parse_variants.cache_clear()
+
+
+def test_effective_policy_shows_the_thresholds_derived_below_each_bound(api) -> None:  # type: ignore[no-untyped-def]
+    """Seed 002's two knobs alone: the bound is max_tokens, the fold is due a turn's worth (the
+    floor, 1/16 of the bound, for a chat with no turns yet) below it, and folds go down to the
+    summary's reserve and an eighth of the rest."""
+    chat = api.post(
+        "/api/v1/chats/",
+        {
+            "policy": "token-budget",
+            "policy_overrides": {"max_tokens": 4800, "max_summary_tokens": 480},
+        },
+        format="json",
+    ).json()
+    thresholds = api.get(f"/api/v1/chats/{chat['id']}/").json()["effective_policy"]["thresholds"]
+    assert thresholds["token_bound"] == 4800
+    assert thresholds["token_reserve"] == 4800 // 16
+    assert thresholds["token_trigger"] == 4800 - 4800 // 16
+    assert thresholds["fold_target"] == 500 + (4800 - 500) // 8
+    listed = {p["name"]: p["parameters"] for p in api.get("/api/v1/policies/").json()["results"]}
+    assert listed["contract"]["thresholds"]["message_trigger"] == 8  # K + B less one turn

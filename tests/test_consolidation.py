@@ -521,7 +521,8 @@ def test_a_task_whose_fold_leaves_nothing_due_reads_once_and_releases(api) -> No
 def test_a_backlog_of_several_folds_is_folded_by_the_same_task(api) -> None:  # type: ignore[no-untyped-def]
     from memory_worker.locks import LocalChatLock
 
-    chat_id = new_chat(api, policy_overrides={"max_fold_turns": 6})
+    # context_size 100: the backlog stays under the bound, where max_fold_turns paces the folds.
+    chat_id = new_chat(api, policy_overrides={"max_fold_turns": 6, "context_size": 100})
     turns(api, chat_id, 38)  # 76 messages: 36 beyond the tail, three folds of 12
     lock = LocalChatLock(ttl_seconds=60)
     statuses, _ = task_run(chat_id, lock)
@@ -536,7 +537,7 @@ def test_a_task_out_of_time_hands_the_backlog_on(api, settings, monkeypatch) -> 
     from memory_worker import dispatch
     from memory_worker.locks import LocalChatLock
 
-    chat_id = new_chat(api, policy_overrides={"max_fold_turns": 6})
+    chat_id = new_chat(api, policy_overrides={"max_fold_turns": 6, "context_size": 100})
     turns(api, chat_id, 38)  # three folds of 12 due, as above
     settings.MEMORY_LLM_TIMEOUT_SECONDS = 60
     settings.MEMORY_TASK_SOFT_TIME_LIMIT = 30  # not even one more summarizer call fits

@@ -181,8 +181,9 @@ def test_a_message_too_large_for_the_prompt_is_refused() -> None:
 
 def test_a_backlog_over_ten_folds_still_ends_within_context_size() -> None:
     """The repro: turn-digest folds one turn per decision, at most 10 per call; a 30-turn
-    backlog came out as 41 messages against context_size 24. The synchronous fold takes the
-    rest, keeping the policy's full-detail turns (the new one and two before it)."""
+    backlog came out as 41 messages against context_size 24. Past its bound's threshold the
+    overflow fold is not paced by max_fold_turns: one fold takes the backlog down to the
+    policy's full-detail turns (the new one and two before it)."""
     summarizer = Summarizer(inputs=[])
     node = SummarizationNode(model=summarizer, policy="turn-digest")
     policy = resolve_policy("turn-digest", {})
@@ -198,7 +199,7 @@ def test_a_backlog_over_ten_folds_still_ends_within_context_size() -> None:
     kept = history_of(result["summarized_messages"])
     assert len(kept) - 1 <= policy.context_size  # the new message comes on top of the bound
     assert [m.id for m in kept] == ["h28", "a28", "h29", "a29", "hn"]
-    assert len(summarizer.inputs) == graph_node.MAX_FOLDS_PER_CALL + 1
+    assert len(summarizer.inputs) == 1
     folded_input = " ".join(summarizer.inputs)
     for number in range(28):
         assert folded_input.count(f"[u{number}]") == 1, number
