@@ -290,7 +290,7 @@ def thresholds(
     turn_tokens: float = 0.0,
     turn_messages: float = 0.0,
 ) -> Thresholds:
-    """The background thresholds for a chat whose turns average ``turn_tokens`` tokens and
+    """The background thresholds for a chat whose turns are typically ``turn_tokens`` tokens and
     ``turn_messages`` messages (0: unknown, the floors apply). Each is at most its hard bound
     minus its reserve; a seed's own trigger knob, when lower, stays the threshold. Seed 002's
     ``max_tokens - max_summary_tokens`` is not one: the reserve replaces that fixed offset."""
@@ -342,7 +342,7 @@ def fold_target(
 ) -> int:
     """The history a token fold folds down to (the summary at its reserve included): well below
     the threshold, so folds come in batches (hysteresis). ``fold_target_tokens`` when set (at
-    most the threshold: above it a fold would fold nothing); else the summary's reserve and a
+    most the threshold: above it a fold would fold nothing); else the summary's reserve and an
     eighth of the rest of the token bound, at most half of either threshold: each fold then
     takes most of the verbatim history, and the summary is rewritten less often."""
     trigger = prompt_trigger if token_trigger is None else min(token_trigger, prompt_trigger)
