@@ -297,7 +297,7 @@ def bounded_snapshot(
     would exceed the policy's hard bound (seed 000 §7)."""
     policy = policy_for_chat(chat)
     # Waiting for folds in flight (each commit is re-read) is bounded in time, not in count: a
-    # policy that folds one turn per fold can take several to make room.
+    # background fold may free less than this turn needs, and the next one is waited for too.
     wait_deadline = time.monotonic() + settings.MEMORY_LLM_TIMEOUT_SECONDS
     folds = 0
     snapshot = first if first is not None else snapshot_of_live_chat(chat)
