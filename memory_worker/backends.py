@@ -54,6 +54,11 @@ def _summarizer(
     return ChatCompletionsSummarizer(client, model=model, cap_tokens=cap, timeout=timeout)
 
 
+def offline_summarizer(cap_tokens: int) -> Summarizer:
+    """The fallback of a turn whose fold the configured summarizer failed (DESIGN §1.2)."""
+    return OfflineSummarizer(cap_tokens=cap_tokens)
+
+
 def get_summarizer(cap_tokens: int | None = None) -> Summarizer:
     """``cap_tokens``: the chat's summary cap (its policy's ``summary_token_cap``, which a chat
     may override); MEMORY_SUMMARY_TOKEN_CAP when not given."""

@@ -126,6 +126,7 @@ def execute_fold(
     synchronous: bool = False,
     due_at: datetime | None = None,
     deadline: float | None = None,
+    summarizer: Summarizer | None = None,
 ) -> FoldOutcome:
     """The decided range, summarized and committed chunk by chunk. A range larger than the
     summarizer's input budget is split at turn boundaries (DESIGN §5: chunks, never trimming),
@@ -137,14 +138,15 @@ def execute_fold(
 
     ``deadline`` (``time.monotonic()``): no chunk after the first starts unless it can finish
     by then (``time_for_a_chunk``); the outcome then says more is due and the caller hands on.
-    The outcome is the last chunk's; ``decision`` stays the whole range's."""
+    The outcome is the last chunk's; ``decision`` stays the whole range's. ``summarizer``: the
+    configured one (for the chat's cap) unless given."""
     to_fold = [m for m in snapshot.unfolded if decision.from_seq <= m.seq <= decision.to_seq]
     chunks = split_for_summarizer(
         [engine.Msg(m.seq, m.role, m.token_count) for m in to_fold],
         settings.MEMORY_SUMMARIZER_INPUT_BUDGET,
     )
     # The chat's own summary cap: its policy's bound and the synchronous fold's plan count on it.
-    summarizer = get_summarizer(policy_for_chat(chat).summary_token_cap)
+    summarizer = summarizer or get_summarizer(policy_for_chat(chat).summary_token_cap)
     outcome = FoldOutcome("nothing", decision)
     for index, (first, last) in enumerate(chunks):
         if index and not time_for_a_chunk(deadline):

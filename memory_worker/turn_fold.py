@@ -16,11 +16,13 @@ from django.utils import timezone
 
 from conversations.models import Brief, Chat
 from memory_worker import policy as engine
+from memory_worker.backends import offline_summarizer, summarizer_backend_name
 from memory_worker.consolidation import FoldOutcome, execute_fold
 from memory_worker.dispatch import fold_queued, request_consolidation
 from memory_worker.locks import ChatLock
+from memory_worker.policies import policy_for_chat
 from memory_worker.runtime import chat_lock
-from memory_worker.state import MemorySnapshot
+from memory_worker.state import MemorySnapshot, load_snapshot
 
 log = logging.getLogger("chatmem.fold")
 
@@ -30,6 +32,7 @@ log = logging.getLogger("chatmem.fold")
 POLL_SECONDS = 0.02
 MAX_POLL_SECONDS = 0.25
 WAITED = "waited"  # the FoldOutcome status of a turn that waited for a fold in flight
+FALLBACK_TRIGGER = "hard_bound_fallback"  # the ledger's trigger: the offline summarizer folded
 
 
 class Wait(Enum):
@@ -71,12 +74,12 @@ def fold_before_turn(
         return _waited(chat.pk, started)
     if waited is Wait.EXPIRED:
         before_fold()
-        return _fold(chat, snapshot, decision, prompt_tokens)
+        return _fold_or_fall_back(chat, snapshot, decision, prompt_tokens)
     try:
         if brief_version(chat.pk) != snapshot.version:
             return _waited(chat.pk, started)  # a fold committed between the last look and now
         before_fold()
-        return _fold(chat, snapshot, decision, prompt_tokens)
+        return _fold_or_fall_back(chat, snapshot, decision, prompt_tokens)
     finally:
         release(chat.pk, token, lock)
 
@@ -131,6 +134,35 @@ def acquire_or_wait(
 
 def brief_version(chat_id: int) -> int | None:
     return Brief.objects.filter(chat_id=chat_id).values_list("version", flat=True).first()
+
+
+def _fold_or_fall_back(
+    chat: Chat, snapshot: MemorySnapshot, decision: engine.Decision, prompt_tokens: int
+) -> FoldOutcome:
+    """DESIGN §1.2: a failing summarizer never fails a turn. When the configured one fails the
+    turn's fold, what is left of its range is folded with the offline summarizer (its ledger
+    trigger says so); the next model fold rewrites that summary with the model."""
+    outcome = _fold(chat, snapshot, decision, prompt_tokens)
+    if outcome.status != "failed" or summarizer_backend_name() == "offline":
+        return outcome
+    log.warning(
+        "the summarizer failed a turn's fold; folding with the offline summarizer",
+        extra={"event": "sync_fold_fallback", "chat_id": chat.pk, "error": outcome.error},
+    )
+    # Chunks before the failed one committed: fold from where they left off.
+    current = load_snapshot(chat.pk)
+    if current.last_consolidated >= decision.to_seq:
+        return FoldOutcome(WAITED)
+    rest = engine.Decision(FALLBACK_TRIGGER, current.last_consolidated + 1, decision.to_seq)
+    cap = policy_for_chat(chat).summary_token_cap
+    return execute_fold(
+        chat,
+        current,
+        rest,
+        now=timezone.now(),
+        synchronous=True,
+        summarizer=offline_summarizer(cap),
+    )
 
 
 def _fold(

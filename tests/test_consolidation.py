@@ -193,10 +193,18 @@ def test_turn_folds_synchronously_when_background_fell_behind(api, use_fake_open
     assert "Summary of the earlier conversation" in sent[1]["content"]
 
 
-def test_failed_synchronous_fold_is_503_and_stores_nothing(api, use_fake_openai) -> None:  # type: ignore[no-untyped-def]
+def test_failed_synchronous_fold_whose_fallback_fails_too_is_503_and_stores_nothing(  # type: ignore[no-untyped-def]
+    api, use_fake_openai, monkeypatch
+) -> None:
+    """The offline fallback (tests/test_turn_fold.py) failing as well: the fallback here is
+    the failing model summarizer again."""
+    from memory_worker import turn_fold
+    from memory_worker.backends import get_summarizer
+
+    monkeypatch.setattr(turn_fold, "offline_summarizer", get_summarizer)
     chat_id = new_chat(api, policy="contract")
     turns(api, chat_id, 6)
-    use_fake_openai.queue_faults("summarize", ["500"])
+    use_fake_openai.queue_faults("summarize", ["500", "500"])
     chat_calls = len(use_fake_openai.chat_requests())
     response = api.post(f"/api/v1/chats/{chat_id}/turns/", {"content": "x"}, format="json")
     assert response.status_code == 503, response.content

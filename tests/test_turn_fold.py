@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from django.db import connection
 
-from conversations.models import Consolidation, Message
+from conversations.models import Brief, Consolidation, Message
 from memory_worker import turn_fold
 from memory_worker.dispatch import mark_queued, request_consolidation
 from memory_worker.runtime import chat_lock
@@ -118,3 +118,21 @@ def test_a_rerun_asked_for_before_the_turn_took_the_lock_is_still_served(
     assert response.status_code == 201, response.content
     assert Consolidation.objects.filter(chat_id=chat_id, synchronous=True).exists()
     assert handed == [(chat_id, "rerun")]
+
+
+def test_a_failing_summarizer_falls_back_to_the_offline_one_and_the_turn_goes_ahead(
+    require_postgres, broker, settings, user, use_fake_openai
+) -> None:  # type: ignore[no-untyped-def]
+    """DESIGN §1.2: the model summarizer failing the fold a turn needs is no reason to fail the
+    turn. The ledger keeps the failed attempt and the offline summarizer's fold after it."""
+    use_fake_openai.set_faults("summarize", rate=1.0, faults=["500"])
+    chat_id = chat_with_fold_due(user, settings)
+    response = post_turn(user, chat_id, "over the bound")
+    assert response.status_code == 201, response.content
+    folds = list(Consolidation.objects.filter(chat_id=chat_id).order_by("id"))
+    assert [(f.status, f.trigger, f.synchronous) for f in folds] == [
+        ("failed", "hard_bound", True),
+        ("succeeded", turn_fold.FALLBACK_TRIGGER, True),
+    ]
+    brief = Brief.objects.get(chat_id=chat_id)
+    assert brief.summary and brief.last_consolidated == folds[1].to_seq
