@@ -273,11 +273,6 @@ def token_bound(policy: Policy) -> int | None:
     return min(bounds) if bounds else None
 
 
-def recent_turn_size(state: ChatState) -> tuple[float, float]:
-    """Median tokens and messages of the chat's newest unfolded turns ((0, 0) for none)."""
-    return state.turn_size
-
-
 def reserve(bound: int, turns: int, turn_size: float, floor: float) -> int:
     """``turns`` turns of ``turn_size`` (at least ``floor``), at most MAX_RESERVE_SHARE of the
     bound."""
@@ -357,7 +352,7 @@ def fold_target(
 
 def chat_thresholds(state: ChatState, policy: Policy) -> Thresholds:
     """The thresholds for this chat now: its reserve sized from its recent turns."""
-    return thresholds(policy, state.model_context_tokens, *recent_turn_size(state))
+    return thresholds(policy, state.model_context_tokens, *state.turn_size)
 
 
 def _fold(state: ChatState, trigger: str, end: int) -> Decision | None:
