@@ -71,9 +71,15 @@ def machine_line() -> str:
 
 def write_report(report: Mapping[str, Any], out: str) -> None:
     print(json.dumps(report, indent=2))
+    save_report(report, out)
+
+
+def save_report(report: Mapping[str, Any], out: str) -> Path:
+    """``report`` as JSON at ``out`` (its folder made if need be); the path written."""
     path = Path(out)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(report, indent=2) + "\n")
+    path.write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n")
+    return path
 
 
 HISTORY_BATCH = 5000

@@ -32,10 +32,9 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from functools import cache
-from pathlib import Path
 from typing import Any
 
-from bench.common import api_client, configure_django
+from bench.common import api_client, configure_django, save_report
 from memory_worker.tokens import count_tokens
 from tests.fake_openai import SUMMARY_MARKER, FakeOpenAI, RecordedRequest, content_text
 
@@ -955,10 +954,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "results": [asdict(m) for m in results],
         "goals": [asdict(g) for g in goal_results],
     }
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n")
-    print(f"\nwrote {out}")
+    print(f"\nwrote {save_report(report, args.out)}")
     return 0
 
 

@@ -52,12 +52,18 @@ import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
 from bench import cost
-from bench.common import ROOT, configure_django, ensure_database, machine_line, start
+from bench.common import (
+    ROOT,
+    configure_django,
+    ensure_database,
+    machine_line,
+    save_report,
+    start,
+)
 from bench.slow_model import service_env
 from bench.throughput import free_port, gunicorn_command
 from bench.topology_chats import ChatReplies, capped_summary, chat_workload
@@ -510,10 +516,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "results": outcome["results"],
     }
     print(markdown(report))
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n")
-    print(f"\nwrote {out}")
+    print(f"\nwrote {save_report(report, args.out)}")
     return 0
 
 
