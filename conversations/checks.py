@@ -7,6 +7,11 @@ from typing import Any
 from django.conf import settings
 from django.core.checks import Error, Warning, register
 
+from conversations.services.chats import operator_defaults_room_problem
+from conversations.services.variants import model_variants
+from conversations.throttling import rate_problem
+from memory_worker.checks import out_of_range
+
 
 def greenlets_patched() -> bool:
     """Whether gevent has replaced threads by greenlets in this process (gunicorn -k gevent)."""
@@ -51,10 +56,6 @@ NON_NEGATIVE_WEB_SETTINGS = ("DB_POOL_MAX_SIZE", "DB_POOL_MIN_SIZE")
 def check_web_settings(app_configs: Any = None, **kwargs: Any) -> list[Error]:
     """Values that would otherwise pass start-up and fail every turn with a 500 (a backend
     name's typo, a malformed MODEL_VARIANTS or TURN_RATE_LIMIT, a negative pool size)."""
-    from conversations.services.variants import model_variants
-    from conversations.throttling import rate_problem
-    from memory_worker.checks import out_of_range
-
     problems = []
     for name, choices in (
         ("CHAT_BACKEND", CHAT_BACKENDS),
@@ -79,8 +80,6 @@ def check_default_chats_have_room(app_configs: Any = None, **kwargs: Any) -> lis
     """The operator's defaults (CHATMEM_DEFAULT_SYSTEM_PROMPT, MEMORY_SUMMARY_TOKEN_CAP and the
     presets' knobs, CHAT_MODEL_CONTEXT_TOKENS) leave a new chat too little of the model's
     window: its turns will be 503s once it has to fold. A warning: chats are still created."""
-    from conversations.services.chats import operator_defaults_room_problem
-
     try:
         problem = operator_defaults_room_problem(settings.MEMORY_POLICY)
     except Exception:  # a malformed setting (an unknown preset among them): its own check says

@@ -7,6 +7,10 @@ from typing import Any
 from django.conf import settings
 from django.core.checks import Error, Warning, register
 
+from memory_worker.backends import SUMMARIZER_BACKENDS
+from memory_worker.policies import effective_policy
+from memory_worker.presets import PRESETS, synchronous_only
+
 
 def deadline_chain() -> list[tuple[str, float]]:
     return [
@@ -46,8 +50,6 @@ def check_deadlines(app_configs: Any = None, **kwargs: Any) -> list[Error]:
 
 @register()
 def check_default_policy(app_configs: Any = None, **kwargs: Any) -> list[Error]:
-    from memory_worker.presets import PRESETS
-
     if settings.MEMORY_POLICY in PRESETS:
         return []
     return [
@@ -64,9 +66,6 @@ def check_preset_headroom(app_configs: Any = None, **kwargs: Any) -> list[Warnin
     """The operator's knobs for a preset (MEMORY_* environment settings) that leave its
     background folds no headroom below the hard bound: a chat's own overrides that do so are a
     400, the operator's are this warning, and the chats still run (their turns fold)."""
-    from memory_worker.policies import effective_policy
-    from memory_worker.presets import PRESETS, synchronous_only
-
     warnings = []
     for preset in PRESETS:
         try:
@@ -124,8 +123,6 @@ NON_NEGATIVE_MEMORY_SETTINGS = (
 def check_memory_settings(app_configs: Any = None, **kwargs: Any) -> list[Error]:
     """Values that would otherwise pass start-up and fail every fold, or quietly switch
     consolidation off (an unknown dispatch mode dispatches nothing)."""
-    from memory_worker.backends import SUMMARIZER_BACKENDS
-
     problems = []
     if settings.MEMORY_DISPATCH not in DISPATCH_MODES:
         problems.append(

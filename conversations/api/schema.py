@@ -5,6 +5,7 @@ including the error bodies and the server-sent events of a streamed turn. Views 
 
 from typing import Any
 
+from django.conf import settings
 from drf_spectacular.extensions import OpenApiSerializerFieldExtension
 from drf_spectacular.openapi import AutoSchema
 from drf_spectacular.utils import (
@@ -27,6 +28,8 @@ from conversations.api.serializers import (
     TurnRequestSerializer,
     TurnResponseSerializer,
 )
+from conversations.services.variants import model_variants
+from memory_worker.presets import knob_json_schema
 
 # --- Bodies that have no serializer of their own ----------------------------------------------
 
@@ -317,11 +320,6 @@ def request_constraints(result: dict[str, Any], **_: Any) -> dict[str, Any]:
     """Postprocessing hook: write into the schema the input rules the serializers check, so a
     request the schema allows is one the API accepts (schemathesis checks both ways). The
     configured model variants and the message size limit are read when the schema is built."""
-    from django.conf import settings
-
-    from conversations.services.variants import model_variants
-    from memory_worker.presets import knob_json_schema
-
     schemas = result["components"]["schemas"]
     for name, component in schemas.items():
         if name.endswith("Request"):

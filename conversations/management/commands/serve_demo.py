@@ -5,9 +5,13 @@ from argparse import ArgumentParser
 from typing import Any
 
 from django.conf import settings
+from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 from django.db import connection
+from rest_framework.authtoken.models import Token
+
+from conversations.services.backends import chat_backend_name
 
 DEMO_PASSWORD = "demo-password"
 ANY_ADDRESS = ("0.0.0.0", "::", "[::]")
@@ -21,11 +25,6 @@ class Command(BaseCommand):
         parser.add_argument("--username", default="demo")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        from django.contrib.auth import get_user_model
-        from rest_framework.authtoken.models import Token
-
-        from conversations.services.backends import chat_backend_name
-
         if connection.vendor != "sqlite":
             # It makes a superuser with a password printed here: never on a real database.
             raise CommandError(
