@@ -280,7 +280,7 @@ MEMORY_LOCK_TTL_SECONDS = env_int("MEMORY_LOCK_TTL_SECONDS", 360)
 BROKER_VISIBILITY_TIMEOUT = env_int("BROKER_VISIBILITY_TIMEOUT", 3600)
 MEMORY_SWEEP_INTERVAL_SECONDS = env_float("MEMORY_SWEEP_INTERVAL_SECONDS", 60.0)
 # A turn queues no consolidation task for a chat that has one queued and not started yet
-# (memory_worker.dispatch); a marker older than this no longer counts (0: no deduplication).
+# (memory_worker.dispatch); a marker expires after this (0: no deduplication).
 MEMORY_ENQUEUE_DEDUP_SECONDS = env_float("MEMORY_ENQUEUE_DEDUP_SECONDS", 60.0)
 # A turn over its hard bound waits this long for a consolidation task queued for its chat to
 # start (and then for that fold, up to MEMORY_LLM_TIMEOUT_SECONDS) before folding itself: a free

@@ -56,11 +56,10 @@ class Chat(models.Model):
 
 
 class Message(models.Model):
-    # No index of its own: message_unique_chat_seq (chat, seq) serves every lookup by chat. With
-    # a chat_id-only index beside it, PostgreSQL read a long chat's unfolded tail (seq > W, W
-    # known only at run time) through that index and filtered every message of the chat: 17 ms
-    # for the 40-message tail of a 100,000-message chat in a database of 7 million messages,
-    # against 0.1 ms by (chat, seq) (docs/benchmarks.md, turn overhead).
+    # No index of its own: message_unique_chat_seq (chat, seq) serves every lookup by chat. A
+    # chat_id-only index beside it lets PostgreSQL read a long chat's unfolded tail (seq > W, W
+    # known only at run time) through that index, filtering every message of the chat
+    # (docs/benchmarks.md, turn overhead).
     chat = models.ForeignKey(
         Chat, on_delete=models.CASCADE, related_name="messages", db_index=False
     )

@@ -108,9 +108,9 @@ class TurnResponseSerializer(serializers.Serializer):
 
 
 # Built once: every serializer instance deep-copies its declared fields (here two nested
-# MessageSerializers), which cost 0.2 ms per turn against 0.03 ms for the representation itself
-# (docs/benchmarks.md). Rendering keeps no state on the fields between calls, so the one bound
-# instance serves every request and thread.
+# MessageSerializers), which costs more than the representation itself (docs/benchmarks.md).
+# Rendering keeps no state on the fields between calls, so the one bound instance serves every
+# request and thread.
 _TURN_RESPONSE = TurnResponseSerializer()
 _TURN_RESPONSE.fields  # noqa: B018 - bind the fields now, not in a race between first requests
 
