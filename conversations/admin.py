@@ -199,8 +199,8 @@ class MemoryFilter(admin.SimpleListFilter):
 
     def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
         if self.value() == "many_unfolded":
-            backlog = F("last_seq") - F("brief__last_consolidated")
-            return queryset.alias(backlog=backlog).filter(backlog__gt=MANY_UNFOLDED)
+            unfolded = F("last_seq") - F("brief__last_consolidated")
+            return queryset.alias(unfolded=unfolded).filter(unfolded__gt=MANY_UNFOLDED)
         if self.value() == "backing_off":
             # Set by every failed fold; cleared by the next success, or a retry that finds
             # nothing due (memory_worker.consolidation.clear_failure_state).
@@ -252,8 +252,8 @@ class ChatAdmin(admin.ModelAdmin):
         "owner",
         "policy",
         "last_seq",
-        "watermark",
-        "backlog",
+        "last_consolidated",
+        "unfolded",
         "last_consolidated_at",
         "degraded",
         "created_at",
@@ -266,8 +266,8 @@ class ChatAdmin(admin.ModelAdmin):
         "turn_token",
         "turn_started_at",
         "system_prompt_tokens",
-        "watermark",
-        "backlog",
+        "last_consolidated",
+        "unfolded",
         "last_consolidated_at",
         "degraded",
         "summary",
@@ -283,8 +283,8 @@ class ChatAdmin(admin.ModelAdmin):
             {
                 "fields": [
                     "last_seq",
-                    "watermark",
-                    "backlog",
+                    "last_consolidated",
+                    "unfolded",
                     "last_consolidated_at",
                     "degraded",
                     "summary",
@@ -315,15 +315,17 @@ class ChatAdmin(admin.ModelAdmin):
         chats = list(objs)
         return counted_deletion(chats, [chat.pk for chat in chats])
 
-    @admin.display(description="W (folded up to)")
-    def watermark(self, chat: Chat) -> int:
+    # The API's names (the brief's last_consolidated and unfolded): the watermark W and what lies
+    # after it.
+    @admin.display(description="last consolidated")
+    def last_consolidated(self, chat: Chat) -> int:
         return chat.brief.last_consolidated
 
     @admin.display(description="unfolded")
-    def backlog(self, chat: Chat) -> int:
+    def unfolded(self, chat: Chat) -> int:
         return chat.last_seq - chat.brief.last_consolidated
 
-    @admin.display(description="last consolidated")
+    @admin.display(description="last consolidated at")
     def last_consolidated_at(self, chat: Chat) -> object:
         return chat.brief.last_consolidated_at
 
