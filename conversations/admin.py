@@ -23,7 +23,7 @@ from conversations.services.chats import next_context
 from conversations.services.variants import UnknownVariant
 from memory_worker.consolidation import lag_ms
 from memory_worker.dispatch import request_consolidation
-from memory_worker.policy import TRIGGER_PRIORITY
+from memory_worker.policy import Trigger
 from memory_worker.presets import PRESETS, PolicyError
 
 
@@ -210,10 +210,9 @@ class MemoryFilter(admin.SimpleListFilter):
         return queryset
 
 
-# Every trigger a ledger row can name: the engine's own, the synchronous fold before a turn, and
-# a manual request. Fixed, because the field's own filter lists its distinct values: a scan of
-# the whole ledger on every page.
-LEDGER_TRIGGERS = [(trigger, trigger) for trigger in (*TRIGGER_PRIORITY, "hard_bound", "manual")]
+# Fixed, because the field's own filter lists its distinct values: a scan of the whole ledger on
+# every page.
+LEDGER_TRIGGERS = [(trigger.value, trigger.value) for trigger in Trigger]
 
 
 class TriggerFilter(admin.SimpleListFilter):

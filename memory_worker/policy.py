@@ -21,6 +21,7 @@ from bisect import bisect_right
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
+from enum import StrEnum
 from functools import cached_property
 from math import ceil
 from statistics import median
@@ -52,14 +53,34 @@ MESSAGES_PER_TURN = 2  # a user message and its reply: the least a turn adds
 # folds cost less (docs/benchmarks.md, the topology run).
 FOLD_TARGET_SHARE = 8
 
+
+class Trigger(StrEnum):
+    """Why a fold ran, as its ledger row names it."""
+
+    # The engine's background triggers, in priority order (TRIGGER_PRIORITY).
+    TOKEN_BUDGET = "token_budget"
+    OVERFLOW = "overflow"
+    HARD_LIMIT = "hard_limit"
+    WINDOW = "window"
+    SAFETY = "safety"
+    CHUNK_SIZE = "chunk_size"
+    COOLDOWN = "cooldown"
+    # Asked for through the API or the admin.
+    MANUAL = "manual"
+    # Run by a turn over its hard bound, before the model call; the fallback is the same fold
+    # made by the offline summarizer after the configured one failed.
+    HARD_BOUND = "hard_bound"
+    HARD_BOUND_FALLBACK = "hard_bound_fallback"
+
+
 TRIGGER_PRIORITY = (
-    "token_budget",
-    "overflow",
-    "hard_limit",
-    "window",
-    "safety",
-    "chunk_size",
-    "cooldown",
+    Trigger.TOKEN_BUDGET,
+    Trigger.OVERFLOW,
+    Trigger.HARD_LIMIT,
+    Trigger.WINDOW,
+    Trigger.SAFETY,
+    Trigger.CHUNK_SIZE,
+    Trigger.COOLDOWN,
 )
 
 
@@ -142,7 +163,7 @@ class ChatState:
 
 @dataclass(frozen=True, slots=True)
 class Decision:
-    trigger: str
+    trigger: Trigger
     from_seq: int
     to_seq: int
 
@@ -355,7 +376,7 @@ def chat_thresholds(state: ChatState, policy: Policy) -> Thresholds:
     return thresholds(policy, state.model_context_tokens, *state.turn_size)
 
 
-def _fold(state: ChatState, trigger: str, end: int) -> Decision | None:
+def _fold(state: ChatState, trigger: Trigger, end: int) -> Decision | None:
     if end <= state.last_consolidated:
         return None
     return Decision(trigger, state.last_consolidated + 1, end)
@@ -401,21 +422,21 @@ def _newest_turn_boundary(state: ChatState) -> int:
     return max(boundaries(state))
 
 
-def _triggered(state: ChatState, policy: Policy, now: datetime) -> str | None:
+def _triggered(state: ChatState, policy: Policy, now: datetime) -> Trigger | None:
     pending = backlog(state, policy)
     limits = chat_thresholds(state, policy)
     checks = {
-        "token_budget": _token_budget_exceeded(state, limits),
-        "overflow": limits.message_trigger is not None
+        Trigger.TOKEN_BUDGET: _token_budget_exceeded(state, limits),
+        Trigger.OVERFLOW: limits.message_trigger is not None
         and len(state.unfolded) > limits.message_trigger,
-        "hard_limit": policy.hard_limit is not None and pending >= policy.hard_limit,
-        "window": policy.window is not None and pending >= policy.window,
-        "safety": policy.safety_user_turns is not None
+        Trigger.HARD_LIMIT: policy.hard_limit is not None and pending >= policy.hard_limit,
+        Trigger.WINDOW: policy.window is not None and pending >= policy.window,
+        Trigger.SAFETY: policy.safety_user_turns is not None
         and sum(1 for m in state.unfolded if m.role == "user" and m.seq > state.turns_mark)
         >= policy.safety_user_turns,
-        "chunk_size": limits.chunk_trigger is not None
+        Trigger.CHUNK_SIZE: limits.chunk_trigger is not None
         and history_tokens(state) > limits.chunk_trigger,
-        "cooldown": policy.cooldown_seconds is not None
+        Trigger.COOLDOWN: policy.cooldown_seconds is not None
         and pending > 0
         and (
             state.last_consolidated_at is None
@@ -431,11 +452,11 @@ def _triggered(state: ChatState, policy: Policy, now: datetime) -> str | None:
 # The triggers that guard a hard bound: max_fold_turns (seed 004's one turn at a time) paces the
 # others, but a chat that fell behind near its bound would only fall further behind by a turn
 # per fold, and its turns would fold synchronously.
-BOUND_TRIGGERS = frozenset({"token_budget", "overflow"})
+BOUND_TRIGGERS = frozenset({Trigger.TOKEN_BUDGET, Trigger.OVERFLOW})
 
 
-def _range_end(state: ChatState, policy: Policy, trigger: str) -> int:
-    if trigger == "token_budget":
+def _range_end(state: ChatState, policy: Policy, trigger: Trigger) -> int:
+    if trigger == Trigger.TOKEN_BUDGET:
         # Background folds keep the verbatim tail: the bound's own check folds into it when
         # nothing else fits.
         end = _token_fold_end(state, policy, compress_end(state, policy))
@@ -455,7 +476,7 @@ def decide(state: ChatState, policy: Policy, now: datetime) -> Decision | None:
 
 
 def decide_manual(state: ChatState, policy: Policy) -> Decision | None:
-    return _fold(state, "manual", _limit_turns(state, policy, compress_end(state, policy)))
+    return _fold(state, Trigger.MANUAL, _limit_turns(state, policy, compress_end(state, policy)))
 
 
 # --- request path ----------------------------------------------------------------------------
@@ -501,7 +522,7 @@ def decide_before_turn(
             continue
         if _within_bound(state, policy, boundary, summary_after, new_message_tokens):
             end = max(boundary, _pre_turn_fold_end(state, policy, opens_turn))
-            return PreTurn(Decision("hard_bound", state.last_consolidated + 1, end), True)
+            return PreTurn(Decision(Trigger.HARD_BOUND, state.last_consolidated + 1, end), True)
     return PreTurn(None, False)
 
 

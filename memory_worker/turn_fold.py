@@ -32,7 +32,6 @@ log = logging.getLogger("chatmem.fold")
 POLL_SECONDS = 0.02
 MAX_POLL_SECONDS = 0.25
 WAITED = "waited"  # the FoldOutcome status of a turn that waited for a fold in flight
-FALLBACK_TRIGGER = "hard_bound_fallback"  # the ledger's trigger: the offline summarizer folded
 
 
 class Wait(Enum):
@@ -153,7 +152,9 @@ def _fold_or_fall_back(
     current = load_snapshot(chat.pk)
     if current.last_consolidated >= decision.to_seq:
         return FoldOutcome(WAITED)
-    rest = engine.Decision(FALLBACK_TRIGGER, current.last_consolidated + 1, decision.to_seq)
+    rest = engine.Decision(
+        engine.Trigger.HARD_BOUND_FALLBACK, current.last_consolidated + 1, decision.to_seq
+    )
     cap = policy_for_chat(chat).summary_token_cap
     return execute_fold(
         chat,

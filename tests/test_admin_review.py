@@ -260,18 +260,15 @@ def test_the_ledger_trigger_filter_offers_the_known_triggers_without_a_scan(
     assert [ledger.trigger for ledger in filtered.context["cl"].result_list] == ["manual"]
 
 
-def test_the_ledger_trigger_filter_knows_every_trigger_the_engine_writes() -> None:
-    """A ledger row's trigger is its Decision's: the engine's priorities, or a literal where a
-    Decision is made by name. A new one must be added to the filter's fixed choices."""
-    from pathlib import Path
+def test_the_ledger_trigger_filter_knows_every_trigger_a_fold_can_name() -> None:
+    """A ledger row's trigger is its Decision's, a policy.Trigger (typed): the filter's fixed
+    choices offer each of them, the offline fallback of a turn's fold included."""
+    from memory_worker.policy import TRIGGER_PRIORITY, Trigger
 
-    from memory_worker import policy
-
-    source = Path(policy.__file__).read_text()
-    named = set(re.findall(r'(?:Decision\(|_fold\(state, )"(\w+)"', source))
-    assert named, "no Decision made by name: update this test"
-    offered = {value for value, _label in chat_admin.LEDGER_TRIGGERS}
-    assert offered == {*policy.TRIGGER_PRIORITY, *named}
+    offered = [value for value, _label in chat_admin.LEDGER_TRIGGERS]
+    assert offered == [trigger.value for trigger in Trigger]
+    assert {*TRIGGER_PRIORITY, Trigger.MANUAL, Trigger.HARD_BOUND} < set(offered)
+    assert Trigger.HARD_BOUND_FALLBACK in offered
 
 
 # --- 7. the chat page shows the latest daily notes only -------------------------------------

@@ -9,6 +9,7 @@ from memory_worker.policy import (
     Decision,
     Msg,
     Policy,
+    Trigger,
     chat_thresholds,
     decide,
     decide_before_turn,
@@ -88,7 +89,7 @@ def test_seed_001_cooldown_900_seconds() -> None:
     policy = PRESETS["sliding-window"]
     messages = alternating(42)  # backlog 2 beyond the 40-message tail
     due = decide(state_of(messages, last_at=NOW - timedelta(seconds=900)), policy, NOW)
-    assert due == Decision("cooldown", 1, 2)
+    assert due == Decision(Trigger.COOLDOWN, 1, 2)
     early = state_of(messages, last_at=NOW - timedelta(seconds=899))
     assert decide(early, policy, NOW) is None
     nothing_to_fold = state_of(alternating(40), last_at=NOW - timedelta(days=1))
@@ -116,10 +117,10 @@ def test_seed_000_overflow_folds_and_keeps_exactly_k() -> None:
     policy = PRESETS["contract"]
     assert decide(state_of(alternating(8)), policy, NOW) is None
     folded = decide(state_of(alternating(10)), policy, NOW)
-    assert folded == Decision("overflow", 1, 4)  # 10 - 4 = exactly K = 6 remain verbatim
+    assert folded == Decision(Trigger.OVERFLOW, 1, 4)  # 10 - 4 = exactly K = 6 remain verbatim
     # The 9th message is a user message: keeping exactly 6 would split its turn, so the cut
     # moves back to the turn boundary and 7 (>= K) stay.
-    assert decide(state_of(alternating(9)), policy, NOW) == Decision("overflow", 1, 2)
+    assert decide(state_of(alternating(9)), policy, NOW) == Decision(Trigger.OVERFLOW, 1, 2)
     # Without the headroom (the seed's literal rule) the fold would wait for 11: K + B less one
     # turn of two messages.
     assert thresholds(policy, BIG_WINDOW).message_trigger == 10 - 2
@@ -138,7 +139,7 @@ def test_seed_000_priority_token_over_overflow_over_safety() -> None:
 def test_seed_000_safety_counts_user_messages_only() -> None:
     policy = resolve_policy("contract", {"overflow_buffer": 1000, "context_size": None})
     ten_users = alternating(20)  # 10 user turns = 20 messages
-    assert decide(state_of(ten_users), policy, NOW) == Decision("safety", 1, 14)
+    assert decide(state_of(ten_users), policy, NOW) == Decision(Trigger.SAFETY, 1, 14)
     nine_users = alternating(18)
     assert decide(state_of(nine_users), policy, NOW) is None
     # Tool traffic adds messages, not user turns.
@@ -193,7 +194,7 @@ def test_seed_003_k_three_turns_with_threshold() -> None:
     under = alternating(12, tokens=450)  # 6 turns, 5,400 tokens
     assert decide(state_of(under), policy, NOW) is None
     over = alternating(14, tokens=450)  # 7 turns, 6,300 tokens
-    assert decide(state_of(over), policy, NOW) == Decision("chunk_size", 1, 8)  # keep 3 turns
+    assert decide(state_of(over), policy, NOW) == Decision(Trigger.CHUNK_SIZE, 1, 8)  # keep 3 turns
     # Over the threshold but only K turns buffered: olderPart is empty, nothing to fold.
     three_big = alternating(6, tokens=1100)
     assert decide(state_of(three_big), policy, NOW) is None
@@ -206,9 +207,9 @@ def test_seed_004_one_turn_at_a_time_beyond_three() -> None:
     policy = PRESETS["turn-digest"]
     messages = alternating(10)  # 5 turns
     first = decide(state_of(messages), policy, NOW)
-    assert first == Decision("window", 1, 2)
+    assert first == Decision(Trigger.WINDOW, 1, 2)
     second = decide(state_of(messages, w=2), policy, NOW)
-    assert second == Decision("window", 3, 4)
+    assert second == Decision(Trigger.WINDOW, 3, 4)
     assert decide(state_of(messages, w=4), policy, NOW) is None  # 3 full-detail turns remain
 
 
@@ -228,9 +229,9 @@ def test_tool_calls_are_never_split_from_their_turn() -> None:
         Msg(8, "assistant", 5),
     ]
     decision = decide(state_of(messages), policy, NOW)
-    assert decision == Decision("window", 1, 6)
+    assert decision == Decision(Trigger.WINDOW, 1, 6)
     keep_four = resolve_policy("sliding-window", {"tail_messages": 4})
-    assert decide_manual(state_of(messages), keep_four) == Decision("manual", 1, 4)
+    assert decide_manual(state_of(messages), keep_four) == Decision(Trigger.MANUAL, 1, 4)
     # Keeping 5 would need a cut inside the tool turn (after seq 3): nothing is folded instead.
     keep_five = resolve_policy("sliding-window", {"tail_messages": 5})
     assert decide_manual(state_of(messages), keep_five) is None

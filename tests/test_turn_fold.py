@@ -14,6 +14,7 @@ from django.db import connection
 from conversations.models import Brief, Consolidation, Message
 from memory_worker import turn_fold
 from memory_worker.dispatch import mark_queued, request_consolidation
+from memory_worker.policy import Trigger
 from memory_worker.runtime import chat_lock
 from tests.conftest import client_for
 from tests.test_worker_faults import chat_with_fold_due, ledger_running, model_env
@@ -132,7 +133,7 @@ def test_a_failing_summarizer_falls_back_to_the_offline_one_and_the_turn_goes_ah
     folds = list(Consolidation.objects.filter(chat_id=chat_id).order_by("id"))
     assert [(f.status, f.trigger, f.synchronous) for f in folds] == [
         ("failed", "hard_bound", True),
-        ("succeeded", turn_fold.FALLBACK_TRIGGER, True),
+        ("succeeded", Trigger.HARD_BOUND_FALLBACK, True),
     ]
     brief = Brief.objects.get(chat_id=chat_id)
     assert brief.summary and brief.last_consolidated == folds[1].to_seq
