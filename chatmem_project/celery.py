@@ -16,6 +16,9 @@ from celery.signals import (
     worker_process_init,
     worker_process_shutdown,
 )
+from django.core.exceptions import ImproperlyConfigured
+
+from chatmem_project import boot, gc_tuning
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "chatmem_project.settings")
 
@@ -34,12 +37,8 @@ def refuse_misconfigured_start(**_: object) -> None:
 
     Celery's signal dispatch catches what a receiver raises and only logs it, so raising would
     not stop the process: it exits here, with EX_CONFIG, before any task is consumed."""
-    from django.core.exceptions import ImproperlyConfigured
-
-    from chatmem_project.boot import refuse_misconfigured_start as refuse
-
     try:
-        refuse()
+        boot.refuse_misconfigured_start()
     except ImproperlyConfigured as error:
         sys.stderr.write(f"chatmem: refusing to start, misconfigured:\n{error}\n")
         sys.stderr.flush()
@@ -110,9 +109,7 @@ def close_old_connections(sender: Any = None, **_: object) -> None:
 def freeze_startup_objects(**_: object) -> None:
     """Each pool process keeps the collector off what it inherited and imported at start
     (chatmem_project.gc_tuning)."""
-    from chatmem_project.gc_tuning import freeze_startup_objects as freeze
-
-    freeze()
+    gc_tuning.freeze_startup_objects()
 
 
 @worker_process_shutdown.connect
