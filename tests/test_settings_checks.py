@@ -10,6 +10,7 @@ benchmarks) and README's command 1 (DEBUG=true) still run."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import secrets
 import subprocess
@@ -18,7 +19,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from django.core.exceptions import ImproperlyConfigured
 
+from chatmem_project import boot
 from chatmem_project.boot import check_secret_key
 from conversations.checks import check_web_settings
 from memory_worker.checks import check_memory_settings
@@ -179,6 +182,21 @@ def test_cache_url_alone_gives_a_shared_cache() -> None:
 
 
 # --- the processes that run the checks stop on them --------------------------------------------
+
+
+def test_start_up_logs_check_warnings_and_still_refuses_errors(
+    settings: Any, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(boot, "check_secret_key", list)  # not what this test is about
+    settings.CHAT_MODEL_CONTEXT_TOKENS = 600  # the defaults leave a new chat no room
+    with caplog.at_level(logging.WARNING, logger="chatmem.boot"):
+        boot.refuse_misconfigured_start()  # a warning: the process starts
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert any("chatmem.W001" in record.getMessage() for record in warnings), caplog.text
+
+    settings.MEMORY_POLICY = "no-such-preset"
+    with pytest.raises(ImproperlyConfigured, match=r"chatmem\.E003"):
+        boot.refuse_misconfigured_start()
 
 
 @pytest.mark.parametrize("command", ["worker", "beat"])
