@@ -1,27 +1,112 @@
-"""The Django admin for inspecting chats: summary, ledger, context preview, filters, the
-"consolidate now" action; and the same walkthrough in headless Chromium (Debian's chromium and
-chromium-driver), with a screenshot in artifacts/."""
+"""The Django admin for inspecting and editing chats.
+
+Inspecting: summary, ledger, context preview, filters, the "consolidate now" action; and the same
+walkthrough in headless Chromium (Debian's chromium and chromium-driver), with a screenshot in
+artifacts/. The pages that grow with the data (the owner select, the message and ledger lists,
+the daily notes) stay cheap as it grows (docs/operations.md, "The admin").
+
+Editing keeps the API's rules: a chat added there gets its brief and a counted system prompt, a
+policy, variant or policy_overrides its turns could not use is refused on the form, an edit never
+writes back the turn counter, history cannot be deleted row by row, and deleting chats does not
+load their history. Deleting a user needs the permissions Django's own page would ask for, and a
+view-only staff user cannot queue folds."""
 
 from __future__ import annotations
 
+import importlib
+import re
 import shutil
+from datetime import date, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
+from django.apps import apps
 from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Permission
+from django.db import connection
+from django.test import Client
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
 
-from conversations.models import Brief, Chat
+from conversations import admin as chat_admin
+from conversations.models import Brief, Chat, Consolidation, DailyNote, Message
+from conversations.services import chats as chat_service
 from memory_worker.consolidation import consolidate_once
+from memory_worker.policies import effective_policy
+from memory_worker.policy import TRIGGER_PRIORITY, Trigger
+from memory_worker.presets import PolicyError
+from memory_worker.tokens import count_tokens
 from tests.conftest import require
+
+pytestmark = pytest.mark.django_db
 
 ROOT = Path(__file__).resolve().parent.parent
 PASSWORD = "admin-pw-123"
+HIDDEN = re.compile(
+    r'<input type="hidden" name="([^"]+-(?:TOTAL|INITIAL|MIN_NUM|MAX_NUM)_FORMS)"[^>]*value="(\d*)"'
+)
 
 
 @pytest.fixture
 def admin_user(db: Any) -> Any:
     return get_user_model().objects.create_superuser("root", "root@example.com", PASSWORD)
+
+
+@pytest.fixture
+def staff(admin_user: Any) -> Client:
+    """A client logged in as the superuser."""
+    client = Client()
+    assert client.login(username="root", password=PASSWORD)
+    return client
+
+
+def staff_with(*codenames: str) -> Client:
+    """A staff user holding only these permissions ("app_label.codename")."""
+    member = get_user_model().objects.create_user("member", password=PASSWORD, is_staff=True)
+    for name in codenames:
+        app_label, codename = name.split(".")
+        member.user_permissions.add(
+            Permission.objects.get(content_type__app_label=app_label, codename=codename)
+        )
+    client = Client()
+    assert client.login(username="member", password=PASSWORD)
+    return client
+
+
+def chat_with_messages(owner: Any, count: int) -> Chat:
+    chat = chat_service.create_chat(owner)
+    Message.objects.bulk_create(
+        Message(chat=chat, seq=seq, role="user", content=f"message {seq}", token_count=2)
+        for seq in range(1, count + 1)
+    )
+    Chat.objects.filter(pk=chat.pk).update(last_seq=count)
+    return chat
+
+
+def management_forms(page: str) -> dict[str, str]:
+    found = dict(HIDDEN.findall(page))
+    assert any(name.endswith("TOTAL_FORMS") for name in found), "no inline formsets on the page"
+    return found
+
+
+def add_chat(staff: Client, owner: Any, **fields: str) -> Any:
+    page = staff.get("/admin/conversations/chat/add/").content.decode()
+    data = {
+        **management_forms(page),
+        "title": "from the admin",
+        "owner": str(owner.pk),
+        "external_id": "",
+        "system_prompt": "Answer in French.",
+        "policy": "contract",
+        "policy_overrides": "{}",
+        "model_variant": "",
+        **fields,
+    }
+    return staff.post("/admin/conversations/chat/add/", data)
+
+
+# --- inspecting: the chat page, the filters, the action -------------------------------------------
 
 
 def chat_with_summary(api: Any, turns: int = 14) -> Chat:
@@ -36,7 +121,6 @@ def chat_with_summary(api: Any, turns: int = 14) -> Chat:
     return Chat.objects.get(pk=chat_id)
 
 
-@pytest.mark.django_db
 def test_chat_page_shows_summary_ledger_and_context(client: Any, admin_user: Any, api: Any) -> None:
     chat = chat_with_summary(api)
     client.force_login(admin_user)
@@ -51,7 +135,6 @@ def test_chat_page_shows_summary_ledger_and_context(client: Any, admin_user: Any
     assert chat.system_prompt[:40] in page
 
 
-@pytest.mark.django_db
 def test_filters_find_chats_with_many_unfolded_and_degraded(
     client: Any, admin_user: Any, api: Any
 ) -> None:
@@ -66,7 +149,6 @@ def test_filters_find_chats_with_many_unfolded_and_degraded(
     assert "quiet-chat" in listing and "lagging-chat" not in listing
 
 
-@pytest.mark.django_db
 def test_consolidate_now_action(client: Any, admin_user: Any, api: Any, settings: Any) -> None:
     settings.MEMORY_DISPATCH = "off"
     chat_id = api.post("/api/v1/chats/", {"title": "x"}, format="json").json()["id"]
@@ -127,10 +209,7 @@ def test_admin_walkthrough_in_headless_chromium(
         driver.quit()
 
 
-@pytest.mark.django_db
 def test_chat_page_shows_daily_notes(client: Any, admin_user: Any, api: Any) -> None:
-    from datetime import date
-
     from memory_worker.daily_notes import Fact, merge_into_note
 
     chat_id = api.post("/api/v1/chats/", {"title": "noted"}, format="json").json()["id"]
@@ -139,3 +218,394 @@ def test_chat_page_shows_daily_notes(client: Any, admin_user: Any, api: Any) -> 
     client.force_login(admin_user)
     page = client.get(f"/admin/conversations/chat/{chat_id}/change/").content.decode()
     assert fact in page and "Nov. 23, 2026" in page
+
+
+# --- editing: a chat added or changed in the admin keeps the API's rules --------------------------
+
+
+def test_a_chat_added_in_the_admin_takes_turns(staff: Client, user: Any, api: Any) -> None:
+    response = add_chat(staff, user)
+    assert response.status_code == 302, response.content.decode()[:2000]
+    chat = Chat.objects.get(title="from the admin")
+    assert Brief.objects.filter(chat=chat).exists()  # every turn reads it
+    assert chat.system_prompt_tokens == count_tokens("Answer in French.", None) > 0
+    turn = api.post(f"/api/v1/chats/{chat.pk}/turns/", {"content": "bonjour"}, format="json")
+    assert turn.status_code == 201, turn.content
+
+
+@pytest.mark.parametrize(
+    ("fields", "field", "says"),
+    [
+        ({"policy_overrides": '{"window": -1}'}, "policy_overrides", "at least"),
+        ({"policy_overrides": '{"no_such_knob": 1}'}, "policy_overrides", "no_such_knob"),
+        ({"policy": "slidingwindow"}, "policy", "Unknown policy"),
+        ({"model_variant": "turbo"}, "model_variant", "Unknown model_variant"),
+    ],
+)
+def test_settings_its_turns_cannot_use_are_refused_on_the_form(
+    staff: Client, user: Any, fields: dict[str, str], field: str, says: str
+) -> None:
+    response = add_chat(staff, user, **fields)
+    assert response.status_code == 200  # the form again, with the error
+    errors = response.context["adminform"].form.errors
+    assert says in " ".join(errors.get(field, [])), errors
+    assert not Chat.objects.exists()
+
+
+def test_an_edit_counts_the_new_prompt_and_keeps_the_turn_counter(user: Any, api: Any) -> None:
+    chat = chat_service.create_chat(user, system_prompt="Be brief.")
+    stale = Chat.objects.get(pk=chat.pk)  # an editor's form, read before the turn below
+    assert (
+        api.post(f"/api/v1/chats/{chat.pk}/turns/", {"content": "hi"}, format="json").status_code
+        == 201
+    )
+    stale.system_prompt = "Be very brief, and answer in the user's language."
+    chat_service.save_chat(stale)
+    saved = Chat.objects.get(pk=chat.pk)
+    assert saved.last_seq == 2  # not the 0 the stale instance held
+    assert saved.system_prompt_tokens == count_tokens(stale.system_prompt, None)
+
+
+def test_history_rows_cannot_be_deleted_one_by_one(staff: Client, user: Any, api: Any) -> None:
+    chat = chat_service.create_chat(user)
+    api.post(f"/api/v1/chats/{chat.pk}/turns/", {"content": "hi"}, format="json")
+    message = Message.objects.filter(chat=chat).first()
+    assert message is not None
+    assert staff.get(f"/admin/conversations/message/{message.pk}/delete/").status_code == 403
+    assert staff.get(f"/admin/conversations/brief/{chat.pk}/delete/").status_code == 403
+    assert Message.objects.filter(chat=chat).count() == 2
+
+
+def test_deleting_chats_counts_their_history_instead_of_listing_it(
+    staff: Client, user: Any, django_assert_max_num_queries: Any
+) -> None:
+    chat = chat_service.create_chat(user)
+    Message.objects.bulk_create(
+        Message(chat=chat, seq=seq, role="user", content=f"m{seq}", token_count=2)
+        for seq in range(1, 301)
+    )
+    Chat.objects.filter(pk=chat.pk).update(last_seq=300)
+    Consolidation.objects.create(chat=chat, trigger="manual", from_seq=1, to_seq=10, base_version=0)
+    data = {"action": "delete_selected", "_selected_action": [str(chat.pk)]}
+    with django_assert_max_num_queries(20):  # Django's own page would load every message
+        page = staff.post("/admin/conversations/chat/", data)
+    assert page.status_code == 200
+    text = page.content.decode()
+    assert "300 messages" in text and "1 consolidations" in text
+    assert "m150" not in text
+    done = staff.post("/admin/conversations/chat/", {**data, "post": "yes"})
+    assert done.status_code == 302
+    assert not Chat.objects.exists() and not Message.objects.exists()
+
+
+def test_consolidate_now_stops_at_the_first_refusal(
+    staff: Client, user: Any, monkeypatch: Any
+) -> None:
+    chats = [chat_service.create_chat(user) for _ in range(5)]
+    tried: list[int] = []
+
+    def refused(chat_id: int, trigger: str) -> bool:
+        tried.append(chat_id)
+        return len(tried) < 3  # the broker goes away at the third
+
+    monkeypatch.setattr(chat_admin, "request_consolidation", refused)
+    data = {"action": "consolidate_now", "_selected_action": [str(c.pk) for c in chats]}
+    response = staff.post("/admin/conversations/chat/", data, follow=True)
+    assert len(tried) == 3
+    assert "Queued 2 of 5" in response.content.decode()
+
+
+def test_stored_chats_are_brought_within_the_new_rules(user: Any, api: Any) -> None:
+    """Stored chats outside the knob bounds, or without a brief, would fail every turn and every
+    listing of their owner's chats once the checks read them: the migration brings them within
+    the rules."""
+    migration = importlib.import_module(
+        "conversations.migrations.0007_stored_chats_within_the_new_rules"
+    )
+    low_cap = Chat.objects.create(
+        owner=user, policy="sliding-window", policy_overrides={"summary_token_cap": 50}
+    )
+    huge = Chat.objects.create(
+        owner=user,
+        policy="sliding-window",
+        policy_overrides={"cooldown_seconds": 1e12, "window": 6, "summary_token_cap": 9000},
+    )
+    for chat in (low_cap, huge):
+        Brief.objects.create(chat=chat)
+    no_brief = Chat.objects.create(owner=user, policy="contract")  # a chat without its brief
+    with pytest.raises(PolicyError):  # out of bounds: what the API and the admin refuse
+        effective_policy(low_cap.policy, low_cap.policy_overrides)
+    migration.bring_within_rules(apps, None)
+    assert Chat.objects.get(pk=low_cap.pk).policy_overrides == {"summary_token_cap": 64}
+    assert Chat.objects.get(pk=huge.pk).policy_overrides == {
+        "cooldown_seconds": 1e9,
+        "window": 6,
+        "summary_token_cap": 8000,
+    }
+    assert Brief.objects.filter(chat=no_brief).exists()
+    assert api.get("/api/v1/chats/").status_code == 200
+    for chat in (low_cap, huge, no_brief):
+        turn = api.post(f"/api/v1/chats/{chat.pk}/turns/", {"content": "hi"}, format="json")
+        assert turn.status_code == 201, turn.content
+
+
+def test_deleting_a_user_takes_their_chats_and_history(staff: Client, user: Any, api: Any) -> None:
+    """History rows have no delete page of their own; deleting their owner must still work."""
+    chat = chat_service.create_chat(user)
+    api.post(f"/api/v1/chats/{chat.pk}/turns/", {"content": "hi"}, format="json")
+    page = staff.post(f"/admin/auth/user/{user.pk}/delete/")
+    assert page.status_code == 200
+    assert "2 messages" in page.content.decode()
+    done = staff.post(f"/admin/auth/user/{user.pk}/delete/", {"post": "yes"})
+    assert done.status_code == 302, done.content.decode()[:500]
+    assert not Chat.objects.exists() and not Message.objects.exists()
+    assert not Brief.objects.exists()
+
+
+# --- policy_overrides: a JSON object, as the API takes --------------------------------------------
+
+
+@pytest.mark.parametrize("typed", ["[]", "0", "false", '""', "null", '"{}"', "[1, 2]"])
+def test_policy_overrides_that_are_not_an_object_are_refused(
+    staff: Client, user: Any, api: Any, typed: str
+) -> None:
+    response = add_chat(staff, user, policy_overrides=typed)
+    assert response.status_code == 200  # the form again, with the error
+    errors = response.context["adminform"].form.errors
+    assert "object" in " ".join(errors.get("policy_overrides", [])), errors
+    assert not Chat.objects.exists()
+    assert api.get("/api/v1/chats/").status_code == 200
+
+
+def test_an_empty_policy_overrides_box_means_no_overrides(staff: Client, user: Any) -> None:
+    response = add_chat(staff, user, policy_overrides="")
+    assert response.status_code == 302, response.content.decode()[:2000]
+    assert Chat.objects.get().policy_overrides == {}
+
+
+def test_an_edit_to_a_non_object_is_refused_and_the_owner_can_still_list(
+    staff: Client, user: Any, api: Any
+) -> None:
+    assert add_chat(staff, user).status_code == 302
+    chat = Chat.objects.get()
+    page = staff.get(f"/admin/conversations/chat/{chat.pk}/change/").content.decode()
+    response = add_chat_change(staff, chat, page, policy_overrides="0")
+    assert response.status_code == 200
+    assert Chat.objects.get().policy_overrides == {}
+    assert api.get("/api/v1/chats/").status_code == 200
+
+
+def add_chat_change(staff: Client, chat: Chat, page: str, **fields: str) -> Any:
+    data = {
+        **management_forms(page),
+        "title": chat.title,
+        "owner": str(chat.owner_id),
+        "external_id": chat.external_id,
+        "system_prompt": chat.system_prompt,
+        "policy": chat.policy,
+        "policy_overrides": "{}",
+        "model_variant": chat.model_variant,
+        **fields,
+    }
+    return staff.post(f"/admin/conversations/chat/{chat.pk}/change/", data)
+
+
+# --- the system prompt: the API's cap, and its whitespace kept ------------------------------------
+
+
+def test_a_system_prompt_over_the_api_cap_is_refused(staff: Client, user: Any) -> None:
+    too_long = "x" * (chat_service.MAX_SYSTEM_PROMPT_CHARS + 1)
+    response = add_chat(staff, user, system_prompt=too_long)
+    assert response.status_code == 200
+    assert "system_prompt" in response.context["adminform"].form.errors
+    assert not Chat.objects.exists()
+    at_cap = "x" * chat_service.MAX_SYSTEM_PROMPT_CHARS
+    assert add_chat(staff, user, system_prompt=at_cap).status_code == 302
+
+
+def test_the_system_prompt_keeps_its_whitespace_as_the_api_does(staff: Client, user: Any) -> None:
+    prompt = "  Answer in French.\n\n"
+    assert add_chat(staff, user, system_prompt=prompt).status_code == 302
+    assert Chat.objects.get().system_prompt == prompt
+
+
+# --- deleting a user needs the permission to delete their chats -----------------------------------
+
+
+def test_deleting_a_user_needs_the_permission_to_delete_chats(user: Any) -> None:
+    chat_with_messages(user, 3)
+    manager = staff_with("auth.view_user", "auth.delete_user")
+    page = manager.get(f"/admin/auth/user/{user.pk}/delete/")
+    assert page.status_code == 200
+    assert "chat" in page.context["perms_lacking"], page.context["perms_lacking"]
+    refused = manager.post(f"/admin/auth/user/{user.pk}/delete/", {"post": "yes"})
+    assert refused.status_code == 403
+    assert Chat.objects.count() == 1 and Message.objects.count() == 3
+
+
+def test_deleting_a_user_with_the_permission_to_delete_chats(user: Any) -> None:
+    chat_with_messages(user, 3)
+    manager = staff_with("auth.view_user", "auth.delete_user", "conversations.delete_chat")
+    page = manager.get(f"/admin/auth/user/{user.pk}/delete/")
+    assert not page.context["perms_lacking"]
+    done = manager.post(f"/admin/auth/user/{user.pk}/delete/", {"post": "yes"})
+    assert done.status_code == 302
+    assert not Chat.objects.exists() and not Message.objects.exists()
+
+
+def test_deleting_a_user_without_chats_needs_no_chat_permission(user: Any) -> None:
+    manager = staff_with("auth.view_user", "auth.delete_user")
+    page = manager.get(f"/admin/auth/user/{user.pk}/delete/")
+    assert not page.context["perms_lacking"]
+
+
+# --- "Consolidate now" needs the change permission ------------------------------------------------
+
+
+def test_a_view_only_staff_user_cannot_queue_folds(user: Any, monkeypatch: Any) -> None:
+    chat = chat_service.create_chat(user)
+    queued: list[int] = []
+    monkeypatch.setattr(
+        chat_admin, "request_consolidation", lambda chat_id, trigger: queued.append(chat_id)
+    )
+    viewer = staff_with("conversations.view_chat")
+    listing = viewer.get("/admin/conversations/chat/")
+    assert listing.status_code == 200
+    assert "consolidate_now" not in listing.content.decode()
+    data = {"action": "consolidate_now", "_selected_action": [str(chat.pk)]}
+    viewer.post("/admin/conversations/chat/", data)
+    assert queued == []
+
+
+def test_a_staff_user_who_may_change_chats_can_queue_folds(user: Any, monkeypatch: Any) -> None:
+    chat = chat_service.create_chat(user)
+    queued: list[int] = []
+
+    def accept(chat_id: int, trigger: str) -> bool:
+        queued.append(chat_id)
+        return True
+
+    monkeypatch.setattr(chat_admin, "request_consolidation", accept)
+    editor = staff_with("conversations.view_chat", "conversations.change_chat")
+    data = {"action": "consolidate_now", "_selected_action": [str(chat.pk)]}
+    editor.post("/admin/conversations/chat/", data)
+    assert queued == [chat.pk]
+
+
+# --- the owner is picked by id, not from a select of every user -----------------------------------
+
+
+def test_the_chat_pages_do_not_list_every_user(staff: Client, user: Any) -> None:
+    get_user_model().objects.bulk_create(
+        get_user_model()(username=f"someone-{number}") for number in range(50)
+    )
+    chat = chat_service.create_chat(user)
+    for url in ("/admin/conversations/chat/add/", f"/admin/conversations/chat/{chat.pk}/change/"):
+        page = staff.get(url).content.decode()
+        assert "someone-49" not in page
+        assert re.search(r'<input[^>]*name="owner"[^>]*vForeignKeyRawIdAdminField', page), url
+
+
+# --- the message and ledger lists order by their own columns --------------------------------------
+
+
+def order_by_of_listing(staff: Client, url: str, table: str) -> str:
+    with CaptureQueriesContext(connection) as queries:
+        assert staff.get(url).status_code == 200
+    listing = [q["sql"] for q in queries if q["sql"].startswith(f'SELECT "{table}"."id"')]
+    assert listing, [q["sql"][:80] for q in queries]
+    return listing[0].split("ORDER BY", 1)[1]
+
+
+def test_the_message_list_orders_by_its_own_index(staff: Client, user: Any) -> None:
+    chat_with_messages(user, 3)
+    order_by = order_by_of_listing(staff, "/admin/conversations/message/", "conversations_message")
+    assert "conversations_chat" not in order_by  # no join to sort 2M rows by the chat's order
+    assert '"conversations_message"."chat_id" DESC' in order_by
+    assert '"conversations_message"."seq" DESC' in order_by
+
+
+def test_the_ledger_list_orders_by_its_own_id(staff: Client, user: Any) -> None:
+    chat = chat_service.create_chat(user)
+    Consolidation.objects.create(chat=chat, trigger="window", from_seq=1, to_seq=2, base_version=0)
+    order_by = order_by_of_listing(
+        staff, "/admin/conversations/consolidation/", "conversations_consolidation"
+    )
+    assert "conversations_chat" not in order_by
+    assert order_by.strip().startswith('"conversations_consolidation"."id" DESC')
+
+
+def test_a_chats_all_messages_link_lands_on_its_newest(staff: Client, user: Any) -> None:
+    chat = chat_with_messages(user, 150)  # more than a page
+    page = staff.get(f"/admin/conversations/chat/{chat.pk}/change/").content.decode()
+    link = re.search(r'<a href="([^"]+)">all messages</a>', page)
+    assert link is not None
+    listing = staff.get(link.group(1).replace("&amp;", "&"))
+    shown = [message.seq for message in listing.context["cl"].result_list]
+    assert shown[0] == 150 and 1 not in shown
+
+
+def test_the_ledger_trigger_filter_offers_the_known_triggers_without_a_scan(
+    staff: Client, user: Any
+) -> None:
+    chat = chat_service.create_chat(user)
+    for trigger in ("window", "manual"):
+        Consolidation.objects.create(
+            chat=chat, trigger=trigger, from_seq=1, to_seq=2, base_version=0
+        )
+    with CaptureQueriesContext(connection) as queries:
+        page = staff.get("/admin/conversations/consolidation/").content.decode()
+    assert not [q["sql"] for q in queries if "DISTINCT" in q["sql"]]
+    for trigger in ("token_budget", "hard_bound", "manual", "cooldown"):
+        assert f"?trigger={trigger}" in page, trigger
+    filtered = staff.get("/admin/conversations/consolidation/?trigger=manual")
+    assert [ledger.trigger for ledger in filtered.context["cl"].result_list] == ["manual"]
+
+
+def test_the_ledger_trigger_filter_knows_every_trigger_a_fold_can_name() -> None:
+    """A ledger row's trigger is its Decision's, a policy.Trigger (typed): the filter's fixed
+    choices offer each of them, the offline fallback of a turn's fold included."""
+    offered = [value for value, _label in chat_admin.LEDGER_TRIGGERS]
+    assert offered == [trigger.value for trigger in Trigger]
+    assert {*TRIGGER_PRIORITY, Trigger.MANUAL, Trigger.HARD_BOUND} < set(offered)
+    assert Trigger.HARD_BOUND_FALLBACK in offered
+
+
+# --- the chat page shows the latest daily notes only ----------------------------------------------
+
+
+def test_the_chat_page_shows_only_the_latest_daily_notes(staff: Client, user: Any) -> None:
+    chat = chat_service.create_chat(user)
+    first = date(2026, 1, 1)
+    DailyNote.objects.bulk_create(
+        DailyNote(chat=chat, day=first + timedelta(days=n), facts=[{"text": f"fact of day {n}"}])
+        for n in range(40)
+    )
+    page = staff.get(f"/admin/conversations/chat/{chat.pk}/change/").content.decode()
+    newest = 10  # the admin's RECENT_NOTES
+    assert "fact of day 39" in page and f"fact of day {40 - newest}" in page
+    assert f"fact of day {39 - newest}" not in page and "fact of day 0" not in page
+    assert f"/api/v1/chats/{chat.pk}/notes/" in page
+
+
+# --- the memory filter says what it selects -------------------------------------------------------
+
+
+def test_the_unfolded_filter_says_it_counts_messages_whatever_the_policy(
+    staff: Client, user: Any
+) -> None:
+    listing = staff.get("/admin/conversations/chat/").content.decode()
+    assert "Lagging" not in listing
+    assert "Over 60 unfolded messages" in listing
+
+
+def test_the_backing_off_filter_finds_chats_waiting_to_retry_a_fold(
+    staff: Client, user: Any
+) -> None:
+    waiting = chat_service.create_chat(user, title="waiting-chat")
+    chat_service.create_chat(user, title="fine-chat")
+    Brief.objects.filter(chat=waiting).update(
+        consecutive_failures=1, next_attempt_at=timezone.now() + timedelta(minutes=5)
+    )
+    listing = staff.get("/admin/conversations/chat/?memory=backing_off").content.decode()
+    assert "waiting-chat" in listing and "fine-chat" not in listing

@@ -1,8 +1,10 @@
-"""Management commands and probes that scripts rely on."""
+"""Management commands and probes that scripts rely on; issue_token checks a new user name as the
+user model does."""
 
 import io
 
 import pytest
+from django.contrib.auth import get_user_model
 from django.core.management import CommandError, call_command
 from rest_framework.authtoken.models import Token
 
@@ -33,6 +35,27 @@ def test_issue_token_refuses_unknown_user_without_create() -> None:
 def test_issued_token_authenticates(client) -> None:  # type: ignore[no-untyped-def]
     key = run("dave", "--create-user").strip()
     assert client.get("/api/v1/chats/", HTTP_AUTHORIZATION=f"Token {key}").status_code == 200
+
+
+@pytest.mark.parametrize("name", ["", "x" * 200, "a b/c", "nul\x00", "caf\udce9"])
+def test_issue_token_refuses_a_name_the_user_model_refuses(name: str) -> None:
+    """Unchecked, an empty name is a ValueError traceback, 200 characters a DataError on
+    PostgreSQL, "a b/c" a user the admin could not have created."""
+    with pytest.raises(CommandError, match="invalid username"):
+        call_command("issue_token", name, "--create-user", stdout=io.StringIO())
+    # Looked up, not created: only what the database cannot compare is refused outright.
+    with pytest.raises(CommandError, match=r"invalid username|No user"):
+        call_command("issue_token", name, stdout=io.StringIO())
+    assert not get_user_model().objects.exists()
+
+
+def test_an_existing_user_with_a_name_checks_would_refuse_stays_reachable() -> None:
+    """A user stored under a name the check would refuse (an importer's, say) must keep its
+    tokens revocable: the full check is for new names only."""
+    user = get_user_model().objects.create(username="a b/c")
+    Token.objects.create(user=user)
+    call_command("issue_token", "a b/c", "--revoke", stdout=io.StringIO())
+    assert not Token.objects.filter(user=user).exists()
 
 
 def test_probes_answer_whatever_the_host_header(client, settings) -> None:  # type: ignore[no-untyped-def]
@@ -91,7 +114,6 @@ def test_brief_works_while_redis_is_down(api, settings) -> None:  # type: ignore
 def test_serve_demo_refuses_a_real_database(monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """It creates a superuser with a password it prints: on a production DATABASE_URL (read from
     .env) that was a known-password admin."""
-    from django.contrib.auth import get_user_model
     from django.db import connection
 
     from conversations.management.commands import serve_demo

@@ -170,3 +170,9 @@ def test_each_server_keeps_its_metrics_in_a_directory_of_its_own() -> None:
     advice = (ROOT / ".env.example").read_text() + (ROOT / "docs" / "operations.md").read_text()
     assert "a directory they share" not in advice
     assert re.search(r"NOT shared between gunicorn and Celery", advice)
+
+
+def test_compose_waits_for_the_real_postgres_server_not_the_first_boot_one() -> None:
+    compose = (ROOT / "docker-compose.yml").read_text()
+    probe = re.search(r"pg_isready[^\"\]]*", compose)
+    assert probe is not None and "-h 127.0.0.1" in probe.group(0)

@@ -5,12 +5,15 @@ UI that needs no CDN."""
 import re
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
 from django.core.management import call_command
 from django.urls import URLPattern, URLResolver, get_resolver
 from rest_framework.test import APIClient
+
+from memory_worker.presets import MAX_KNOB, PolicyError, _coerce, knob_names
 
 API_PREFIX = "/api/v1/"
 NOT_DOCUMENTED = {"/api/v1/", "/api/v1/schema/", "/api/v1/docs/"}  # API root, the schema itself
@@ -133,3 +136,54 @@ def test_the_context_schema_has_the_tool_fields_the_endpoint_returns(schema: dic
     message = schema["components"]["schemas"]["ContextMessage"]
     assert {"tool_calls", "tool_call_id", "name"} <= set(message["properties"])
     assert set(message["required"]) == {"role", "content"}
+
+
+# --- the published knob bounds are the validator's ------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def knob_schemas(django_db_blocker: Any) -> dict[str, dict[str, Any]]:
+    with django_db_blocker.unblock():
+        response = APIClient().get("/api/v1/schema/?format=json")
+    assert response.status_code == 200
+    schema = response.json()
+    overrides = schema["components"]["schemas"]["ChatRequest"]["properties"]["policy_overrides"]
+    return dict(overrides["properties"])
+
+
+def test_knob_schema_bounds_are_the_validators(knob_schemas: dict[str, dict[str, Any]]) -> None:
+    assert set(knob_schemas) == set(knob_names())
+    assert knob_schemas["summary_token_cap"]["minimum"] == 64
+    assert knob_schemas["summary_token_cap"]["maximum"] == 8000
+    for name, schema in knob_schemas.items():
+        if name == "token_budget_fraction":  # (0, 1], checked by resolve_policy
+            assert schema["minimum"] == 0 and schema["exclusiveMinimum"] is True
+            assert schema["maximum"] == 1
+            continue
+        low, high = schema["minimum"], schema["maximum"]
+        assert high <= MAX_KNOB, name
+        step = 1 if schema["type"] == "integer" else 0.5
+        assert _coerce(name, low) == low and _coerce(name, high) == high, name
+        for outside in (low - step, high + step):
+            with pytest.raises(PolicyError):
+                _coerce(name, outside)
+
+
+@pytest.mark.django_db
+def test_the_api_refuses_a_knob_just_outside_the_published_bounds(
+    api: APIClient, knob_schemas: dict[str, dict[str, Any]]
+) -> None:
+    for name, schema in knob_schemas.items():
+        if name == "token_budget_fraction":
+            continue
+        step = 1 if schema["type"] == "integer" else 0.5
+        for outside in (schema["minimum"] - step, schema["maximum"] + step):
+            body = {"policy": "sliding-window", "policy_overrides": {name: outside}}
+            response = api.post("/api/v1/chats/", body, format="json")
+            assert response.status_code == 400, (name, outside, response.content)
+
+
+def test_the_schema_documents_a_turns_413(django_db_blocker: Any) -> None:
+    with django_db_blocker.unblock():
+        schema = APIClient().get("/api/v1/schema/?format=json").json()
+    assert "413" in schema["paths"]["/api/v1/chats/{id}/turns/"]["post"]["responses"]

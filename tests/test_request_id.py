@@ -1,11 +1,14 @@
-"""A request id on every log line of a request and of the tasks it enqueued."""
+"""A request id on every log line of a request, of the stream it answers with, and of the tasks
+it enqueued."""
 
 from __future__ import annotations
 
+import http.client
 import json
 import logging
 from types import SimpleNamespace
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -19,6 +22,18 @@ from chatmem_project.request_id import (
 )
 from conversations.models import Brief
 from tests.conftest import client_for
+from tests.fake_openai import FakeOpenAI
+from tests.test_streaming_turns import (  # noqa: F401  (fixtures)
+    DEADLINE,
+    Stream,
+    _turn_threads_finish,
+    eventually,
+    new_chat,
+    server_url,
+    slot_free,
+    token,
+    uvicorn_url,
+)
 from tests.test_worker import celery_broker  # noqa: F401  (fixture)
 from tests.workers import Worker, wait_until
 
@@ -61,12 +76,12 @@ def test_a_bad_offered_id_is_replaced(api: Any) -> None:
 
 
 def test_celery_carries_the_id_in_a_header() -> None:
-    token = current_request_id.set("req-celery")
+    set_token = current_request_id.set("req-celery")
     headers: dict[str, Any] = {}
     try:
         carry_request_id(headers=headers)
     finally:
-        current_request_id.reset(token)
+        current_request_id.reset(set_token)
     assert headers == {TASK_HEADER: "req-celery"}
     restore_request_id(task=SimpleNamespace(request=SimpleNamespace(**headers)))
     assert current_request_id.get() == "req-celery"
@@ -137,3 +152,54 @@ def test_the_embedded_runner_logs_the_id_of_the_request_that_queued_its_fold(
     folds = [line for line in handler.lines if line.get("event") == "fold"]
     assert [fold.get("request_id") for fold in folds] == ["inline-fold-1"]
     assert Brief.objects.get(chat_id=chat_id).last_consolidated == 10
+
+
+# A streamed turn is written after the response left RequestIdMiddleware, which resets the id:
+# its stream_disconnect line carries the request's id all the same.
+
+
+def streamed_turn(url_of: str, key: str, chat_id: int, request_id: str) -> Stream:
+    url = urlsplit(url_of)
+    connection = http.client.HTTPConnection(url.hostname or "", url.port, timeout=DEADLINE)
+    connection.request(
+        "POST",
+        f"/api/v1/chats/{chat_id}/turns/",
+        body=json.dumps({"content": "a long answer please", "stream": True}),
+        headers={
+            "Authorization": f"Token {key}",
+            "Content-Type": "application/json",
+            "Accept": "text/event-stream",
+            "X-Request-ID": request_id,
+        },
+    )
+    return Stream(connection)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_disconnect_line_has_the_request_id(
+    api: Any,
+    server_url: str,  # noqa: F811  (the fixture, imported above)
+    token: str,  # noqa: F811
+    use_fake_openai: FakeOpenAI,
+) -> None:
+    use_fake_openai.chunk_delay = 0.05
+    use_fake_openai.reply_words = 40  # about a second of streaming
+    lines = Lines()  # formats each record as it is logged, on the server's thread
+    logger = logging.getLogger("chatmem.turn")
+    logger.addHandler(lines)
+    try:
+        chat_id = new_chat(api)
+        stream = streamed_turn(server_url, token, chat_id, "stream-req-7")
+        assert stream.response.getheader("X-Request-ID") == "stream-req-7"
+        events = stream.events()
+        assert next(events).name == "accepted"
+        stream.hang_up()
+        disconnect = eventually(
+            lambda: [line for line in lines.lines if line.get("event") == "stream_disconnect"],
+            "the server notices the disconnect",
+        )[0]
+        eventually(lambda: slot_free(chat_id), "the turn is stored and its slot released")
+    finally:
+        logger.removeHandler(lines)
+    assert disconnect["chat_id"] == chat_id
+    assert disconnect.get("request_id") == "stream-req-7", disconnect

@@ -1,5 +1,6 @@
-"""/readyz and /metrics as an orchestrator and Prometheus reach them: inside the compose network,
-by the container's address or service name, over plain HTTP."""
+"""The probes (conversations.health's /readyz, and /metrics) as an orchestrator and Prometheus
+reach them: inside the compose network, by the container's address or service name, over plain
+HTTP. Readiness is decided by the database; the broker is reported."""
 
 from __future__ import annotations
 
@@ -11,14 +12,14 @@ from django.db import connection
 from django.db.migrations.recorder import MigrationRecorder
 from django.test.utils import CaptureQueriesContext
 
+from conversations import health
+
 pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture(autouse=True)
 def _migration_state_forgotten() -> Iterator[None]:
     """Readiness remembers, per process, that the migrations were all applied."""
-    from conversations import health
-
     remembered = getattr(health, "_migrations_applied", None)
     if remembered is not None:
         remembered.clear()
@@ -40,7 +41,8 @@ def production(settings: Any) -> Any:
 def test_prometheus_scrapes_the_web_service_by_its_compose_name(
     client: Any, production: Any
 ) -> None:
-    """Was a 400 (host web:8000 not in ALLOWED_HOSTS), and a 301 to https:// once allowed."""
+    """Host web:8000 is not in ALLOWED_HOSTS and the scrape is plain HTTP: answered all the same,
+    neither a 400 nor a 301 to https://."""
     response = client.get("/metrics", HTTP_HOST="web:8000")
     assert response.status_code == 200, response.content[:200]
     assert b"chatmem_turn_seconds" in response.content
@@ -64,7 +66,7 @@ def test_everything_else_still_checks_the_host_and_redirects(client: Any, produc
 
 
 def test_a_dead_broker_is_reported_but_the_web_stays_ready(client: Any, settings: Any) -> None:
-    """Turns never wait on Redis: a 503 took every web replica out of service for nothing."""
+    """Turns never wait on Redis: a 503 would take every web replica out of service for nothing."""
     settings.REDIS_URL = "redis://127.0.0.1:1/0"
     response = client.get("/readyz")
     assert response.status_code == 200
@@ -74,7 +76,8 @@ def test_a_dead_broker_is_reported_but_the_web_stays_ready(client: Any, settings
 
 
 def test_a_database_missing_migrations_is_not_ready(client: Any) -> None:
-    """SELECT 1 alone said ready on a database migrate never ran on: every request then failed."""
+    """SELECT 1 alone would say ready on a database migrate never ran on, where every request
+    fails."""
     recorder = MigrationRecorder(connection)
     latest = recorder.migration_qs.filter(app="conversations").order_by("-id").first()
     assert latest is not None

@@ -1,6 +1,6 @@
 """Swagger UI (/api/v1/docs/) and the admin need their static files, and gunicorn serves none of
-its own: the page was blank and the admin unstyled under gunicorn, in the image or a checkout.
-WhiteNoise serves them, with DEBUG off as in production (the tests run with DEBUG off)."""
+its own: WhiteNoise serves them, in the image or a checkout, with DEBUG off as in production (the
+tests run with DEBUG off)."""
 
 from __future__ import annotations
 
