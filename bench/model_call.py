@@ -87,8 +87,8 @@ def run_phase(
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    from conversations.llm import OpenAIChatModel
-    from memory_worker.summarizers import make_openai_client
+    from conversations.openai_chat_model import OpenAIChatModel
+    from memory_worker.openai_transport import make_openai_client
 
     port = free_port()
     (ROOT / "artifacts").mkdir(exist_ok=True)

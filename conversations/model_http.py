@@ -1,22 +1,20 @@
 """The turn's one non-streamed Chat Completions request, sent over a plain keep-alive connection
 of the calling thread instead of through the ``openai`` SDK's HTTP stack. Plain Python, no Django.
 
-Why: with 200 threads of a process waiting on a slow model, the SDK's request took 1.8 ms of
-CPU per call against 0.44 ms for the same request on a thread's own ``http.client`` connection
-(``python -m bench.model_call``, docs/benchmarks.md): its connection pool, shared by the threads,
-is locked and scanned on every request and answer (2.5 ms when the answer was also parsed into
-the SDK's typed models). In the slow-model run that was about a quarter of the web processes'
-CPU.
+Why: the SDK's connection pool is shared by a process's threads and locked and scanned on every
+request and answer; with hundreds of threads waiting on a slow model that is a large share of a
+web process's CPU (``python -m bench.model_call``, docs/benchmarks.md).
 
 What stays the SDK's: the endpoint, key, organization and project it resolved (from our settings
-or its own environment variables), and everything else the model is asked — streamed turns, the
-summarizer, the Responses API. What this client does as the SDK's HTTP stack does: the same path,
-JSON body and headers that matter (authorization, content type, organization, project); the same
-TLS context (``httpx2.create_ssl_context``: the SSL_CERT_FILE/SSL_CERT_DIR variables, then the
-system's certificates); a keep-alive connection is not reused after 5 s idle or once the server
-has closed it (httpcore's keepalive_expiry and readability check); no retries (the turn's SDK
-client has none either). An HTTP(S) proxy set in the environment is something only the SDK
-honours, so ``direct_client`` declines and the SDK sends the request.
+or its own environment variables), and everything else the model is asked (streamed turns, the
+summarizers, the Responses API: memory_worker.openai_transport). What this client does as the
+SDK's HTTP stack does: the same path, JSON body and headers that matter (authorization, content
+type, organization, project); the same TLS context (``httpx2.create_ssl_context``: the
+SSL_CERT_FILE/SSL_CERT_DIR variables, then the system's certificates); a keep-alive connection is
+not reused after 5 s idle or once the server has closed it (httpcore's keepalive_expiry and
+readability check); no retries (the turn's SDK client has none either). An HTTP(S) proxy set in
+the environment is something only the SDK honours, so ``direct_client`` declines and the SDK
+sends the request.
 """
 
 import http.client
@@ -32,7 +30,7 @@ from urllib.parse import urlsplit
 
 import openai
 
-from memory_worker.summarizers import SECRET_PATTERN
+from memory_worker.openai_transport import redact
 
 KEEPALIVE_EXPIRY_SECONDS = 5.0  # the SDK's (openai DEFAULT_CONNECTION_LIMITS)
 MAX_LOGGED_BODY = 500
@@ -52,7 +50,7 @@ class DirectStatusError(Exception):
     def __init__(self, status: int, data: bytes) -> None:
         detail = data[:MAX_LOGGED_BODY].decode("utf-8", errors="replace")
         # Providers echo (masked) keys in auth errors: none reaches the log either.
-        super().__init__(f"HTTP {status}: {SECRET_PATTERN.sub('[redacted]', detail)}")
+        super().__init__(f"HTTP {status}: {redact(detail)}")
         self.status = status
         self.code = error_code(data)
         self.message = error_field(data, "message")

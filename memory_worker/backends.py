@@ -5,13 +5,11 @@ from functools import lru_cache
 
 from django.conf import settings
 
-from memory_worker.summarizers import (
-    ChatCompletionsSummarizer,
-    OfflineSummarizer,
-    ResponsesSummarizer,
-    Summarizer,
-    make_openai_client,
-)
+from memory_worker.chat_summarizer import ChatCompletionsSummarizer
+from memory_worker.offline_summarizer import OfflineSummarizer
+from memory_worker.openai_transport import make_openai_client
+from memory_worker.responses_summarizer import ResponsesSummarizer
+from memory_worker.summarizers import Summarizer
 
 SUMMARIZER_BACKENDS = ("chat", "responses", "offline")
 

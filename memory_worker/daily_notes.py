@@ -19,15 +19,9 @@ from django.db import transaction
 from django.utils import timezone
 
 from conversations.models import DailyNote, Message
-from memory_worker.summarizers import (
-    CATEGORY_RULES,
-    FACTS,
-    FoldMessage,
-    create_chat_completion,
-    is_offline_echo,
-    make_openai_client,
-    sentences_of,
-)
+from memory_worker.offline_summarizer import CATEGORY_RULES, is_offline_echo, sentences_of
+from memory_worker.openai_transport import create_chat_completion, make_openai_client
+from memory_worker.summarizers import FACTS, FoldMessage
 
 log = logging.getLogger("chatmem.daily_notes")
 

@@ -65,8 +65,8 @@ from memory_worker.summarizers import (
     format_fold_input,
     shorten_request,
     summary_instructions,
-    validate_summary,
 )
+from memory_worker.summary_validation import validate_summary
 from memory_worker.tokens import count_tokens
 
 __all__ = [

@@ -14,8 +14,8 @@ from typing import Any
 from django.db import connection, connections
 from django.utils import timezone
 
-from conversations.llm import OfflineChatModel
 from conversations.models import Chat, Consolidation, Message
+from conversations.offline_chat_model import OfflineChatModel
 from memory_worker import consolidation
 from tests.conftest import client_for
 from tests.test_consolidation import chat_with_a_fold_due

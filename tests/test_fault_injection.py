@@ -7,7 +7,7 @@ import pytest
 from conversations.models import Brief, Consolidation
 from memory_worker.consolidation import consolidate_once
 from memory_worker.invariants import chat_violations
-from memory_worker.summarizers import validate_summary
+from memory_worker.summary_validation import validate_summary
 
 pytestmark = pytest.mark.django_db
 

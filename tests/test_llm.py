@@ -11,14 +11,11 @@ from typing import Any
 
 import pytest
 
-from conversations import llm
-from conversations.llm import (
-    ChatCompletion,
-    ModelError,
-    OfflineChatModel,
-    OpenAIChatModel,
-)
-from memory_worker.summarizers import make_openai_client
+from conversations import openai_chat_model
+from conversations.llm import ChatCompletion, ModelError
+from conversations.offline_chat_model import OfflineChatModel
+from conversations.openai_chat_model import OpenAIChatModel
+from memory_worker.openai_transport import make_openai_client
 from memory_worker.tokens import count_tokens
 
 # The scripted server lives with the summarizer tests; both suites talk to it the same way.
@@ -321,7 +318,7 @@ def test_closing_a_stream_early_releases_the_connection_once(
     to record its calls; the generator's own close of the response is not counted."""
     released: list[object] = []
 
-    class RecordingStream(llm.CompletionStream):
+    class RecordingStream(openai_chat_model.CompletionStream):
         def __init__(self, deltas: Any, release: Callable[[], object] | None = None) -> None:
             assert release is not None, "the model handed the stream no release"
 
@@ -331,7 +328,7 @@ def test_closing_a_stream_early_releases_the_connection_once(
 
             super().__init__(deltas, release=recording_release)
 
-    monkeypatch.setattr(llm, "CompletionStream", RecordingStream)
+    monkeypatch.setattr(openai_chat_model, "CompletionStream", RecordingStream)
     server.script(Reply(events=HELLO_EVENTS))
     stream = openai_model(server).stream(MESSAGES, "m")
     assert [next(stream) for _ in range(deltas_read)] == ["Hel"][:deltas_read]
@@ -388,7 +385,8 @@ def test_offline_streams_word_by_word() -> None:
 
 def test_model_modules_do_not_import_django() -> None:
     code = (
-        "import sys, conversations.llm, memory_worker.summarizers, memory_worker.tokens\n"
+        "import sys, conversations.openai_chat_model, conversations.offline_chat_model,"
+        " memory_worker.chat_summarizer, memory_worker.responses_summarizer\n"
         "assert not [m for m in sys.modules if m.split('.')[0] == 'django'], 'django imported'\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

@@ -6,8 +6,9 @@ from typing import Any
 
 import pytest
 
-from conversations.llm import ModelError, OpenAIChatModel
-from memory_worker.summarizers import make_openai_client
+from conversations.llm import ModelError
+from conversations.openai_chat_model import OpenAIChatModel
+from memory_worker.openai_transport import make_openai_client
 from tests.test_summarizers import (
     API_KEY,
     Reply,

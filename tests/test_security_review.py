@@ -11,7 +11,8 @@ import pytest
 
 from conversations.models import Brief, Consolidation
 from memory_worker import consolidation
-from memory_worker.summarizers import SECRET_PATTERN, SummarizerError
+from memory_worker.openai_transport import SECRET_PATTERN
+from memory_worker.summarizers import SummarizerError
 from tests.fake_openai import FakeOpenAI
 from tests.test_summarizers import (
     TWO_TURNS,

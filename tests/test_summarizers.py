@@ -16,18 +16,18 @@ from typing import Any
 
 import pytest
 
+from memory_worker.chat_summarizer import ChatCompletionsSummarizer
+from memory_worker.offline_summarizer import OfflineSummarizer
+from memory_worker.openai_transport import make_openai_client
+from memory_worker.responses_summarizer import ResponsesSummarizer
 from memory_worker.summarizers import (
     HEADINGS,
-    ChatCompletionsSummarizer,
     FoldMessage,
-    OfflineSummarizer,
-    ResponsesSummarizer,
     SummarizerError,
     format_fold_input,
-    make_openai_client,
     summary_instructions,
-    validate_summary,
 )
+from memory_worker.summary_validation import validate_summary
 from memory_worker.tokens import count_tokens
 
 API_KEY = "sk-test-0123456789abcdef"
@@ -694,7 +694,8 @@ def test_a_failed_response_is_classified_by_its_error_code(server: ScriptedServe
 
 
 def test_offline_summary_leaves_out_the_offline_models_echoes() -> None:
-    from memory_worker.summarizers import FoldMessage, OfflineSummarizer
+    from memory_worker.offline_summarizer import OfflineSummarizer
+    from memory_worker.summarizers import FoldMessage
 
     messages = [
         FoldMessage(1, "user", "We fly to Lisbon on May 3rd."),

@@ -17,8 +17,8 @@ from django.utils import timezone
 
 from conversations.models import Brief, Chat, Consolidation
 from memory_worker import consolidation, tasks
+from memory_worker.chat_summarizer import ChatCompletionsSummarizer
 from memory_worker.locks import LocalChatLock
-from memory_worker.summarizers import ChatCompletionsSummarizer
 from tests.conftest import contract_chat_after_turns
 from tests.workers import ROOT, Worker, point_celery_at, wait_until
 
@@ -277,7 +277,9 @@ def test_the_ledger_counts_the_stricter_retry_of_an_over_cap_summary(api, monkey
             usage=SimpleNamespace(prompt_tokens=prompt, completion_tokens=completion),
         )
 
-    monkeypatch.setattr("memory_worker.summarizers.create_chat_completion", create_chat_completion)
+    monkeypatch.setattr(
+        "memory_worker.chat_summarizer.create_chat_completion", create_chat_completion
+    )
     summarizer = ChatCompletionsSummarizer(cast(Any, None), "gpt-test", cap_tokens=40)
     monkeypatch.setattr(consolidation, "get_summarizer", lambda cap=None: summarizer)
     outcome = consolidation.consolidate_once(chat_id, "manual")

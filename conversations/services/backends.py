@@ -5,9 +5,11 @@ from functools import lru_cache
 
 from django.conf import settings
 
-from conversations.llm import ChatModel, OfflineChatModel, OpenAIChatModel
+from conversations.llm import ChatModel
 from conversations.metrics import TimedChatModel
-from memory_worker.summarizers import make_openai_client
+from conversations.offline_chat_model import OfflineChatModel
+from conversations.openai_chat_model import OpenAIChatModel
+from memory_worker.openai_transport import make_openai_client
 
 
 def chat_backend_name() -> str:

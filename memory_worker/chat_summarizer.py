@@ -1,0 +1,137 @@
+"""The Chat Completions summarizer: any OpenAI-compatible endpoint (OpenAI, vLLM, Ollama...),
+with our instructions and one stricter retry of an over-cap summary. Plain Python (no Django)."""
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import openai
+
+from memory_worker.openai_transport import create_chat_completion
+from memory_worker.summarizers import (
+    DEFAULT_CAP_TOKENS,
+    FoldMessage,
+    SummarizerError,
+    SummaryResult,
+    error_from_openai,
+    format_fold_input,
+    shorten_request,
+    summary_instructions,
+)
+from memory_worker.summary_validation import validate_summary
+from memory_worker.tokens import count_tokens
+
+log = logging.getLogger(__name__)
+
+# Room for the completion beyond the cap, so an over-long summary comes back whole and is
+# rejected by counting ("over_cap") instead of arriving cut off ("truncated").
+OUTPUT_LIMIT_FACTOR = 1.5
+
+
+@dataclass(frozen=True)
+class Draft:
+    """One summarizer call's raw output, before validation."""
+
+    text: str
+    finish_reason: str | None
+    refusal: str | None
+    input_tokens: int
+    output_tokens: int
+
+
+class ChatCompletionsSummarizer:
+    """Summaries from any OpenAI-compatible Chat Completions endpoint (OpenAI, vLLM, Ollama...).
+
+    ``token_limit_field``: OpenAI's newer models reject ``max_tokens``; servers that do not know
+    ``max_completion_tokens`` (Ollama) ignore it, and over-cap output is still caught by counting.
+    """
+
+    name = "chat"
+
+    def __init__(
+        self,
+        client: openai.OpenAI,
+        model: str,
+        cap_tokens: int = DEFAULT_CAP_TOKENS,
+        timeout: float = 30.0,
+        *,
+        output_token_limit: int | None = None,
+        token_limit_field: Literal["max_completion_tokens", "max_tokens"] = (
+            "max_completion_tokens"
+        ),
+    ) -> None:
+        self.client = client
+        self.model = model
+        self.cap_tokens = cap_tokens
+        self.timeout = timeout
+        self.output_token_limit = output_token_limit or round(cap_tokens * OUTPUT_LIMIT_FACTOR)
+        self.token_limit_field = token_limit_field
+
+    def summarize(self, current_summary: str, messages: Sequence[FoldMessage]) -> SummaryResult:
+        conversation = [
+            {"role": "system", "content": summary_instructions(self.cap_tokens)},
+            {"role": "user", "content": format_fold_input(current_summary, messages)},
+        ]
+        first = self._call(conversation)
+        try:
+            return self._result(first)
+        except SummarizerError as error:
+            if error.kind != "over_cap":
+                raise
+        # One stricter retry: the model shortens its own draft, which usually lands under the cap.
+        draft_tokens = count_tokens(first.text, self.model)
+        log.info(
+            "summary over cap, retrying once with a stricter limit",
+            extra={"summary_tokens": draft_tokens, "cap_tokens": self.cap_tokens},
+        )
+        retry = self._call(
+            [
+                *conversation,
+                {"role": "assistant", "content": first.text},
+                {"role": "user", "content": shorten_request(draft_tokens, self.cap_tokens)},
+            ]
+        )
+        result = self._result(retry)
+        return SummaryResult(
+            result.text,
+            first.input_tokens + retry.input_tokens,
+            first.output_tokens + retry.output_tokens,
+            self.name,
+            calls=2,
+        )
+
+    def _call(self, conversation: list[dict[str, str]]) -> Draft:
+        limit: dict[str, Any] = {self.token_limit_field: self.output_token_limit}
+        try:
+            response = create_chat_completion(
+                self.client, {"model": self.model, "messages": conversation, **limit}, self.timeout
+            )
+        except openai.OpenAIError as error:
+            raise error_from_openai(error) from error
+        if not response.choices:
+            raise SummarizerError("empty", "summarizer response had no choices")
+        choice = response.choices[0]
+        text = choice.message.content or ""
+        usage = response.usage
+        return Draft(
+            text=text,
+            finish_reason=choice.finish_reason,
+            refusal=getattr(choice.message, "refusal", None),
+            input_tokens=usage.prompt_tokens if usage else self._count_input(conversation),
+            output_tokens=usage.completion_tokens if usage else count_tokens(text, self.model),
+        )
+
+    def _count_input(self, conversation: list[dict[str, str]]) -> int:
+        return sum(count_tokens(message["content"], self.model) for message in conversation)
+
+    def _result(self, draft: Draft) -> SummaryResult:
+        text = validate_summary(
+            draft.text,
+            draft.finish_reason,
+            self.cap_tokens,
+            self.model,
+            refusal=draft.refusal,
+            headings=True,
+        )
+        return SummaryResult(text, draft.input_tokens, draft.output_tokens, self.name)

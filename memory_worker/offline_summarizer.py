@@ -1,0 +1,303 @@
+"""The offline summarizer: deterministic and extractive, no network (the embedded default and
+the tests). Plain Python (no Django)."""
+
+import re
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+from memory_worker.presets import MIN_SUMMARY_TOKEN_CAP
+from memory_worker.summarizers import (
+    ARTIFACTS,
+    DECISIONS,
+    DEFAULT_CAP_TOKENS,
+    FACTS,
+    GOALS,
+    HEADINGS,
+    OPEN_ITEMS,
+    FoldMessage,
+    SummaryResult,
+    format_fold_input,
+)
+from memory_worker.tokens import count_tokens
+
+# A sentence goes to the first category whose rule matches, else to Facts / Constraints.
+# Decisions and open items come first: "we decided the budget is 5k" is a decision, and a
+# question is open even when it mentions a file.
+CATEGORY_RULES: tuple[tuple[str, re.Pattern[str]], ...] = (
+    (
+        DECISIONS,
+        re.compile(
+            r"\b(decided|decide|let's|let us|we will|we'll|agreed|agree|chose|chosen|"
+            r"going with|settled on)\b",
+            re.IGNORECASE,
+        ),
+    ),
+    (
+        OPEN_ITEMS,
+        re.compile(r"\?|\b(todo|to-do|next|pending|will you|follow up|remind)\b", re.IGNORECASE),
+    ),
+    (
+        FACTS,
+        re.compile(
+            r"\b(must|never|always|constraint|limit|budget|cannot|can't|deadline|required?)\b",
+            re.IGNORECASE,
+        ),
+    ),
+    (
+        GOALS,
+        re.compile(
+            r"\b(want|wants|prefer|prefers|like|likes|goal|goals|plan to|planning to|aim to)\b",
+            re.IGNORECASE,
+        ),
+    ),
+    (
+        ARTIFACTS,
+        re.compile(
+            r"https?://\S+"  # URLs
+            r"|\b[\w-]+\.(?:py|js|ts|md|txt|json|csv|pdf|ya?ml|toml|html|sql|docx?|xlsx?)\b"
+            r'|"[^"]{2,}"|`[^`]+`'  # quoted names, code spans
+            r"|\b(?=[\w-]*[A-Za-z])(?=[\w-]*\d)[\w-]{2,}\b",  # names with digits: v2, ABC-123
+            re.IGNORECASE,
+        ),
+    ),
+)
+# A newer decision with one of these words replaces older decisions about the same thing.
+CHANGE_MARKERS = re.compile(
+    r"\b(instead|actually|changed?|switch(?:ed)?|no longer|rather than|anymore|replace[sd]?)\b",
+    re.IGNORECASE,
+)
+# Words too common (or too much about deciding itself) to say two decisions share a subject.
+STOPWORD_TEXT = (
+    "that this with from have will would should could into about their there them they then "
+    "than what when which your also just some more most very been were does done make made "
+    "instead actually change changed switch switched longer rather anymore replace replaced "
+    "decided decide agreed agree chose chosen going settled let's"
+)
+STOPWORDS = frozenset(STOPWORD_TEXT.split())
+FILLER = frozenset(
+    {
+        "hi",
+        "hello",
+        "hey",
+        "thanks",
+        "thank you",
+        "ok",
+        "okay",
+        "sure",
+        "great",
+        "cool",
+        "yes",
+        "no",
+        "yep",
+        "nope",
+        "got it",
+        "sounds good",
+        "perfect",
+        "nice",
+        "you're welcome",
+        "understood",
+        "noted",
+        "of course",
+        "absolutely",
+        "alright",
+        "all right",
+    }
+)
+SENTENCE_BREAK = re.compile(r"(?<=[.!?])\s+")
+LINE_MARKUP = re.compile(r"^\s*(?:[-*+>#]+|\d+[.)])\s*")
+# Words that identify one of our headings in a summary, also when a model varied the wording.
+HEADING_WORDS = {
+    "facts": FACTS,
+    "constraints": FACTS,
+    "goals": GOALS,
+    "preferences": GOALS,
+    "decisions": DECISIONS,
+    "open": OPEN_ITEMS,
+    "pending": OPEN_ITEMS,
+    "artifacts": ARTIFACTS,
+    "references": ARTIFACTS,
+}
+HEADING_LINE = re.compile(r"^\s*#{1,6}\s*(?P<title>.+?)\s*$")
+MAX_BULLET_CHARS = 300
+
+
+@dataclass(frozen=True)
+class Bullet:
+    category: str
+    text: str
+
+
+class OfflineSummarizer:
+    """Deterministic extractive summaries, no network (the embedded default and the tests).
+
+    Sentences of the existing summary and of the new messages are sorted under the five
+    headings by keyword rules, deduplicated (a repeat counts as new), a decision that says it
+    changes something replaces older decisions sharing a word with it, and the oldest bullets
+    are dropped first until the rendered summary fits the cap. Same input, same output.
+    """
+
+    name = "offline"
+
+    def __init__(self, cap_tokens: int = DEFAULT_CAP_TOKENS) -> None:
+        if cap_tokens < MIN_SUMMARY_TOKEN_CAP:
+            raise ValueError(f"cap_tokens must be at least {MIN_SUMMARY_TOKEN_CAP}")
+        self.cap_tokens = cap_tokens
+
+    def summarize(self, current_summary: str, messages: Sequence[FoldMessage]) -> SummaryResult:
+        candidates = [
+            *bullets_from_summary(current_summary),
+            *(
+                bullet
+                for message in messages
+                if not is_offline_echo(message)
+                for bullet in bullets_from_text(message.content)
+            ),
+        ]
+        bullets = drop_superseded_decisions(deduplicate(candidates))
+        text = fit_to_cap(bullets, self.cap_tokens)
+        fold_input = format_fold_input(current_summary, messages)
+        return SummaryResult(text, count_tokens(fold_input), count_tokens(text), self.name)
+
+
+# The offline chat model (conversations.offline_chat_model) marks its replies with this: they
+# only echo the user's message, which is folded already, so they carry nothing worth remembering.
+OFFLINE_MODEL_MARKER = "[offline model]"
+
+
+def is_offline_echo(message: FoldMessage) -> bool:
+    return message.role == "assistant" and message.content.startswith(OFFLINE_MODEL_MARKER)
+
+
+def bullets_from_summary(summary: str) -> Iterator[Bullet]:
+    """Bullets under one of our headings keep their category, so repeated folds are stable;
+    any other text is classified like message text."""
+    category: str | None = None
+    for line in summary.splitlines():
+        heading = HEADING_LINE.match(line)
+        if heading:
+            category = category_for_heading(heading.group("title"))
+            continue
+        text = clip(LINE_MARKUP.sub("", line).strip())
+        if not text or text.rstrip(".").lower() == "none":
+            continue
+        if category is not None:
+            yield Bullet(category, text)
+        else:
+            yield from bullets_from_text(line)
+
+
+def category_for_heading(title: str) -> str | None:
+    for word in normalise(title).split():
+        if word in HEADING_WORDS:
+            return HEADING_WORDS[word]
+    return None
+
+
+def bullets_from_text(text: str) -> Iterator[Bullet]:
+    for sentence in sentences_of(text):
+        yield Bullet(categorize(sentence), sentence)
+
+
+def sentences_of(text: str) -> Iterator[str]:
+    for line in text.splitlines():
+        if line.strip().startswith("```"):
+            continue
+        for part in SENTENCE_BREAK.split(LINE_MARKUP.sub("", line)):
+            sentence = part.strip()
+            if is_substantive(sentence):
+                yield clip(sentence)
+
+
+def is_substantive(sentence: str) -> bool:
+    words = normalise(sentence)
+    return len(words.replace(" ", "")) >= 3 and words not in FILLER
+
+
+def categorize(sentence: str) -> str:
+    for category, rule in CATEGORY_RULES:
+        if rule.search(sentence):
+            return category
+    return FACTS
+
+
+def clip(text: str) -> str:
+    if len(text) <= MAX_BULLET_CHARS:
+        return text
+    return text[: MAX_BULLET_CHARS - 1].rsplit(" ", 1)[0] + "…"
+
+
+def normalise(text: str) -> str:
+    return " ".join(re.findall(r"[a-z0-9']+", text.lower()))
+
+
+def deduplicate(bullets: Sequence[Bullet]) -> list[Bullet]:
+    """One bullet per normalised text, at the position of its latest occurrence: a repeated
+    statement is recent, so it is among the last to be dropped for the cap."""
+    latest: dict[str, Bullet] = {}
+    for bullet in bullets:
+        key = normalise(bullet.text)
+        latest.pop(key, None)  # re-inserting moves it to the end (dicts keep insertion order)
+        latest[key] = bullet
+    return list(latest.values())
+
+
+def drop_superseded_decisions(bullets: Sequence[Bullet]) -> list[Bullet]:
+    """Latest explicit decision wins, kept simple: a decision that says it changes something
+    ("instead", "switch", "no longer"...) removes earlier decisions sharing a content word."""
+    kept: list[Bullet] = []
+    for bullet in bullets:
+        if bullet.category == DECISIONS and CHANGE_MARKERS.search(bullet.text):
+            words = content_words(bullet.text)
+            kept = [
+                earlier
+                for earlier in kept
+                if earlier.category != DECISIONS or not words & content_words(earlier.text)
+            ]
+        kept.append(bullet)
+    return kept
+
+
+def content_words(text: str) -> set[str]:
+    return {word for word in normalise(text).split() if len(word) >= 4 and word not in STOPWORDS}
+
+
+def render(bullets: Sequence[Bullet]) -> str:
+    sections = []
+    for heading in HEADINGS:
+        lines = [f"- {bullet.text}" for bullet in bullets if bullet.category == heading]
+        sections.append("\n".join([heading, *(lines or ["- None"])]))
+    return "\n\n".join(sections)
+
+
+def fit_to_cap(bullets: Sequence[Bullet], cap_tokens: int) -> str:
+    """Render, dropping the oldest bullets first until it fits. Binary search over how many to
+    drop: each probe is one render and one count, instead of one per dropped bullet."""
+    if fits(bullets, cap_tokens):
+        return render(bullets)
+    low, high = 1, len(bullets)  # dropping `high` (all) always fits; find the fewest that do
+    while low < high:
+        middle = (low + high) // 2
+        if fits(bullets[middle:], cap_tokens):
+            high = middle
+        else:
+            low = middle + 1
+    if low < len(bullets):
+        return render(bullets[low:])
+    # Not even the newest bullet fits whole: keep as much of it as fits, never an empty memory.
+    return render([shrink_to_fit(bullets[-1], cap_tokens)])
+
+
+def fits(bullets: Sequence[Bullet], cap_tokens: int) -> bool:
+    return count_tokens(render(bullets)) <= cap_tokens
+
+
+def shrink_to_fit(bullet: Bullet, cap_tokens: int) -> Bullet:
+    words = bullet.text.split()
+    low, high = 0, len(words)  # the most words that still fit
+    while low < high:
+        middle = (low + high + 1) // 2
+        if fits([Bullet(bullet.category, " ".join(words[:middle]) + "…")], cap_tokens):
+            low = middle
+        else:
+            high = middle - 1
+    return Bullet(bullet.category, " ".join(words[:low]) + "…")

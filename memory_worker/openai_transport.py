@@ -1,0 +1,183 @@
+"""The one client of OpenAI-compatible endpoints, for the chat turn and the summarizers alike:
+client construction, the Chat Completions requests, the one mapping of openai errors and HTTP
+statuses to error kinds, and the redaction of key-shaped strings from what is shown or logged.
+
+Plain Python (no Django).
+"""
+
+import re
+from collections.abc import Mapping
+from typing import Any, Literal
+
+import openai
+from openai.types.chat import ChatCompletion as ChatCompletionResponse
+from openai.types.chat import ChatCompletionChunk
+
+# What went wrong with a request, as far as the endpoint's answer (or its absence) tells.
+TransportErrorKind = Literal[
+    "timeout", "rate_limit", "server_error", "connection", "quota", "client_error"
+]
+
+# ---------------------------------------------------------------------------------------------
+# Redaction
+
+# Key-shaped strings providers echo in their errors: OpenAI's and Anthropic's sk-, rk-, pk-;
+# xAI's xai-; Groq's gsk_; Google's AIza.
+SECRET_PATTERN = re.compile(
+    r"\b(?:(?:sk|rk|pk|xai)-|gsk_)[A-Za-z0-9_*\-]{6,}|\bAIza[0-9A-Za-z_\-]{20,}"
+)
+REDACTED = "[redacted]"
+MAX_ERROR_DETAIL_CHARS = 300
+
+
+def redact(text: str) -> str:
+    """``text`` with anything key-shaped replaced: providers echo (masked) keys in auth errors."""
+    return SECRET_PATTERN.sub(REDACTED, text)
+
+
+def error_detail(text: str) -> str:
+    """A provider's words as they may be shown or logged: redacted and bounded."""
+    return redact(text)[:MAX_ERROR_DETAIL_CHARS]
+
+
+# ---------------------------------------------------------------------------------------------
+# Error classification
+
+# The provider refused the request itself: its message says what to change, and is about the
+# request, not the operator's account. Any other message (an authentication failure, a rate
+# limit or quota naming the organisation or project, a server error) goes to the log only.
+REFUSED_REQUEST_STATUSES = frozenset({400, 404, 413, 422})
+# A Responses API answer with status "failed" names its error by code, not by HTTP status.
+RESPONSE_ERROR_KINDS: dict[str, TransportErrorKind] = {
+    "server_error": "server_error",
+    "rate_limit_exceeded": "rate_limit",
+}
+
+
+def error_kind(error: openai.OpenAIError) -> TransportErrorKind:
+    # APITimeoutError subclasses APIConnectionError: check it first.
+    if isinstance(error, openai.APITimeoutError):
+        return "timeout"
+    if isinstance(error, openai.APIConnectionError):
+        return "connection"
+    if isinstance(error, openai.APIStatusError):
+        return status_kind(error.status_code, is_insufficient_quota(error))
+    # A 2xx body the SDK could not use, or a mid-stream error event: not fixable by retrying.
+    return "client_error"
+
+
+def status_kind(status: int, insufficient_quota: bool = False) -> TransportErrorKind:
+    if status == 429:
+        # An exhausted quota answers 429 too, but only a human topping it up helps.
+        return "quota" if insufficient_quota else "rate_limit"
+    if status == 408:
+        return "timeout"
+    if status >= 500:
+        return "server_error"
+    return "client_error"
+
+
+def response_error_kind(code: str) -> TransportErrorKind:
+    return RESPONSE_ERROR_KINDS.get(code, "client_error")
+
+
+def is_insufficient_quota(error: openai.APIError) -> bool:
+    if "insufficient_quota" in (error.code, getattr(error, "type", None)):
+        return True
+    body = error.body
+    # The SDK unwraps {"error": {...}}; other servers may not wrap at all or wrap differently.
+    if isinstance(body, Mapping) and isinstance(body.get("error"), Mapping):
+        body = body["error"]
+    if isinstance(body, Mapping):
+        return "insufficient_quota" in (body.get("code"), body.get("type"))
+    return False
+
+
+def shows_provider_message(error: openai.OpenAIError) -> bool:
+    return (
+        isinstance(error, openai.APIStatusError) and error.status_code in REFUSED_REQUEST_STATUSES
+    )
+
+
+def describe_api_error(error: openai.OpenAIError, with_message: bool = True) -> str:
+    """A short, secret-free description: HTTP status, error code, and (``with_message``) the
+    provider's message."""
+    parts: list[str] = []
+    if isinstance(error, openai.APIStatusError):
+        parts.append(f"HTTP {error.status_code}")
+    code = getattr(error, "code", None)
+    if code:
+        parts.append(str(code))
+    detail = provider_message(error) if with_message else ""
+    description = " ".join(parts)
+    if detail:
+        description = f"{description}: {detail}" if description else detail
+    return description or type(error).__name__
+
+
+def provider_message(error: openai.OpenAIError) -> str:
+    message = body_message(error) or getattr(error, "message", None) or str(error)
+    return error_detail(message)
+
+
+def body_message(error: openai.OpenAIError) -> str | None:
+    """The ``message`` of the error's JSON body, as the provider wrote it (not redacted)."""
+    body = getattr(error, "body", None)
+    message = body.get("message") if isinstance(body, Mapping) else None
+    return message if isinstance(message, str) and message else None
+
+
+# ---------------------------------------------------------------------------------------------
+# Client and requests
+
+
+def make_openai_client(
+    base_url: str | None, api_key: str, timeout: float, max_retries: int = 0
+) -> openai.OpenAI:
+    """An OpenAI-compatible client. Our callers own retries (with backoff, only for transient
+    errors), so the SDK's own retries are off unless asked for."""
+    return openai.OpenAI(
+        base_url=base_url or None,
+        api_key=api_key,
+        timeout=timeout,
+        max_retries=max_retries,
+    )
+
+
+def create_chat_completion(
+    client: openai.OpenAI, body: Mapping[str, Any], timeout: float
+) -> ChatCompletionResponse:
+    """``client.chat.completions.create(**body)`` without the SDK's parameter transform.
+
+    The transform walks every message against the request types' TypedDict unions, the bulk of
+    a turn's CPU with a long context; the chat params declare no aliases or formats, so it
+    would send the dict we already have. ``client.post`` sends a body as it is, with the same
+    auth, retries, error types and response parsing."""
+    return client.post(
+        "/chat/completions",
+        body=dict(body),
+        cast_to=ChatCompletionResponse,
+        options={"timeout": timeout},
+    )
+
+
+def chat_completion_json(client: openai.OpenAI, body: Mapping[str, Any], timeout: float) -> Any:
+    """``create_chat_completion``'s request, answered with the decoded JSON instead of the SDK's
+    typed models. A JSON content type whose body is not JSON raises ValueError."""
+    return client.post(
+        "/chat/completions", body=dict(body), cast_to=object, options={"timeout": timeout}
+    )
+
+
+def stream_chat_completion(
+    client: openai.OpenAI, body: Mapping[str, Any], timeout: float
+) -> openai.Stream[ChatCompletionChunk]:
+    """The streaming form of ``create_chat_completion`` (``"stream": true`` is added)."""
+    return client.post(
+        "/chat/completions",
+        body={**body, "stream": True},
+        cast_to=ChatCompletionResponse,
+        options={"timeout": timeout},
+        stream=True,
+        stream_cls=openai.Stream[ChatCompletionChunk],
+    )
