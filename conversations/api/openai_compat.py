@@ -30,7 +30,7 @@ from conversations.api.streaming import KEEP_ALIVE
 from conversations.authentication import TokenAuthentication
 from conversations.services import chats as chat_service
 from conversations.services import exchanges
-from conversations.services import turns as turn_service
+from conversations.services.turn_model import release_db_connection
 from conversations.services.variants import ModelVariant, model_variants
 from conversations.throttling import TurnRateThrottle
 
@@ -242,7 +242,7 @@ class ChatCompletionsView(OpenAICompatView):
                 chat, incoming, variant.name, tools or None
             )
         # The request's own connection is not needed while the stream is open.
-        turn_service.release_db_connection()
+        release_db_connection()
         # Under ASGI a synchronous iterator would be consumed whole before the first byte.
         is_asgi = isinstance(self.request._request, ASGIRequest)
         events = async_sse_events if is_asgi else sse_events
