@@ -1,4 +1,4 @@
-"""An OpenAI-compatible API in front of the configured model, with chatmem's memory (issue 8).
+"""An OpenAI-compatible API in front of the configured model, with chatmem's memory.
 
     client = OpenAI(base_url="http://chatmem:8000/v1", api_key=CHATMEM_TOKEN,
                     default_headers={"X-Chatmem-Chat-Id": "support-4711"})
@@ -226,7 +226,9 @@ class ChatCompletionsView(OpenAICompatView):
         if stream:
             return self.streamed(chat, incoming, variant, tools, include_usage(body))
         with errors.turn_refusals():
-            result = exchanges.run_exchange(chat, incoming, variant.name, tools or None)
+            result = exchanges.run_exchange(
+                chat, incoming, variant_name=variant.name, tools=tools or None
+            )
         return Response(completion_body(result, variant, chat))
 
     def streamed(
@@ -239,7 +241,7 @@ class ChatCompletionsView(OpenAICompatView):
     ) -> StreamingHttpResponse:
         with errors.turn_refusals():
             streamed = exchanges.start_streamed_exchange(
-                chat, incoming, variant.name, tools or None
+                chat, incoming, variant_name=variant.name, tools=tools or None
             )
         # The request's own connection is not needed while the stream is open.
         release_db_connection()

@@ -185,7 +185,7 @@ class Prepared:
     context: list[dict[str, object]]
 
 
-def prepare(chat: Chat, incoming: list[Incoming], variant_name: str | None) -> Prepared:
+def prepare(chat: Chat, incoming: list[Incoming], *, variant_name: str | None) -> Prepared:
     """Claims the chat's turn slot (TurnInProgress if taken) and bounds the context; the caller
     must ``release`` it. Raises UnknownVariant, ContextOverBound."""
     with turn_slot(chat, None) as token:
@@ -196,9 +196,7 @@ def prepare(chat: Chat, incoming: list[Incoming], variant_name: str | None) -> P
         snapshot = bounded_snapshot(
             chat, token, variant, new_messages_tokens(tokens), opens_turn=opens_turn
         )
-        context = build_model_messages(
-            chat, snapshot.summary, snapshot.unfolded, None, snapshot.agent_context
-        )
+        context = build_model_messages(chat, snapshot)
         context.extend(model_entry(m) for m in incoming)
         context = without_unanswered_tool_calls(context)
     return Prepared(chat, token, variant, snapshot, incoming, tokens, context)
@@ -224,9 +222,9 @@ def release(prepared: Prepared) -> None:
 
 
 def run_exchange(
-    chat: Chat, incoming: list[Incoming], variant_name: str | None, tools: ToolOptions | None
+    chat: Chat, incoming: list[Incoming], *, variant_name: str | None, tools: ToolOptions | None
 ) -> ExchangeResult:
-    prepared = prepare(chat, incoming, variant_name)
+    prepared = prepare(chat, incoming, variant_name=variant_name)
     with turn_slot(chat, prepared.token):
         model = prepared.variant.model
         completion = get_chat_model().complete(prepared.context, model, tools)
@@ -325,11 +323,11 @@ class StreamedExchange:
 
 
 def start_streamed_exchange(
-    chat: Chat, incoming: list[Incoming], variant_name: str | None, tools: ToolOptions | None
+    chat: Chat, incoming: list[Incoming], *, variant_name: str | None, tools: ToolOptions | None
 ) -> StreamedExchange:
     """Errors before the first delta (slot taken, bound, upstream refusing the request) raise
     here, so the API can still answer with a plain error status."""
-    prepared = prepare(chat, incoming, variant_name)
+    prepared = prepare(chat, incoming, variant_name=variant_name)
     try:
         stream = get_chat_model().stream(prepared.context, prepared.variant.model, tools)
     except BaseException:

@@ -102,9 +102,7 @@ def complete_turn(
     snapshot = bounded_snapshot(
         chat, request.token, request.variant, request.user_tokens, first=snapshot
     )
-    messages = build_model_messages(
-        chat, snapshot.summary, snapshot.unfolded, request.content, snapshot.agent_context
-    )
+    messages = build_model_messages(chat, snapshot, request.content)
     completion = call_model(messages, request.variant)
     return store_turn(request, snapshot, completion, on_stored=on_stored)
 
