@@ -1,6 +1,6 @@
-"""The turn of an OpenAI-compatible client: the client sends only its new messages (a
-user message, or the results of the tools the model called); chatmem supplies the system prompt,
-the summary and the unfolded history, calls the model with the client's tools, and stores the new
+"""The turn of an OpenAI-compatible client: the client sends only its new messages (a user
+message, or the results of the tools the model called); chatmem supplies the system prompt, the
+summary and the unfolded history, calls the model with the client's tools, and stores the new
 messages and the reply together, exactly like a REST turn (DESIGN §3): same turn slot, same bound
 and synchronous fold, one transaction, consolidation queued after commit.
 
