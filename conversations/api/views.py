@@ -86,7 +86,9 @@ class ChatViewSet(
         content, variant = data["content"], data.get("model_variant") or None
         metadata = agent_service.turn_metadata(data.get("agent"))
         if streaming.wants_stream(request, data):
-            return self.streamed_turn(request, pk, content, variant, metadata)
+            return self.streamed_turn(
+                request, pk, content=content, variant=variant, metadata=metadata
+            )
         with errors.turn_refusals():
             claimed = self.claim_chat(pk)
             result = turn_service.run_turn(
@@ -109,6 +111,7 @@ class ChatViewSet(
         self,
         request: Request,
         pk: str | None,
+        *,
         content: str,
         variant: str | None,
         metadata: dict[str, Any] | None,
