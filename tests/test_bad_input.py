@@ -11,7 +11,7 @@ from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
 from conversations.models import Brief, Chat, Message
-from conversations.services import turns as turn_service
+from conversations.services import bounded_context, turn_model, turn_slot
 from memory_worker.consolidation import consolidate_once
 from tests.fake_openai import FakeOpenAI
 
@@ -315,14 +315,14 @@ def test_the_openai_endpoint_keeps_the_rest_apis_size_limits(
 
 def test_a_chat_deleted_during_its_turn_is_a_404(api: APIClient, monkeypatch: Any) -> None:
     chat_id = new_chat(api)
-    real = turn_service.get_chat_model()
+    real = turn_model.get_chat_model()
 
     class DeletesTheChat:
         def complete(self, messages: Any, model: str) -> Any:
             assert api.delete(f"/api/v1/chats/{chat_id}/").status_code == 204
             return real.complete(messages, model)
 
-    monkeypatch.setattr(turn_service, "get_chat_model", DeletesTheChat)
+    monkeypatch.setattr(turn_model, "get_chat_model", DeletesTheChat)
     response = api.post(f"/api/v1/chats/{chat_id}/turns/", {"content": "hi"}, format="json")
     assert response.status_code == 404, response.content
     assert response.json()["code"] == "chat_deleted"
@@ -376,7 +376,7 @@ def test_a_turn_whose_slot_was_taken_during_its_fold_stops_before_the_model(
     def outlived_and_taken() -> None:
         hour_ago = timezone.now() - timedelta(hours=1)
         Chat.objects.filter(pk=chat_id).update(turn_started_at=hour_ago)
-        taken.append(turn_service.claim_owned_chat(user.pk, chat_id))  # another request
+        taken.append(turn_slot.claim_owned_chat(user.pk, chat_id))  # another request
 
     slow_fold(monkeypatch, outlived_and_taken)
     response = api.post(f"/api/v1/chats/{chat_id}/turns/", {"content": "late"}, format="json")
@@ -402,7 +402,7 @@ def test_a_long_fold_renews_the_turn_slot(api: APIClient, monkeypatch: Any) -> N
         folded.append(Chat.objects.filter(pk=chat_id).update(turn_started_at=hour_ago))
 
     slow_fold(monkeypatch, outlived)
-    real = turn_service.get_chat_model()
+    real = turn_model.get_chat_model()
     slot_ages: list[Any] = []
 
     class Records:
@@ -410,7 +410,7 @@ def test_a_long_fold_renews_the_turn_slot(api: APIClient, monkeypatch: Any) -> N
             slot_ages.append(Chat.objects.get(pk=chat_id).turn_started_at)
             return real.complete(messages, model)
 
-    monkeypatch.setattr(turn_service, "get_chat_model", Records)
+    monkeypatch.setattr(turn_model, "get_chat_model", Records)
     response = api.post(f"/api/v1/chats/{chat_id}/turns/", {"content": "late"}, format="json")
     assert response.status_code == 201, response.content
     assert folded == [1]  # the fold ran, and aged the slot by an hour
@@ -427,25 +427,25 @@ def test_a_turn_that_outlived_its_slot_stores_without_freeing_the_next_turns(
 
     from django.utils import timezone
 
-    from conversations.services import turns
+    from conversations.services import turn_store
     from conversations.services.variants import resolve_variant
 
     chat_id = new_chat(api)
-    slow = turns.claim_owned_chat(user.pk, chat_id)
+    slow = turn_slot.claim_owned_chat(user.pk, chat_id)
     Chat.objects.filter(pk=chat_id).update(turn_started_at=timezone.now() - timedelta(hours=1))
-    second = turns.claim_owned_chat(user.pk, chat_id)  # takes the stale slot over
-    completion = turn_service.get_chat_model().complete([], resolve_variant(None).model)
+    second = turn_slot.claim_owned_chat(user.pk, chat_id)  # takes the stale slot over
+    completion = turn_model.get_chat_model().complete([], resolve_variant(None).model)
     user_row = Message(chat_id=chat_id, role="user", content="slow", token_count=1)
-    reply = turns.reply_row(slow.chat, completion, resolve_variant(None))
-    stored = turns.append_messages(slow.chat, slow.token, [user_row, reply])
+    reply = turn_store.reply_row(slow.chat, completion, resolve_variant(None))
+    stored = turn_store.append_messages(slow.chat, slow.token, [user_row, reply])
     assert [m.seq for m in stored] == [1, 2]  # the slow turn's reply is kept
     chat = Chat.objects.get(pk=chat_id)
     assert chat.turn_token == second.token and chat.turn_started_at is not None
-    with pytest.raises(turns.TurnInProgress):  # a third request still finds the chat busy
-        turns.claim_owned_chat(user.pk, chat_id)
+    with pytest.raises(turn_slot.TurnInProgress):  # a third request still finds the chat busy
+        turn_slot.claim_owned_chat(user.pk, chat_id)
     user_row = Message(chat_id=chat_id, role="user", content="next", token_count=1)
-    reply = turns.reply_row(second.chat, completion, resolve_variant(None))
-    turns.append_messages(second.chat, second.token, [user_row, reply])
+    reply = turn_store.reply_row(second.chat, completion, resolve_variant(None))
+    turn_store.append_messages(second.chat, second.token, [user_row, reply])
     assert Chat.objects.get(pk=chat_id).turn_token is None  # its own slot: freed
 
 
@@ -499,13 +499,13 @@ def test_a_chat_deleted_before_its_snapshot_is_read_again_is_a_404(
     """After the synchronous fold the turn reads the memory again; the chat (and its brief)
     deleted in between was a missing brief, a 500."""
     chat_id = contract_chat_at_its_bound(api)
-    real = turn_service.load_snapshot
+    real = bounded_context.load_snapshot
 
     def load_after_deleting(wanted: int) -> Any:
         Chat.objects.filter(pk=wanted).delete()
         return real(wanted)
 
-    monkeypatch.setattr(turn_service, "load_snapshot", load_after_deleting)
+    monkeypatch.setattr(bounded_context, "load_snapshot", load_after_deleting)
     response = api.post(f"/api/v1/chats/{chat_id}/turns/", {"content": "hi"}, format="json")
     assert response.status_code == 404, response.content
     assert response.json()["code"] == "chat_deleted"

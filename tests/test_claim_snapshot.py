@@ -1,5 +1,5 @@
 """On PostgreSQL the turn's claim also reads the chat's memory snapshot, in the same statement
-(turns.claim_owned_chat). It must be the snapshot a separate read would give, and a claim that
+(turn_slot.claim_owned_chat). It must be the snapshot a separate read would give, and a claim that
 waited for the previous turn to store its messages must not hand out a snapshot without them."""
 
 import threading
@@ -13,7 +13,7 @@ from django.db import connections, transaction
 from django.utils import timezone
 
 from conversations.models import Chat, Message, Role
-from conversations.services import turns
+from conversations.services import turn_slot, turn_store
 from memory_worker.state import MemorySnapshot, load_snapshot
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -43,13 +43,13 @@ def new_chat(api, turns_before: int) -> Chat:  # type: ignore[no-untyped-def]
 
 def test_the_claim_reads_the_snapshot_a_separate_read_gives(api) -> None:  # type: ignore[no-untyped-def]
     chat = new_chat(api, 3)
-    claimed = turns.claim_owned_chat(chat.owner_id, chat.pk)
+    claimed = turn_slot.claim_owned_chat(chat.owner_id, chat.pk)
     try:
         assert claimed.snapshot is not None  # read with the claim: no extra round trip
         assert as_values(claimed.snapshot) == as_values(load_snapshot(chat.pk))
         assert claimed.snapshot.last_seq == claimed.chat.last_seq == 6
     finally:
-        turns.release_turn_slot(claimed.chat, claimed.token)
+        turn_slot.release_turn_slot(claimed.chat, claimed.token)
 
 
 def wait_for_lock_wait(deadline_seconds: float = 10.0) -> None:
@@ -73,7 +73,7 @@ def test_a_claim_that_waited_for_the_previous_turn_sees_its_messages(api) -> Non
     the row lock, then claims the freed slot; its statement's snapshot predates the stored
     messages and must not be used."""
     chat = new_chat(api, 1)
-    previous = turns.claim_owned_chat(chat.owner_id, chat.pk)  # the turn still being stored
+    previous = turn_slot.claim_owned_chat(chat.owner_id, chat.pk)  # the turn still being stored
     Chat.objects.filter(pk=chat.pk).update(
         turn_started_at=timezone.now() - timedelta(seconds=settings.TURN_SLOT_STALE_SECONDS + 60)
     )
@@ -84,7 +84,7 @@ def test_a_claim_that_waited_for_the_previous_turn_sees_its_messages(api) -> Non
     def store_previous_turn() -> None:
         try:
             with transaction.atomic():
-                turns.append_messages(
+                turn_store.append_messages(
                     previous.chat,
                     previous.token,
                     [
@@ -99,7 +99,7 @@ def test_a_claim_that_waited_for_the_previous_turn_sees_its_messages(api) -> Non
 
     def claim_next_turn() -> None:
         try:
-            results["claimed"] = turns.claim_owned_chat(chat.owner_id, chat.pk)
+            results["claimed"] = turn_slot.claim_owned_chat(chat.owner_id, chat.pk)
         except Exception as error:
             results["error"] = error
         finally:
@@ -123,4 +123,4 @@ def test_a_claim_that_waited_for_the_previous_turn_sees_its_messages(api) -> Non
     snapshot = claimed.snapshot or load_snapshot(chat.pk)
     assert [m.content for m in snapshot.unfolded][-2:] == ["second", "re"]
     assert claimed.snapshot is None  # detected as older than the claim, to be read again
-    turns.release_turn_slot(claimed.chat, claimed.token)
+    turn_slot.release_turn_slot(claimed.chat, claimed.token)

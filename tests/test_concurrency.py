@@ -72,9 +72,9 @@ def test_concurrent_appends_number_messages_without_gaps(require_postgres, user,
     """Below the turn slot (a stale slot lets two turns overlap): 20 appends of a message pair
     at once on one chat. The counter row's lock must give every pair two adjacent seqs, no gap,
     no duplicate, whichever way the rows are stored."""
-    from conversations.services import turns
+    from conversations.services import turn_store
 
-    store = getattr(turns, append)
+    store = getattr(turn_store, append)
     chat_id = client_for(user).post("/api/v1/chats/", {}, format="json").json()["id"]
     barrier = threading.Barrier(20)
 

@@ -141,7 +141,9 @@ def test_turn_enqueues_only_when_a_fold_is_due(
     api, settings, monkeypatch, django_capture_on_commit_callbacks
 ) -> None:  # type: ignore[no-untyped-def]
     requested: list[tuple[int, str]] = []
-    monkeypatch.setattr("conversations.services.turns.request_consolidation", recorder(requested))
+    monkeypatch.setattr(
+        "conversations.services.turn_store.request_consolidation", recorder(requested)
+    )
     chat_id = new_chat(api)
     for number in range(26):
         with django_capture_on_commit_callbacks(execute=True):

@@ -309,7 +309,7 @@ def test_a_turns_claim_does_not_wait_for_a_flush(api, user) -> None:  # type: ig
     flushes it); freeing the slots through the ORM waits at every commit, which shows the count
     sees flushes."""
     from conversations.models import Chat
-    from conversations.services.turns import claim_owned_chat, release_turn_slot
+    from conversations.services.turn_slot import claim_owned_chat, release_turn_slot
 
     chats = [
         api.post("/api/v1/chats/", {"title": f"claim {n}"}, format="json").json()["id"]

@@ -251,7 +251,7 @@ def test_done_is_sent_before_the_memory_hooks_run(  # type: ignore[no-untyped-de
     """The consolidation check runs after commit, and `done` does not wait for it: here the
     check blocks until the client has read `done`, so `done` arriving at all proves the order
     (sent later, it would arrive only after the check gave up waiting)."""
-    from conversations.services import turns
+    from conversations.services import turn_store
 
     client_has_done = threading.Event()
     checked: list[tuple[int, list[int], bool]] = []
@@ -261,7 +261,7 @@ def test_done_is_sent_before_the_memory_hooks_run(  # type: ignore[no-untyped-de
         waited = client_has_done.wait(DEADLINE)
         checked.append((chat.pk, [m.seq for m in snapshot.unfolded], stored_now and waited))
 
-    monkeypatch.setattr(turns, "queue_consolidation_if_due", slow_check)
+    monkeypatch.setattr(turn_store, "queue_consolidation_if_due", slow_check)
     chat_id = new_chat(api)
     started = time.monotonic()
     stream = post_turn(chat_id, {"content": "hi", "stream": True})
@@ -346,7 +346,7 @@ def test_a_reply_trickling_past_the_model_deadline_times_out(  # type: ignore[no
 
 
 def test_refusals_before_the_stream_are_plain_json(api, post_turn, user) -> None:  # type: ignore[no-untyped-def]
-    from conversations.services.turns import claim_turn_slot
+    from conversations.services.turn_slot import claim_turn_slot
 
     chat_id = new_chat(api)
     cases: list[tuple[int, dict[str, Any], int]] = [

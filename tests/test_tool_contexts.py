@@ -94,10 +94,10 @@ def test_a_call_answered_by_a_user_message_is_left_out_of_the_next_context(
 ) -> None:
     """The client sent its next user message instead of the call's result: the stored call
     stays stored, but the model is not sent a call with no result after it."""
-    from conversations.services import turns
+    from conversations.services import turn_model
 
     assert exchange(bearer(user), [{"role": "user", "content": "look it up"}]).status_code == 200
-    monkeypatch.setattr(turns, "get_chat_model", lambda: model)
+    monkeypatch.setattr(turn_model, "get_chat_model", lambda: model)
     chat_id = Chat.objects.get(external_id="agent").pk
     response = api.post(f"/api/v1/chats/{chat_id}/turns/", {"content": "never mind"}, format="json")
     assert response.status_code == 201, response.content

@@ -103,7 +103,7 @@ def test_model_failure_stores_nothing(api, use_fake_openai, settings, fault, sta
 
 
 def test_turn_in_progress_is_409(api) -> None:  # type: ignore[no-untyped-def]
-    from conversations.services.turns import claim_turn_slot, release_turn_slot
+    from conversations.services.turn_slot import claim_turn_slot, release_turn_slot
 
     chat_id = new_chat(api)
     chat = Chat.objects.get(pk=chat_id)

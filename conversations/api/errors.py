@@ -16,7 +16,8 @@ from rest_framework.views import exception_handler as drf_exception_handler
 from conversations.llm import UPSTREAM_TIMEOUT, ModelError
 from conversations.models import Chat
 from conversations.rows import database_unreachable
-from conversations.services.turns import ContextOverBound, TurnInProgress
+from conversations.services.bounded_context import ContextOverBound
+from conversations.services.turn_slot import TurnInProgress
 from conversations.services.variants import UnknownVariant
 
 log = logging.getLogger("chatmem.api")

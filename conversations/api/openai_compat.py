@@ -1,4 +1,4 @@
-"""An OpenAI-compatible API in front of the configured model, with chatmem's memory (issue 8).
+"""An OpenAI-compatible API in front of the configured model, with chatmem's memory.
 
     client = OpenAI(base_url="http://chatmem:8000/v1", api_key=CHATMEM_TOKEN,
                     default_headers={"X-Chatmem-Chat-Id": "support-4711"})
@@ -30,7 +30,7 @@ from conversations.api.streaming import KEEP_ALIVE
 from conversations.authentication import TokenAuthentication
 from conversations.services import chats as chat_service
 from conversations.services import exchanges
-from conversations.services import turns as turn_service
+from conversations.services.turn_model import release_db_connection
 from conversations.services.variants import ModelVariant, model_variants
 from conversations.throttling import TurnRateThrottle
 
@@ -226,7 +226,9 @@ class ChatCompletionsView(OpenAICompatView):
         if stream:
             return self.streamed(chat, incoming, variant, tools, include_usage(body))
         with errors.turn_refusals():
-            result = exchanges.run_exchange(chat, incoming, variant.name, tools or None)
+            result = exchanges.run_exchange(
+                chat, incoming, variant_name=variant.name, tools=tools or None
+            )
         return Response(completion_body(result, variant, chat))
 
     def streamed(
@@ -239,10 +241,10 @@ class ChatCompletionsView(OpenAICompatView):
     ) -> StreamingHttpResponse:
         with errors.turn_refusals():
             streamed = exchanges.start_streamed_exchange(
-                chat, incoming, variant.name, tools or None
+                chat, incoming, variant_name=variant.name, tools=tools or None
             )
         # The request's own connection is not needed while the stream is open.
-        turn_service.release_db_connection()
+        release_db_connection()
         # Under ASGI a synchronous iterator would be consumed whole before the first byte.
         is_asgi = isinstance(self.request._request, ASGIRequest)
         events = async_sse_events if is_asgi else sse_events

@@ -26,12 +26,7 @@ from rest_framework.utils.encoders import JSONEncoder
 from chatmem_project.request_id import current_request_id
 from conversations.api import errors
 from conversations.api.serializers import turn_response_body
-from conversations.services.turns import (
-    StreamedTurn,
-    TurnDelta,
-    TurnDone,
-    TurnEvent,
-)
+from conversations.services.turn_stream import StreamedTurn, TurnDelta, TurnDone, TurnEvent
 
 log = logging.getLogger("chatmem.turn")
 
@@ -75,17 +70,18 @@ def sse(event: str, data: object) -> bytes:
 
 
 def accepted_event(turn: StreamedTurn) -> bytes:
+    request = turn.request
     return sse(
         "accepted",
         {
-            "chat_id": turn.chat.pk,
-            "model_variant": turn.variant.name,
+            "chat_id": request.chat.pk,
+            "model_variant": request.variant.name,
             # seq is allocated when the turn is stored, so the message is still pending here.
             "user_message": {
                 "seq": None,
                 "role": "user",
-                "content": turn.content,
-                "token_count": turn.user_tokens,
+                "content": request.content,
+                "token_count": request.user_tokens,
                 "pending": True,
             },
         },
@@ -115,7 +111,7 @@ def event_stream(turn: StreamedTurn, request_id: str | None = None) -> Iterator[
     try:
         yield accepted_event(turn)
         written += 1
-        for event in turn.iter_events(heartbeat_seconds()):
+        for event in turn.events.iter_events(heartbeat_seconds()):
             yield turn_event(event)
             written += 1
         finished = True
@@ -135,7 +131,7 @@ async def async_event_stream(
     try:
         yield accepted_event(turn)
         written += 1
-        async for event in turn.aiter_events(heartbeat_seconds()):
+        async for event in turn.events.aiter_events(heartbeat_seconds()):
             yield turn_event(event)
             written += 1
         finished = True
@@ -149,7 +145,7 @@ def log_disconnect(turn: StreamedTurn, written: int, request_id: str | None) -> 
     middleware, which has reset the id of the context by then."""
     extra: dict[str, object] = {
         "event": "stream_disconnect",
-        "chat_id": turn.chat.pk,
+        "chat_id": turn.request.chat.pk,
         "events_written": written,
     }
     if request_id:

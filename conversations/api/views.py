@@ -29,6 +29,8 @@ from conversations.models import Chat
 from conversations.services import agent_state as agent_service
 from conversations.services import chats as chat_service
 from conversations.services import turns as turn_service
+from conversations.services.turn_model import release_db_connection
+from conversations.services.turn_slot import Claimed, claim_owned_chat
 from conversations.services.variants import UnknownVariant, chat_variant
 from conversations.throttling import TurnRateThrottle
 from memory_worker.dispatch import request_consolidation
@@ -84,22 +86,24 @@ class ChatViewSet(
         content, variant = data["content"], data.get("model_variant") or None
         metadata = agent_service.turn_metadata(data.get("agent"))
         if streaming.wants_stream(request, data):
-            return self.streamed_turn(request, pk, content, variant, metadata)
+            return self.streamed_turn(
+                request, pk, content=content, variant=variant, metadata=metadata
+            )
         with errors.turn_refusals():
             claimed = self.claim_chat(pk)
             result = turn_service.run_turn(
-                claimed.chat, content, variant, metadata, claimed=claimed
+                claimed.chat, content, variant_name=variant, metadata=metadata, claimed=claimed
             )
         body = turn_response_body(result.user_message, result.assistant_message)
         return Response(body, status=status.HTTP_201_CREATED)
 
-    def claim_chat(self, pk: str | None) -> turn_service.Claimed:
+    def claim_chat(self, pk: str | None) -> Claimed:
         """The requester's chat with its turn slot claimed, in one statement (instead of
         get_object() and then the claim); 404 for any chat that is not theirs."""
         owner_id = self.request.user.pk
         assert owner_id is not None  # IsAuthenticated ran first
         try:
-            return turn_service.claim_owned_chat(owner_id, int(pk or ""))
+            return claim_owned_chat(owner_id, int(pk or ""))
         except (ValueError, Chat.DoesNotExist) as error:
             raise NotFound() from error
 
@@ -107,6 +111,7 @@ class ChatViewSet(
         self,
         request: Request,
         pk: str | None,
+        *,
         content: str,
         variant: str | None,
         metadata: dict[str, Any] | None,
@@ -116,11 +121,11 @@ class ChatViewSet(
         with errors.turn_refusals():
             claimed = self.claim_chat(pk)
             turn = turn_service.start_streamed_turn(
-                claimed.chat, content, variant, metadata, claimed=claimed
+                claimed.chat, content, variant_name=variant, metadata=metadata, claimed=claimed
             )
         # The request's own connection is not needed while the stream is open (under ASGI it
         # would otherwise be held until the last event).
-        turn_service.release_db_connection()
+        release_db_connection()
         return streaming.streaming_response(request, turn)
 
     @action(detail=True, methods=["get"], serializer_class=MessageSerializer)

@@ -82,8 +82,8 @@ class NoRoomInWindow(PolicyError):
 
 # Of what a turn may send the model (PROMPT_WINDOW_SHARE of the window), the share that must be
 # left for the conversation once the system prompt and a summary at its cap are in: what folding
-# can make room in. Without it a chat was accepted whose every turn, once it had to fold, was a
-# 503 (an 8,000-token cap on an 8k model; a 4,000-token prompt on a 4k one).
+# can make room in. Without it every turn of the chat, once it has to fold, would be a 503 (a
+# summary cap, or a system prompt, nearly as large as the model's window).
 MIN_CONVERSATION_SHARE = 0.25
 
 
@@ -161,7 +161,4 @@ def _rerun_marked(chat_id: int) -> bool:
 
 def next_context(chat: Chat) -> list[dict[str, object]]:
     """Exactly what the model would receive for the next turn, before the new user message."""
-    snapshot = load_snapshot(chat.pk)
-    return build_model_messages(
-        chat, snapshot.summary, snapshot.unfolded, agent_context=snapshot.agent_context
-    )
+    return build_model_messages(chat, load_snapshot(chat.pk))

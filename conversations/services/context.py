@@ -6,6 +6,7 @@ order, then the new user message."""
 from typing import Any
 
 from conversations.models import Chat, Message, Role
+from memory_worker.state import MemorySnapshot
 
 SUMMARY_HEADER = "Summary of the earlier conversation (memory):\n\n"
 
@@ -20,20 +21,18 @@ def model_message(message: Message) -> dict[str, object]:
 
 
 def build_model_messages(
-    chat: Chat,
-    summary: str,
-    unfolded: tuple[Message, ...],
-    new_user_content: str | None = None,
-    agent_context: str = "",
+    chat: Chat, snapshot: MemorySnapshot, new_user_content: str | None = None
 ) -> list[dict[str, object]]:
+    """The context built from the chat's memory ``snapshot``, ending with the new user message
+    when there is one."""
     messages: list[dict[str, object]] = []
     if chat.system_prompt:
         messages.append({"role": Role.SYSTEM.value, "content": chat.system_prompt})
-    if agent_context:  # counted in the bound by memory_worker.state.agent_context_tokens
-        messages.append({"role": Role.SYSTEM.value, "content": agent_context})
-    if summary:
-        messages.append({"role": Role.SYSTEM.value, "content": SUMMARY_HEADER + summary})
-    messages.extend(model_message(message) for message in unfolded)
+    if snapshot.agent_context:  # counted in the bound by memory_worker.state.agent_context_tokens
+        messages.append({"role": Role.SYSTEM.value, "content": snapshot.agent_context})
+    if snapshot.summary:
+        messages.append({"role": Role.SYSTEM.value, "content": SUMMARY_HEADER + snapshot.summary})
+    messages.extend(model_message(message) for message in snapshot.unfolded)
     if new_user_content is not None:
         messages.append({"role": Role.USER.value, "content": new_user_content})
     return without_unanswered_tool_calls(messages)

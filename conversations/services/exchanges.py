@@ -1,6 +1,6 @@
-"""The turn of an OpenAI-compatible client (issue 8): the client sends only its new messages (a
-user message, or the results of the tools the model called); chatmem supplies the system prompt,
-the summary and the unfolded history, calls the model with the client's tools, and stores the new
+"""The turn of an OpenAI-compatible client: the client sends only its new messages (a user
+message, or the results of the tools the model called); chatmem supplies the system prompt, the
+summary and the unfolded history, calls the model with the client's tools, and stores the new
 messages and the reply together, exactly like a REST turn (DESIGN §3): same turn slot, same bound
 and synchronous fold, one transaction, consolidation queued after commit.
 
@@ -11,9 +11,7 @@ message is what chatmem already holds, and is neither stored again nor sent twic
 
 from __future__ import annotations
 
-import contextvars
 import logging
-import threading
 import uuid
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -27,27 +25,28 @@ from django.db import IntegrityError, connections, transaction
 from conversations.llm import ChatCompletion, CompletionStream, ToolOptions
 from conversations.models import Chat, Message, Role
 from conversations.services import chats as chat_service
-from conversations.services.agent_state import queue_agent_summary
 from conversations.services.backends import get_chat_model
+from conversations.services.bounded_context import bounded_snapshot
 from conversations.services.context import build_model_messages, without_unanswered_tool_calls
-from conversations.services.turns import (
+from conversations.services.turn_slot import release_turn_slot, turn_slot
+from conversations.services.turn_store import (
+    TurnResult,
+    append_messages,
+    queue_memory_work,
+    reply_row,
+)
+from conversations.services.turn_stream import (
     TurnDelta,
     TurnDone,
     TurnEvent,
     TurnEvents,
     TurnFailed,
-    TurnResult,
-    append_messages,
-    bounded_snapshot,
-    log_turn_failure,
-    queue_consolidation_if_due,
-    release_turn_slot,
-    reply_row,
-    turn_slot,
+    start_turn_thread,
 )
+from conversations.services.turns import log_turn_failure
 from conversations.services.variants import ModelVariant, turn_variant
 from memory_worker import policy as engine
-from memory_worker.state import MemorySnapshot, with_appended
+from memory_worker.state import MemorySnapshot
 from memory_worker.tokens import count_tokens
 
 log = logging.getLogger("chatmem.turn")
@@ -186,7 +185,7 @@ class Prepared:
     context: list[dict[str, object]]
 
 
-def prepare(chat: Chat, incoming: list[Incoming], variant_name: str | None) -> Prepared:
+def prepare(chat: Chat, incoming: list[Incoming], *, variant_name: str | None) -> Prepared:
     """Claims the chat's turn slot (TurnInProgress if taken) and bounds the context; the caller
     must ``release`` it. Raises UnknownVariant, ContextOverBound."""
     with turn_slot(chat, None) as token:
@@ -197,9 +196,7 @@ def prepare(chat: Chat, incoming: list[Incoming], variant_name: str | None) -> P
         snapshot = bounded_snapshot(
             chat, token, variant, new_messages_tokens(tokens), opens_turn=opens_turn
         )
-        context = build_model_messages(
-            chat, snapshot.summary, snapshot.unfolded, None, snapshot.agent_context
-        )
+        context = build_model_messages(chat, snapshot)
         context.extend(model_entry(m) for m in incoming)
         context = without_unanswered_tool_calls(context)
     return Prepared(chat, token, variant, snapshot, incoming, tokens, context)
@@ -225,9 +222,9 @@ def release(prepared: Prepared) -> None:
 
 
 def run_exchange(
-    chat: Chat, incoming: list[Incoming], variant_name: str | None, tools: ToolOptions | None
+    chat: Chat, incoming: list[Incoming], *, variant_name: str | None, tools: ToolOptions | None
 ) -> ExchangeResult:
-    prepared = prepare(chat, incoming, variant_name)
+    prepared = prepare(chat, incoming, variant_name=variant_name)
     with turn_slot(chat, prepared.token):
         model = prepared.variant.model
         completion = get_chat_model().complete(prepared.context, model, tools)
@@ -252,12 +249,7 @@ def store_exchange(prepared: Prepared, completion: ChatCompletion) -> ExchangeRe
     ]
     reply = reply_row(chat, completion, prepared.variant)
     stored = append_messages(chat, prepared.token, [*rows, reply])
-    after = with_appended(prepared.snapshot, stored)
-    transaction.on_commit(partial(queue_consolidation_if_due, chat, after))
-    # As a REST turn does: a turn-digest chat's replies get their response summaries, and a
-    # chat with agent state keeps its entity clock (seed 004), whichever API the turn came by.
-    has_state = prepared.snapshot.has_agent_state
-    transaction.on_commit(partial(queue_agent_summary, chat, stored[0], has_state))
+    queue_memory_work(chat, prepared.snapshot, stored)
     return ExchangeResult(stored, completion)
 
 
@@ -282,21 +274,13 @@ class StreamedExchange:
         self.events = TurnEvents()
         self.result: ExchangeResult | None = None
         self.error: BaseException | None = None
-        # The copied context carries the request id into the thread's log lines.
-        self.thread = threading.Thread(
-            target=contextvars.copy_context().run,
-            args=(self._run,),
-            name="chatmem-exchange",
-            # Not a daemon: a graceful shutdown waits for accepted turns to be stored.
-            daemon=False,
-        )
-        self.thread.start()
+        self.thread = start_turn_thread("chatmem-exchange", self._run)
 
     def _run(self) -> None:
         last: TurnEvent = TurnFailed(RuntimeError("the exchange ended early"))
         try:
             for delta in self.stream:
-                self.events.put(TurnDelta(delta))
+                self.events.put_delta(delta)
             assert self.stream.result is not None
             self.result = store_exchange(self.prepared, self.stream.result)
             last = TurnDone(TurnResult(self.result.stored[0], self.result.reply))
@@ -308,8 +292,8 @@ class StreamedExchange:
             self._finish(last)
 
     def _finish(self, last: TurnEvent) -> None:
-        """Whatever fails here, the stream gets its last event: without it the client waited on
-        keep-alives for ever (a database error while releasing the slot used to skip it)."""
+        """Whatever fails here (a database error while releasing the slot), the stream gets its
+        last event: without it the client would wait on keep-alives for ever."""
         cleanups = (
             self.stream.close,  # on a failure mid-stream: the upstream connection too
             partial(release, self.prepared),
@@ -324,32 +308,26 @@ class StreamedExchange:
 
     def deltas(self) -> Iterator[str | None]:
         """Each delta; None after HEARTBEAT_SECONDS without one."""
-        while True:
-            event = self.events.get(HEARTBEAT_SECONDS)
+        for event in self.events.iter_events(HEARTBEAT_SECONDS):
             if event is None:
                 yield None
             elif isinstance(event, TurnDelta):
                 yield event.content
-            else:
-                return
 
     async def adeltas(self) -> AsyncIterator[str | None]:
-        while True:
-            event = await self.events.aget(HEARTBEAT_SECONDS)
+        async for event in self.events.aiter_events(HEARTBEAT_SECONDS):
             if event is None:
                 yield None
             elif isinstance(event, TurnDelta):
                 yield event.content
-            else:
-                return
 
 
 def start_streamed_exchange(
-    chat: Chat, incoming: list[Incoming], variant_name: str | None, tools: ToolOptions | None
+    chat: Chat, incoming: list[Incoming], *, variant_name: str | None, tools: ToolOptions | None
 ) -> StreamedExchange:
     """Errors before the first delta (slot taken, bound, upstream refusing the request) raise
     here, so the API can still answer with a plain error status."""
-    prepared = prepare(chat, incoming, variant_name)
+    prepared = prepare(chat, incoming, variant_name=variant_name)
     try:
         stream = get_chat_model().stream(prepared.context, prepared.variant.model, tools)
     except BaseException:

@@ -26,6 +26,8 @@ from conversations.management.usernames import checked_username, find_user
 from conversations.models import Chat
 from conversations.services import chats as chat_service
 from conversations.services import turns as turn_service
+from conversations.services.bounded_context import ContextOverBound
+from conversations.services.turn_slot import TurnInProgress
 from conversations.services.variants import UnknownVariant
 from memory_worker.presets import PolicyError
 
@@ -132,8 +134,8 @@ class Command(BaseCommand):
             result = turn_service.run_turn(chat, content)
         except (
             ModelError,
-            turn_service.ContextOverBound,
-            turn_service.TurnInProgress,
+            ContextOverBound,
+            TurnInProgress,
             UnknownVariant,  # the chat's model_variant was removed from MODEL_VARIANTS
             Chat.DoesNotExist,  # the chat was deleted meanwhile
         ) as error:

@@ -1,0 +1,93 @@
+"""The memory a turn's context is built from, within the policy's bound (DESIGN §3 step 4): when
+background folding fell behind, the turn folds synchronously first (seed 000 §7), or waits for a
+fold of its chat already in flight. The message list itself: services.context."""
+
+import time
+import uuid
+from functools import partial
+
+from django.conf import settings
+
+from conversations.models import Brief, Chat
+from conversations.services.turn_slot import raise_if_deleted, renew_turn_slot
+from conversations.services.variants import ModelVariant
+from memory_worker import policy as engine
+from memory_worker.policies import policy_for_chat
+from memory_worker.state import MemorySnapshot, engine_state, load_snapshot
+from memory_worker.turn_fold import WAITED, fold_before_turn
+
+SYNC_FOLD_ATTEMPTS = 3
+
+
+class ContextOverBound(Exception):
+    """The context cannot be brought within the policy's bound right now (the synchronous fold
+    failed, or even a full fold would not fit). Nothing is dropped: the turn is refused."""
+
+
+def bounded_snapshot(
+    chat: Chat,
+    token: uuid.UUID,
+    variant: ModelVariant,
+    user_tokens: int,
+    *,
+    first: MemorySnapshot | None = None,
+    opens_turn: bool = True,
+) -> MemorySnapshot:
+    """The memory snapshot to build the context from (``first``, when the caller has read it
+    since claiming the slot ``token``), folding first when the context with the new message
+    would exceed the policy's hard bound."""
+    policy = policy_for_chat(chat)
+    # Waiting for folds in flight (each commit is re-read) is bounded in time, not in count: a
+    # background fold may free less than this turn needs, and the next one is waited for too.
+    wait_deadline = time.monotonic() + settings.MEMORY_LLM_TIMEOUT_SECONDS
+    folds = 0
+    snapshot = first if first is not None else snapshot_of_live_chat(chat)
+    while folds < SYNC_FOLD_ATTEMPTS:
+        state = engine_state(chat, snapshot, variant.context_tokens)
+        pre_turn = engine.decide_before_turn(state, policy, user_tokens, opens_turn=opens_turn)
+        if not pre_turn.fits:
+            raise ContextOverBound(too_big_message(opens_turn))
+        if pre_turn.fold is None:
+            return snapshot
+        outcome = fold_before_turn(
+            chat,
+            snapshot,
+            pre_turn.fold,
+            engine.prompt_tokens(state, user_tokens),
+            wait_deadline=wait_deadline,
+            before_fold=partial(renew_turn_slot, chat, token),
+        )
+        if outcome.status == "failed":
+            raise ContextOverBound(
+                "Memory consolidation is needed before this turn and it failed "
+                f"({outcome.error}); nothing was stored, retry later."
+            )
+        folds += outcome.status != WAITED
+        # succeeded, superseded, or waited for a fold in flight: re-read and check again
+        renew_turn_slot(chat, token)
+        snapshot = snapshot_of_live_chat(chat)
+    raise ContextOverBound("The context could not be brought within its bound; retry later.")
+
+
+def too_big_message(opens_turn: bool) -> str:
+    if opens_turn:
+        return (
+            "This message does not fit the chat's context bound even after folding the whole "
+            "history into the summary; send a shorter message."
+        )
+    # Folding part of the turn would send these results without the calls they answer.
+    return (
+        "These tool results and the turn they continue do not fit the chat's context bound, "
+        "and a turn is never split by a fold; start a new turn with a user message, or use a "
+        "policy with a larger bound."
+    )
+
+
+def snapshot_of_live_chat(chat: Chat) -> MemorySnapshot:
+    """Chat.DoesNotExist (the turn's 404 ``chat_deleted``) when the chat was deleted since the
+    claim: its brief went with it, and a missing brief is otherwise a bug's 500."""
+    try:
+        return load_snapshot(chat.pk)
+    except Brief.DoesNotExist:
+        raise_if_deleted(chat)
+        raise
