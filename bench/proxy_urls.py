@@ -25,7 +25,7 @@ from rest_framework.views import APIView
 from conversations.rows import NO_FLUSH_WAIT
 from conversations.services.backends import get_chat_model
 from conversations.services.turn_model import release_pooled_connection
-from conversations.services.variants import resolve_variant
+from conversations.variants import resolve_variant
 from memory_worker.tokens import count_tokens
 
 

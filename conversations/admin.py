@@ -20,7 +20,7 @@ from conversations.agent_admin import AgentStateInline
 from conversations.models import Brief, Chat, Consolidation, DailyNote, Message
 from conversations.services import chats as chat_service
 from conversations.services.chats import next_context
-from conversations.services.variants import UnknownVariant
+from conversations.variants import UnknownVariant
 from memory_worker.consolidation import lag_ms
 from memory_worker.dispatch import request_consolidation
 from memory_worker.policy import Trigger

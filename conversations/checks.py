@@ -8,8 +8,8 @@ from django.conf import settings
 from django.core.checks import Error, Warning, register
 
 from conversations.services.chats import operator_defaults_room_problem
-from conversations.services.variants import model_variants
 from conversations.throttling import rate_problem
+from conversations.variants import model_variants
 from memory_worker.checks import out_of_range
 
 

@@ -8,7 +8,7 @@ from functools import lru_cache
 from django.conf import settings
 
 from conversations.models import Chat
-from conversations.services.variants import chat_variant
+from conversations.variants import chat_variant
 from memory_worker import policy as engine
 from memory_worker.presets import PolicyError, resolve_policy, synchronous_only
 

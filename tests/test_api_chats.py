@@ -227,7 +227,7 @@ def test_a_chat_whose_overrides_clash_with_knobs_changed_since_keeps_working(api
 
 def test_a_chat_whose_variant_was_removed_falls_back_to_the_default(api, settings) -> None:  # type: ignore[no-untyped-def]
     """Its turns were 400s about a model_variant the client never sent, and its brief a 500."""
-    from conversations.services.variants import _parse_variants
+    from conversations.variants import _parse_variants
 
     settings.MODEL_VARIANTS = "deep=gpt-deep:128000"
     _parse_variants.cache_clear()
@@ -298,7 +298,7 @@ def test_a_chat_with_no_room_left_in_its_models_window_is_refused(  # type: igno
     api, settings, window, body
 ) -> None:
     """Accepted, every turn of it that had to fold was a 503 for good."""
-    from conversations.services.variants import _parse_variants
+    from conversations.variants import _parse_variants
 
     settings.CHAT_MODEL_CONTEXT_TOKENS = window
     _parse_variants.cache_clear()
@@ -315,7 +315,7 @@ def test_a_chat_with_no_room_left_in_its_models_window_is_refused(  # type: igno
 
 def test_no_room_in_the_window_is_a_400_on_v1_too(user, settings) -> None:  # type: ignore[no-untyped-def]
     """A new /v1 conversation's system messages: it was a 500."""
-    from conversations.services.variants import _parse_variants
+    from conversations.variants import _parse_variants
     from tests.test_bad_input import bearer
 
     settings.CHAT_MODEL_CONTEXT_TOKENS = 4096
@@ -339,7 +339,7 @@ def test_no_room_in_the_window_is_a_400_on_v1_too(user, settings) -> None:  # ty
 def test_defaults_with_no_room_are_the_operators_warning_not_every_chats_400(api, settings) -> None:  # type: ignore[no-untyped-def]
     from django.core.checks import run_checks
 
-    from conversations.services.variants import _parse_variants
+    from conversations.variants import _parse_variants
 
     settings.CHAT_MODEL_CONTEXT_TOKENS = 4096
     settings.MEMORY_PRESET_ENV_OVERRIDES = {

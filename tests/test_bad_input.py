@@ -428,7 +428,7 @@ def test_a_turn_that_outlived_its_slot_stores_without_freeing_the_next_turns(
     from django.utils import timezone
 
     from conversations.services import turn_store
-    from conversations.services.variants import resolve_variant
+    from conversations.variants import resolve_variant
 
     chat_id = new_chat(api)
     slow = turn_slot.claim_owned_chat(user.pk, chat_id)

@@ -221,7 +221,7 @@ def test_failed_synchronous_fold_whose_fallback_fails_too_is_503_and_stores_noth
 
 
 def test_message_too_large_for_any_context_is_503(api, settings) -> None:  # type: ignore[no-untyped-def]
-    from conversations.services.variants import _parse_variants
+    from conversations.variants import _parse_variants
 
     chat_id = new_chat(api)  # before the window shrinks: no chat is created with no room in it
     settings.CHAT_MODEL_CONTEXT_TOKENS = 300

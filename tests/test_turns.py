@@ -132,7 +132,7 @@ def test_stale_turn_slot_is_reclaimed(api, settings) -> None:  # type: ignore[no
 
 
 def test_model_variant_is_stored(api, settings) -> None:  # type: ignore[no-untyped-def]
-    from conversations.services.variants import _parse_variants
+    from conversations.variants import _parse_variants
 
     _parse_variants.cache_clear()
     settings.MODEL_VARIANTS = "deep-dive=gpt-deep:200000"

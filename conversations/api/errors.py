@@ -18,7 +18,7 @@ from conversations.models import Chat
 from conversations.rows import database_unreachable
 from conversations.services.bounded_context import ContextOverBound
 from conversations.services.turn_slot import TurnInProgress
-from conversations.services.variants import UnknownVariant
+from conversations.variants import UnknownVariant
 
 log = logging.getLogger("chatmem.api")
 

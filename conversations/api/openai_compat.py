@@ -31,8 +31,8 @@ from conversations.authentication import TokenAuthentication
 from conversations.services import chats as chat_service
 from conversations.services import exchanges
 from conversations.services.turn_model import release_db_connection
-from conversations.services.variants import ModelVariant, model_variants
 from conversations.throttling import TurnRateThrottle
+from conversations.variants import ModelVariant, model_variants
 
 CHAT_ID_HEADER = "X-Chatmem-Chat-Id"
 MAX_CHAT_ID_CHARS = 200

@@ -28,7 +28,7 @@ from conversations.api.serializers import (
     TurnRequestSerializer,
     TurnResponseSerializer,
 )
-from conversations.services.variants import model_variants
+from conversations.variants import model_variants
 from memory_worker.presets import knob_json_schema
 
 # --- Bodies that have no serializer of their own ----------------------------------------------

@@ -10,7 +10,7 @@ from django.conf import settings
 
 from conversations.models import Brief, Chat
 from conversations.services.turn_slot import raise_if_deleted, renew_turn_slot
-from conversations.services.variants import ModelVariant
+from conversations.variants import ModelVariant
 from memory_worker import policy as engine
 from memory_worker.policies import policy_for_chat
 from memory_worker.state import MemorySnapshot, engine_state, load_snapshot

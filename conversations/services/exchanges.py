@@ -44,7 +44,7 @@ from conversations.services.turn_stream import (
     start_turn_thread,
 )
 from conversations.services.turns import log_turn_failure
-from conversations.services.variants import ModelVariant, turn_variant
+from conversations.variants import ModelVariant, turn_variant
 from memory_worker import policy as engine
 from memory_worker.state import MemorySnapshot
 from memory_worker.tokens import count_tokens

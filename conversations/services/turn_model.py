@@ -7,7 +7,7 @@ from django.db import connections
 
 from conversations.llm import ChatCompletion, ModelError, ModelMessages
 from conversations.services.backends import get_chat_model
-from conversations.services.variants import ModelVariant
+from conversations.variants import ModelVariant
 
 # How a turn calls the model: messages, variant -> the complete reply (or ModelError).
 ModelCall = Callable[[ModelMessages, ModelVariant], ChatCompletion]

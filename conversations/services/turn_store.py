@@ -17,7 +17,7 @@ from conversations import rows
 from conversations.llm import ChatCompletion
 from conversations.models import Chat, Message, Role
 from conversations.services.agent_state import queue_agent_summary
-from conversations.services.variants import ModelVariant
+from conversations.variants import ModelVariant
 from memory_worker.consolidation import decide_for_chat
 from memory_worker.dispatch import request_consolidation
 from memory_worker.state import MemorySnapshot, with_appended

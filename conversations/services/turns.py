@@ -35,7 +35,7 @@ from conversations.services.turn_stream import (
     TurnFailed,
     start_turn_thread,
 )
-from conversations.services.variants import turn_variant
+from conversations.variants import turn_variant
 from memory_worker.state import MemorySnapshot
 from memory_worker.tokens import count_tokens
 

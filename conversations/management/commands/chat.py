@@ -28,7 +28,7 @@ from conversations.services import chats as chat_service
 from conversations.services import turns as turn_service
 from conversations.services.bounded_context import ContextOverBound
 from conversations.services.turn_slot import TurnInProgress
-from conversations.services.variants import UnknownVariant
+from conversations.variants import UnknownVariant
 from memory_worker.presets import PolicyError
 
 HELP = "Type a message, or /brief, /context, /help, /quit."
