@@ -29,6 +29,7 @@ from conversations import rows
 from conversations.models import Brief, Chat, Consolidation, ConsolidationStatus, Message
 from memory_worker import policy as engine
 from memory_worker.backends import get_summarizer
+from memory_worker.engine_state import Msg
 from memory_worker.locks import ChatLock, Release
 from memory_worker.policies import policy_for_chat, variant_context_tokens
 from memory_worker.signals import messages_folded
@@ -142,7 +143,7 @@ def execute_fold(
     configured one (for the chat's cap) unless given."""
     to_fold = [m for m in snapshot.unfolded if decision.from_seq <= m.seq <= decision.to_seq]
     chunks = split_for_summarizer(
-        [engine.Msg(m.seq, m.role, m.token_count) for m in to_fold],
+        [Msg(m.seq, m.role, m.token_count) for m in to_fold],
         settings.MEMORY_SUMMARIZER_INPUT_BUDGET,
     )
     # The chat's own summary cap: its policy's bound and the synchronous fold's plan count on it.

@@ -49,15 +49,8 @@ from langchain_core.messages import (
 from langchain_core.runnables import RunnableLambda
 from langgraph.graph.message import REMOVE_ALL_MESSAGES
 
-from memory_worker.policy import (
-    ROLE_OVERHEAD_TOKENS,
-    ChatState,
-    Decision,
-    Msg,
-    Policy,
-    decide,
-    decide_before_turn,
-)
+from memory_worker.engine_state import ROLE_OVERHEAD_TOKENS, ChatState, Msg
+from memory_worker.policy import Decision, Policy, decide, decide_before_turn
 from memory_worker.presets import resolve_policy
 from memory_worker.summarizers import (
     FoldMessage,

@@ -1,13 +1,7 @@
 """The pure memory policy engine (DESIGN §4): given a chat's state, a policy and ``now``, decide
 whether to fold and which range. Standard library only, no I/O, deterministic.
 
-Vocabulary:
-- W (``last_consolidated``): every message with ``seq <= W`` is folded into the summary; every
-  message with ``seq > W`` ("unfolded") is verbatim in the context. A fold moves W forward to a
-  *turn boundary*.
-- Turn boundary: ``b`` is a boundary when ``b == W`` or message ``b + 1`` is a user message. So a
-  user message, its reply, assistant tool calls and tool results (even a call never answered)
-  always stay together.
+Vocabulary (W, unfolded, turn boundary: memory_worker.engine_state):
 - ``compress_end``: the last boundary that keeps the policy's verbatim tail (in messages and in
   turns) and, in the background, always the newest turn. Backlog = ``compress_end - W``.
 - History: the summary plus every unfolded message. The hard bound limits the history (message
@@ -18,28 +12,26 @@ Vocabulary:
 from __future__ import annotations
 
 from bisect import bisect_right
-from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
-from functools import cached_property
 from math import ceil
-from statistics import median
-from typing import NamedTuple
 
-from memory_worker.turn_groups import turns_of
+from memory_worker.engine_state import (
+    ChatState,
+    after_boundaries,
+    boundaries,
+    history_tokens,
+    prompt_tokens,
+    prompt_total,
+)
 
-ROLE_OVERHEAD_TOKENS = 4  # per chat message: role and separators
-PROMPT_PRIMING_TOKENS = 3  # every reply is primed with a few tokens
 # A model needs room to answer: the prompt may use at most this share of its context window.
 PROMPT_WINDOW_SHARE = 0.9
 
 # Headroom (DESIGN §4): every background threshold sits below its hard bound by a reserve for
-# the growth expected while a fold runs, ``headroom_turns`` turns of the chat's recent size.
-# A chat's turn size: the median of its newest unfolded turns. Typical growth, not one long
-# reply's: a turn far larger than the chat's others waits for the fold in flight instead of
-# lowering every threshold for as long as it is among the newest.
-RECENT_TURNS = 8
+# the growth expected while a fold runs, ``headroom_turns`` turns of the chat's recent size
+# (engine_state.ChatState.turn_size).
 # The floor of a turn's size, as a share of the bound: a chat with few or small turns still
 # leaves a few turns' worth of room.
 NOMINAL_TURN_SHARE = 1 / 16
@@ -84,14 +76,6 @@ TRIGGER_PRIORITY = (
 )
 
 
-class Msg(NamedTuple):
-    # A tuple, not a dataclass: a turn and a fold build one per unfolded message, and a frozen
-    # dataclass's __init__ (object.__setattr__ per field) cost several times as much.
-    seq: int
-    role: str
-    tokens: int
-
-
 @dataclass(frozen=True, slots=True)
 class Policy:
     """Every knob of the engine. ``None`` disables a trigger or a bound. Field names are what
@@ -122,45 +106,6 @@ class Policy:
     headroom_turns: int = 1
 
 
-@dataclass(frozen=True)
-class ChatState:
-    last_consolidated: int
-    last_seq: int
-    unfolded: tuple[Msg, ...]
-    summary_tokens: int
-    system_tokens: int
-    turns_mark: int
-    last_consolidated_at: datetime | None
-    model_context_tokens: int
-
-    @cached_property
-    def boundary_table(self) -> Mapping[int, After]:
-        """after_boundaries, computed once per state: one decision consults it from several
-        places (backlog, each trigger's range, the turn limit), and the state never changes."""
-        return _after_boundaries(self)
-
-    @cached_property
-    def turn_size(self) -> tuple[float, float]:
-        """Median tokens (role overhead included) and messages of the newest RECENT_TURNS
-        unfolded turns; computed once, as every trigger's threshold uses it."""
-        turns = turns_of(sorted(self.unfolded, key=lambda m: m.seq))[-RECENT_TURNS:]
-        if not turns:
-            return 0.0, 0.0
-        tokens = [sum(m.tokens + ROLE_OVERHEAD_TOKENS for m in turn) for turn in turns]
-        return float(median(tokens)), float(median(len(turn) for turn in turns))
-
-    @cached_property
-    def suffix_sums(self) -> tuple[list[int], list[int]]:
-        """The unfolded seqs ascending, and for each index i the tokens of messages i and after
-        (one more entry: 0): what remains after any boundary, by bisection, when the request
-        path tries boundary after boundary."""
-        ordered = sorted(self.unfolded, key=lambda m: m.seq)
-        suffix = [0] * (len(ordered) + 1)
-        for index in range(len(ordered) - 1, -1, -1):
-            suffix[index] = suffix[index + 1] + ordered[index].tokens
-        return [m.seq for m in ordered], suffix
-
-
 @dataclass(frozen=True, slots=True)
 class Decision:
     trigger: Trigger
@@ -176,69 +121,6 @@ class Decision:
 class PreTurn:
     fold: Decision | None
     fits: bool
-
-
-# --- measures -------------------------------------------------------------------------------
-
-
-def history_tokens(state: ChatState) -> int:
-    return state.summary_tokens + sum(m.tokens for m in state.unfolded)
-
-
-def prompt_tokens(state: ChatState, new_message_tokens: int = 0) -> int:
-    """The whole prompt: system prompt, summary, unfolded messages and the new message, each
-    with its role overhead, plus the reply priming."""
-    return _prompt_total(
-        state.system_tokens,
-        state.summary_tokens,
-        len(state.unfolded),
-        sum(m.tokens for m in state.unfolded),
-        new_message_tokens,
-    )
-
-
-def _prompt_total(system: int, summary: int, messages: int, tokens: int, new: int) -> int:
-    """prompt_tokens from its parts: ``messages`` unfolded messages of ``tokens`` in all."""
-    total = PROMPT_PRIMING_TOKENS + tokens + messages * ROLE_OVERHEAD_TOKENS
-    for part in (system, summary, new):
-        if part:
-            total += part + ROLE_OVERHEAD_TOKENS
-    return total
-
-
-class After(NamedTuple):
-    """What lies after a boundary: the unfolded user messages and tokens with a greater seq."""
-
-    users: int
-    tokens: int
-
-
-def after_boundaries(state: ChatState) -> Mapping[int, After]:
-    """Every boundary b >= W (ascending, see boundaries) with what lies after it."""
-    return state.boundary_table
-
-
-def _after_boundaries(state: ChatState) -> Mapping[int, After]:
-    """In one pass from the newest message: the folding decisions look at every boundary, and
-    recounting the messages after each one was quadratic in the backlog (a chat whose workers
-    were down)."""
-    watermark = state.last_consolidated
-    users = tokens = 0
-    found: dict[int, After] = {}
-    for message in sorted(state.unfolded, key=lambda m: m.seq, reverse=True):
-        if message.seq <= watermark:
-            continue  # not unfolded: after no boundary >= W
-        users += message.role == "user"
-        tokens += message.tokens
-        if message.role == "user" and message.seq - 1 > watermark:
-            found[message.seq - 1] = After(users, tokens)
-    found[watermark] = After(users, tokens)
-    return dict(sorted(found.items()))
-
-
-def boundaries(state: ChatState) -> list[int]:
-    """Every boundary b >= W, ascending: folding (W, b] never splits a turn."""
-    return list(after_boundaries(state))
 
 
 def compress_end(state: ChatState, policy: Policy, *, keep_newest_turn: bool = True) -> int:
@@ -493,7 +375,7 @@ def _within_bound(
     bound = token_bound(policy)
     if bound is not None and summary_tokens + remaining_tokens > bound:
         return False
-    prompt = _prompt_total(
+    prompt = prompt_total(
         state.system_tokens, summary_tokens, remaining, remaining_tokens, new_tokens
     )
     return prompt <= PROMPT_WINDOW_SHARE * state.model_context_tokens

@@ -18,7 +18,7 @@ from django.db import connection
 from conversations import rows
 from conversations.agent_state import clip_to_tokens
 from conversations.models import AgentState, Brief, Chat, Message
-from memory_worker import policy as engine
+from memory_worker.engine_state import ROLE_OVERHEAD_TOKENS, ChatState, Msg
 from memory_worker.tokens import count_tokens
 
 
@@ -239,11 +239,11 @@ def after_fold(snapshot: MemorySnapshot, brief_values: Mapping[str, Any]) -> Mem
     )
 
 
-def engine_state(chat: Chat, snapshot: MemorySnapshot, context_tokens: int) -> engine.ChatState:
-    return engine.ChatState(
+def engine_state(chat: Chat, snapshot: MemorySnapshot, context_tokens: int) -> ChatState:
+    return ChatState(
         last_consolidated=snapshot.last_consolidated,
         last_seq=snapshot.last_seq,
-        unfolded=tuple(engine.Msg(m.seq, m.role, m.token_count) for m in snapshot.unfolded),
+        unfolded=tuple(Msg(m.seq, m.role, m.token_count) for m in snapshot.unfolded),
         summary_tokens=snapshot.summary_tokens,
         system_tokens=chat.system_prompt_tokens + agent_context_tokens(chat, snapshot),
         turns_mark=snapshot.turns_mark,
@@ -260,5 +260,5 @@ def agent_context_tokens(chat: Chat, snapshot: MemorySnapshot) -> int:
     overhead for the system part)."""
     if not snapshot.agent_context:
         return 0
-    overhead = engine.ROLE_OVERHEAD_TOKENS if chat.system_prompt_tokens else 0
+    overhead = ROLE_OVERHEAD_TOKENS if chat.system_prompt_tokens else 0
     return snapshot.agent_context_tokens + overhead

@@ -15,6 +15,7 @@ from conversations.models import AgentState, Chat, Message, ResponseSummary
 from conversations.services.agent_state import summarize_turns
 from memory_worker import policy as engine
 from memory_worker.consolidation import consolidate_once
+from memory_worker.engine_state import ROLE_OVERHEAD_TOKENS, prompt_tokens
 from memory_worker.state import engine_state, load_snapshot
 from memory_worker.tokens import count_tokens
 
@@ -460,17 +461,17 @@ def test_context_carries_theme_entities_and_pending_and_is_what_the_model_gets( 
 def test_the_bound_counts_the_agent_state(api) -> None:  # type: ignore[no-untyped-def]
     chat_id = new_chat(api, system_prompt="Be brief.")
     chat = Chat.objects.get(pk=chat_id)
-    before = engine.prompt_tokens(engine_state(chat, load_snapshot(chat_id), 128000))
+    before = prompt_tokens(engine_state(chat, load_snapshot(chat_id), 128000))
     entities = [entity(f"r{i}", f"Bowl number {i}", "db_read") for i in range(10)]
     agent_turn(api, chat_id, "x", {"decision": "plan_direct", "entities": entities})
     stored = AgentState.objects.get(chat_id=chat_id)
     assert stored.context_tokens == count_tokens(stored.context_block) > 0
     snapshot = load_snapshot(chat_id)
     assert snapshot.agent_context == stored.context_block
-    turn_tokens = sum(m.token_count + engine.ROLE_OVERHEAD_TOKENS for m in snapshot.unfolded)
-    after = engine.prompt_tokens(engine_state(chat, snapshot, 128000))
+    turn_tokens = sum(m.token_count + ROLE_OVERHEAD_TOKENS for m in snapshot.unfolded)
+    after = prompt_tokens(engine_state(chat, snapshot, 128000))
     # One more system message: its tokens and its role overhead, nothing uncounted.
-    assert after - before == turn_tokens + stored.context_tokens + engine.ROLE_OVERHEAD_TOKENS
+    assert after - before == turn_tokens + stored.context_tokens + ROLE_OVERHEAD_TOKENS
 
 
 def test_the_agent_state_can_make_the_turn_fold_first(api) -> None:  # type: ignore[no-untyped-def]
@@ -487,8 +488,8 @@ def test_the_agent_state_can_make_the_turn_fold_first(api) -> None:  # type: ign
     policy = policy_for_chat(chat)
     snapshot = load_snapshot(chat_id)
     bare = dataclasses.replace(snapshot, agent_context="", agent_context_tokens=0)
-    without = engine.prompt_tokens(engine_state(chat, bare, 1), 5)
-    with_state = engine.prompt_tokens(engine_state(chat, snapshot, 1), 5)
+    without = prompt_tokens(engine_state(chat, bare, 1), 5)
+    with_state = prompt_tokens(engine_state(chat, snapshot, 1), 5)
     assert with_state > without
     # A model window where the messages fit, but not the messages and the agent state.
     window = int((without + with_state) / 2 / engine.PROMPT_WINDOW_SHARE)

@@ -13,20 +13,22 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
+from memory_worker.engine_state import (
+    ChatState,
+    Msg,
+    after_boundaries,
+    history_tokens,
+    prompt_tokens,
+)
 from memory_worker.policy import (
     PROMPT_WINDOW_SHARE,
-    ChatState,
     Decision,
-    Msg,
     Policy,
     PreTurn,
-    after_boundaries,
     chat_thresholds,
     compress_end,
     decide,
     decide_before_turn,
-    history_tokens,
-    prompt_tokens,
     thresholds,
     token_budget_exceeded,
 )

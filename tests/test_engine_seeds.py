@@ -4,17 +4,15 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from memory_worker.engine_state import ChatState, Msg, prompt_tokens
 from memory_worker.policy import (
-    ChatState,
     Decision,
-    Msg,
     Policy,
     Trigger,
     chat_thresholds,
     decide,
     decide_before_turn,
     decide_manual,
-    prompt_tokens,
     thresholds,
 )
 from memory_worker.presets import PRESETS, PolicyError, policy_parameters, resolve_policy

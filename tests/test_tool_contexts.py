@@ -10,6 +10,7 @@ from rest_framework.test import APIClient
 from conversations.llm import ChatCompletion
 from conversations.models import Brief, Chat
 from conversations.services import exchanges
+from memory_worker.engine_state import ROLE_OVERHEAD_TOKENS
 from tests.test_bad_input import bearer
 
 pytestmark = pytest.mark.django_db
@@ -125,7 +126,5 @@ def test_a_tool_results_tokens_count_its_call_id(user: Any, model: ToolCallingMo
 
 
 def test_several_new_messages_each_bring_their_role_overhead() -> None:
-    from memory_worker.policy import ROLE_OVERHEAD_TOKENS
-
     assert exchanges.new_messages_tokens([7]) == 7
     assert exchanges.new_messages_tokens([7, 5, 3]) == 15 + 2 * ROLE_OVERHEAD_TOKENS

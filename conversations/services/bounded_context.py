@@ -12,6 +12,7 @@ from conversations.models import Brief, Chat
 from conversations.services.turn_slot import raise_if_deleted, renew_turn_slot
 from conversations.variants import ModelVariant
 from memory_worker import policy as engine
+from memory_worker.engine_state import prompt_tokens
 from memory_worker.policies import policy_for_chat
 from memory_worker.state import MemorySnapshot, engine_state, load_snapshot
 from memory_worker.turn_fold import WAITED, fold_before_turn
@@ -53,7 +54,7 @@ def bounded_snapshot(
             chat,
             snapshot,
             pre_turn.fold,
-            engine.prompt_tokens(state, user_tokens),
+            prompt_tokens(state, user_tokens),
             wait_deadline=wait_deadline,
             before_fold=partial(renew_turn_slot, chat, token),
         )

@@ -13,6 +13,7 @@ from conversations.services.context import build_model_messages
 from conversations.variants import ModelVariant, resolve_variant
 from memory_worker import policy as engine
 from memory_worker.consolidation import decide_for_chat
+from memory_worker.engine_state import PROMPT_PRIMING_TOKENS, ROLE_OVERHEAD_TOKENS
 from memory_worker.policies import effective_policy, policy_for_new_settings
 from memory_worker.presets import PolicyError
 from memory_worker.runtime import chat_lock
@@ -90,7 +91,7 @@ MIN_CONVERSATION_SHARE = 0.25
 def room_problem(system_prompt: str, summary_cap: int, variant: ModelVariant) -> str | None:
     window = int(engine.PROMPT_WINDOW_SHARE * variant.context_tokens)
     prompt = count_tokens(system_prompt, variant.model) if system_prompt else 0
-    fixed = engine.PROMPT_PRIMING_TOKENS + prompt + summary_cap + 2 * engine.ROLE_OVERHEAD_TOKENS
+    fixed = PROMPT_PRIMING_TOKENS + prompt + summary_cap + 2 * ROLE_OVERHEAD_TOKENS
     if window - fixed >= MIN_CONVERSATION_SHARE * window:
         return None
     return (

@@ -45,7 +45,7 @@ from conversations.services.turn_stream import (
 )
 from conversations.services.turns import log_turn_failure
 from conversations.variants import ModelVariant, turn_variant
-from memory_worker import policy as engine
+from memory_worker.engine_state import ROLE_OVERHEAD_TOKENS
 from memory_worker.state import MemorySnapshot
 from memory_worker.tokens import count_tokens
 
@@ -214,7 +214,7 @@ def incoming_tokens(message: Incoming, model: str) -> int:
 def new_messages_tokens(tokens: list[int]) -> int:
     """What the engine counts as the new message: it adds one message's role overhead, and
     each further new message (several tool results) brings its own."""
-    return sum(tokens) + engine.ROLE_OVERHEAD_TOKENS * (len(tokens) - 1)
+    return sum(tokens) + ROLE_OVERHEAD_TOKENS * (len(tokens) - 1)
 
 
 def release(prepared: Prepared) -> None:
