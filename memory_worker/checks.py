@@ -8,7 +8,7 @@ from django.conf import settings
 from django.core.checks import Error, Warning, register
 
 from memory_worker.backends import SUMMARIZER_BACKENDS
-from memory_worker.policies import effective_policy
+from memory_worker.chat_policy import effective_policy
 from memory_worker.presets import PRESETS, synchronous_only
 
 

@@ -29,9 +29,9 @@ from conversations import rows
 from conversations.models import Brief, Chat, Consolidation, ConsolidationStatus, Message
 from memory_worker import policy as engine
 from memory_worker.backends import get_summarizer
+from memory_worker.chat_policy import policy_for_chat, variant_context_tokens
 from memory_worker.engine_state import Msg
 from memory_worker.locks import ChatLock, Release
-from memory_worker.policies import policy_for_chat, variant_context_tokens
 from memory_worker.signals import messages_folded
 from memory_worker.state import (
     MemorySnapshot,

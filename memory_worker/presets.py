@@ -170,7 +170,7 @@ def synchronous_only(policy: Policy) -> str | None:
     would then run synchronously, in a turn), or None. Judged on the floors of the reserves
     (policy.thresholds with no turns yet). Not a reason to refuse the policy everywhere: chats
     already stored with it keep working, and chat creation refuses only overrides that cause it
-    (memory_worker.policies)."""
+    (memory_worker.chat_policy)."""
     limits = thresholds(policy, ANY_WINDOW)
     bound = limits.token_bound
     if bound is not None and policy.chunk_threshold is not None and policy.chunk_threshold > bound:

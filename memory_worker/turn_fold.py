@@ -17,10 +17,10 @@ from django.utils import timezone
 from conversations.models import Brief, Chat
 from memory_worker import policy as engine
 from memory_worker.backends import offline_summarizer, summarizer_backend_name
+from memory_worker.chat_policy import policy_for_chat
 from memory_worker.consolidation import FoldOutcome, execute_fold
 from memory_worker.dispatch import fold_queued, request_consolidation
 from memory_worker.locks import ChatLock
-from memory_worker.policies import policy_for_chat
 from memory_worker.runtime import chat_lock
 from memory_worker.state import MemorySnapshot, load_snapshot
 

@@ -477,7 +477,7 @@ def test_the_bound_counts_the_agent_state(api) -> None:  # type: ignore[no-untyp
 def test_the_agent_state_can_make_the_turn_fold_first(api) -> None:  # type: ignore[no-untyped-def]
     """The agent state is part of the prompt: when it pushes the context over the hard bound,
     the turn folds synchronously like for any other growth (promise 2)."""
-    from memory_worker.policies import policy_for_chat
+    from memory_worker.chat_policy import policy_for_chat
 
     chat_id = new_chat(api, policy="contract")
     for number in range(3):

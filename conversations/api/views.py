@@ -33,8 +33,8 @@ from conversations.services.turn_model import release_db_connection
 from conversations.services.turn_slot import Claimed, claim_owned_chat
 from conversations.throttling import TurnRateThrottle
 from conversations.variants import UnknownVariant, chat_variant
+from memory_worker.chat_policy import effective_policy
 from memory_worker.dispatch import request_consolidation
-from memory_worker.policies import effective_policy
 from memory_worker.presets import PRESETS, policy_parameters
 
 NOT_QUEUED = (

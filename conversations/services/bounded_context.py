@@ -12,8 +12,8 @@ from conversations.models import Brief, Chat
 from conversations.services.turn_slot import raise_if_deleted, renew_turn_slot
 from conversations.variants import ModelVariant
 from memory_worker import policy as engine
+from memory_worker.chat_policy import policy_for_chat
 from memory_worker.engine_state import prompt_tokens
-from memory_worker.policies import policy_for_chat
 from memory_worker.state import MemorySnapshot, engine_state, load_snapshot
 from memory_worker.turn_fold import WAITED, fold_before_turn
 
