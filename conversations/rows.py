@@ -38,6 +38,26 @@ def quoted_table(model: type[Model]) -> str:
     return connection.ops.quote_name(model._meta.db_table)
 
 
+def model_field(model: type[Model], name: str) -> Field:
+    field = model._meta.get_field(name)
+    assert isinstance(field, Field)
+    return field
+
+
+def column(model: type[Model], name: str) -> str:
+    """The quoted column of ``model``'s field ``name``."""
+    return connection.ops.quote_name(str(model_field(model, name).column))
+
+
+def assignments(model: type[Model], values: dict[str, Any]) -> tuple[str, list[Any]]:
+    """``"col" = %s, ...`` and its parameters, each value prepared as the ORM saves it."""
+    columns, params = [], []
+    for name, value in values.items():
+        columns.append(f"{column(model, name)} = %s")
+        params.append(model_field(model, name).get_db_prep_save(value, connection))
+    return ", ".join(columns), params
+
+
 def column_list(fields: Sequence[Field], table_alias: str = "") -> str:
     prefix = f"{table_alias}." if table_alias else ""
     quote = connection.ops.quote_name

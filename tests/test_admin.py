@@ -12,7 +12,7 @@ import pytest
 from django.contrib.auth import get_user_model
 
 from conversations.models import Brief, Chat
-from memory_worker.consolidation import consolidate_once
+from memory_worker.folds import consolidate_once
 from tests.conftest import require
 
 ROOT = Path(__file__).resolve().parent.parent

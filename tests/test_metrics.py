@@ -9,7 +9,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from conversations.models import Chat, Consolidation
-from memory_worker.consolidation import consolidate_once
+from memory_worker.folds import consolidate_once
 
 pytestmark = pytest.mark.django_db
 

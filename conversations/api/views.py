@@ -31,9 +31,9 @@ from conversations.services import chats as chat_service
 from conversations.services import turns as turn_service
 from conversations.services.variants import UnknownVariant, chat_variant
 from conversations.throttling import TurnRateThrottle
-from memory_worker.dispatch import request_consolidation
 from memory_worker.policies import effective_policy
 from memory_worker.presets import PRESETS, policy_parameters
+from memory_worker.runs import request_consolidation
 
 NOT_QUEUED = (
     "The fold could not be queued (the task broker is unavailable, or MEMORY_DISPATCH is off); "

@@ -12,7 +12,7 @@ from conversations.models import Brief, Chat, Message
 from conversations.services.context import build_model_messages
 from conversations.services.variants import ModelVariant, resolve_variant
 from memory_worker import policy as engine
-from memory_worker.consolidation import decide_for_chat
+from memory_worker.folds import decide_for_chat
 from memory_worker.policies import effective_policy, policy_for_new_settings
 from memory_worker.presets import PolicyError
 from memory_worker.runtime import chat_lock

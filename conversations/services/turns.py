@@ -36,9 +36,9 @@ from conversations.services.backends import get_chat_model
 from conversations.services.context import build_model_messages
 from conversations.services.variants import ModelVariant, turn_variant
 from memory_worker import policy as engine
-from memory_worker.consolidation import DATABASE_ERRORS, decide_for_chat
-from memory_worker.dispatch import request_consolidation
+from memory_worker.folds import DATABASE_ERRORS, decide_for_chat
 from memory_worker.policies import policy_for_chat
+from memory_worker.runs import request_consolidation
 from memory_worker.state import (
     MemorySnapshot,
     chat_with_snapshot_query,
