@@ -81,10 +81,9 @@ def summarize_turns(chat_id: int, from_seq: int | None = None, started: float | 
     state starts: turns before the chat's first agent turn are not back-filled. ``started``
     (``time.monotonic()``): when the task started, for its deadline.
 
-    Each turn is committed on its own: a backlog that takes longer than the task's soft time
-    limit keeps the turns already applied (it used to commit only after the whole batch, so a
-    slow model lost everything to the limit, and every later task redid the same batch). No
-    model call starts unless it can finish before the deadline; what is left is handed on."""
+    Each turn is committed on its own, so a backlog that takes longer than the task's soft time
+    limit keeps the turns already applied and no later task redoes them. No model call starts
+    unless it can finish before the deadline; what is left is handed on."""
     deadline = agent_task_deadline(started)
     applied = 0
     first = True  # the task's first turn always runs, so every task makes progress

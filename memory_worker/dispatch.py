@@ -26,8 +26,9 @@ MEMORY_QUEUE = "memory"
 
 class TaskByName:
     """A memory task published by its registered name: the modules that queue it need not import
-    memory_worker.tasks, which imports them. Published as WorkerDeadlinesTask publishes: with no
-    time limits, so the message runs under the worker's own."""
+    memory_worker.tasks, which imports them. The message is the one the task object would send
+    (its queue, the app's serializer and result setting) with no time limits, so it runs under
+    the worker's own (WorkerDeadlinesTask)."""
 
     def __init__(self, name: str, queue: str = MEMORY_QUEUE) -> None:
         self.name = name
@@ -38,6 +39,8 @@ class TaskByName:
     ) -> None:
         options.setdefault("time_limit", None)
         options.setdefault("soft_time_limit", None)
+        options.setdefault("serializer", current_app.conf.task_serializer)
+        options.setdefault("ignore_result", current_app.conf.task_ignore_result)
         current_app.send_task(
             self.name, args=args, kwargs=kwargs or {}, queue=self.queue, **options
         )
@@ -71,7 +74,7 @@ def hand_off(
 # One queued task per chat is enough. A task reads the chat's state when it starts, so while one
 # is queued and not started, a turn that finds a fold due adds nothing by queuing another:
 # without this marker every turn of a chat whose fold stays due (workers behind, or down)
-# queued one more task, a pile in the broker (DESIGN §1.3) and a broker write on every turn.
+# would queue one more task, a pile in the broker (DESIGN §1.3) and a broker write on every turn.
 # Ordering: a turn commits, then takes the marker (SET NX); the task deletes the marker before
 # it reads anything (tasks.consolidate_chat). A turn that finds the marker taken committed
 # before the task's read, so the task sees it; a turn after the delete queues a new task. Only

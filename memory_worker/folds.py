@@ -77,9 +77,8 @@ def execute_fold(
     summarizer's input budget is split at turn boundaries (DESIGN §5: chunks, never trimming),
     and each chunk is a fold of its own: one summarizer call, its own fencing step, summary
     version and ledger row. A later chunk's failure, the task's time limit or the worker's death
-    keeps the chunks already committed, so the next attempt starts where they left off: when all
-    chunks committed together, a backlog whose chunks took longer than the task's time limit was
-    summarized again from its start by every retry, and never folded.
+    keeps the chunks already committed, so the next attempt starts where they left off, and a
+    backlog longer than one task's time limit still gets folded.
 
     ``deadline`` (``time.monotonic()``): no chunk after the first starts unless it can finish
     by then (``time_for_a_chunk``); the outcome then says more is due and the caller hands on.

@@ -83,8 +83,7 @@ REPLAY_AFTER = timedelta(minutes=20)
 # the last day are looked at again, the older ones are not.
 REPLAY_LOOKBACK = timedelta(days=1)
 # Ledger rows looked at per sweep (one indexed range read): more than a busy service commits
-# between two sweeps (about 1,200 folds a minute in docs/benchmarks.md's slow-model run), so the
-# cursor keeps up instead of falling further behind every minute.
+# between two sweeps, so the cursor keeps up instead of falling further behind every minute.
 REPLAY_BATCH = 5000
 
 

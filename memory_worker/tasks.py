@@ -122,7 +122,7 @@ def _queue_again(
 
 
 # Its own queue (settings.MEMORY_SWEEP_QUEUE), consumed by every worker of the memory queue: on
-# the memory queue, behind a backlog longer than one interval, every sweep expired unrun.
+# the memory queue, behind a backlog longer than one interval, every sweep would expire unrun.
 @shared_task(name="chatmem.sweep", queue=settings.MEMORY_SWEEP_QUEUE, base=WorkerDeadlinesTask)
 def sweep() -> int:
     now = timezone.now()
