@@ -383,7 +383,7 @@ def chats_still_busy(chat_ids: list[int]) -> list[int]:
     from django.utils import timezone
 
     from conversations.models import Brief, Chat
-    from memory_worker.consolidation import decide_for_chat
+    from memory_worker.folds import decide_for_chat
     from memory_worker.state import load_snapshot
 
     degraded = set(

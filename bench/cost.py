@@ -449,7 +449,7 @@ def post_turn(client: Any, chat_id: int, turn: Turn, *, verbose: bool) -> bool:
 
 def play_worker(chat_id: int) -> None:
     """What a Celery worker does after a turn: judge and fold until nothing more is due."""
-    from memory_worker.consolidation import consolidate_once
+    from memory_worker.folds import consolidate_once
 
     for _ in range(WORKER_PASSES):
         if consolidate_once(chat_id, "turn").status in ("nothing", "deferred"):

@@ -142,7 +142,7 @@ def make_clients(clients: int, history: int, *, floor: bool) -> tuple[str, list[
 
 def fold_figures(chat_ids: Sequence[int], since: datetime, until: datetime) -> dict[str, Any]:
     from conversations.models import Consolidation
-    from memory_worker.consolidation import lag_ms
+    from memory_worker.fold_ledger import lag_ms
 
     folds = Consolidation.objects.filter(
         chat_id__in=chat_ids, finished_at__gte=since, finished_at__lt=until

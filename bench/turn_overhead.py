@@ -85,7 +85,7 @@ def timed_turn(client: Any, chat_id: int, number: int) -> float:
 
 
 def fold_untimed(chat_id: int) -> None:
-    from memory_worker.consolidation import consolidate_once
+    from memory_worker.folds import consolidate_once
 
     consolidate_once(chat_id, "turn")
 

@@ -19,7 +19,7 @@ from django.urls import get_resolver
 # their module-level objects are frozen with the rest.
 LAZY_MODULES = (
     "conversations.services.turns",
-    "memory_worker.consolidation",
+    "memory_worker.runs",
     "memory_worker.summarizers",
     "memory_worker.tasks",
 )

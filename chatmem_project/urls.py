@@ -1,7 +1,7 @@
 from django.contrib import admin
 from django.urls import include, path
 
-from conversations.metrics import metrics_view
+from conversations.metrics_endpoint import metrics_view
 
 urlpatterns = [
     path("admin/", admin.site.urls),

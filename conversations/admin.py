@@ -21,10 +21,10 @@ from conversations.models import Brief, Chat, Consolidation, DailyNote, Message
 from conversations.services import chats as chat_service
 from conversations.services.chats import next_context
 from conversations.variants import UnknownVariant
-from memory_worker.consolidation import lag_ms
-from memory_worker.dispatch import request_consolidation
+from memory_worker.fold_ledger import lag_ms
 from memory_worker.policy import Trigger
 from memory_worker.presets import PRESETS, PolicyError
+from memory_worker.runs import request_consolidation
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):
@@ -203,7 +203,7 @@ class MemoryFilter(admin.SimpleListFilter):
             return queryset.alias(unfolded=unfolded).filter(unfolded__gt=MANY_UNFOLDED)
         if self.value() == "backing_off":
             # Set by every failed fold; cleared by the next success, or a retry that finds
-            # nothing due (memory_worker.consolidation.clear_failure_state).
+            # nothing due (memory_worker.retries.clear_failure_state).
             return queryset.filter(brief__next_attempt_at__isnull=False)
         if self.value() == "degraded":
             return queryset.filter(brief__degraded=True)

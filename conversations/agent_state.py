@@ -1,5 +1,5 @@
 """Seed 004's Summarize node, as pure functions (no Django, no I/O): the rules that turn one
-agent turn into the chat's agent state. The service (``conversations.services.agent_state``)
+agent turn into the chat's agent state. The worker (``memory_worker.agent_summaries``)
 loads the state, calls these, makes the LLM calls, and commits the result.
 
 docs/agent-state.md describes the behaviour against the seed; the constants below are its

@@ -13,6 +13,8 @@ from django.db import connection
 from django.db.migrations.executor import MigrationExecutor
 from django.http import HttpRequest, JsonResponse
 
+from memory_worker.runtime import redis_client
+
 log = logging.getLogger("chatmem.health")
 
 # Set once this process has seen an empty migration plan: migrations are not unapplied while it
@@ -51,8 +53,6 @@ def database_state() -> str:
 def broker_state() -> str:
     if not settings.REDIS_URL:
         return "inline (embedded mode, no broker)"
-    from memory_worker.runtime import redis_client
-
     try:
         redis_client(settings.REDIS_URL).ping()
     except Exception as error:

@@ -12,7 +12,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from whitenoise.middleware import WhiteNoiseMiddleware
 
 from conversations.health import healthz, readyz
-from conversations.metrics import metrics_view
+from conversations.metrics_endpoint import metrics_view
 
 
 def too_large_body(length: int, limit: int, path: str) -> dict[str, Any]:

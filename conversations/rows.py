@@ -1,11 +1,10 @@
 """Model instances from plain SQL, for the few statements on a turn's hot path.
 
 Building a queryset and running Django's compiler costs more per turn than the statements cost
-to run (a 40-message tail: about 2.7 ms through the ORM, 1 ms through this; benchmarks.md).
-These helpers keep what the ORM guarantees that matters here: the columns come from the model
-(a new field cannot be left out), values go through the same converters the ORM applies (JSON,
-SQLite's datetimes and UUIDs), and the result is an ordinary model instance (``Model.from_db``),
-with any field not selected deferred as with ``only()``."""
+to run (docs/benchmarks.md). These helpers keep what the ORM guarantees that matters here: the
+columns come from the model (a new field cannot be left out), values go through the same
+converters the ORM applies (JSON, SQLite's datetimes and UUIDs), and the result is an ordinary
+model instance (``Model.from_db``), with any field not selected deferred as with ``only()``."""
 
 import functools
 import sqlite3
@@ -36,6 +35,26 @@ def selected_fields(model: type[Model], names: Iterable[str] | None = None) -> l
 
 def quoted_table(model: type[Model]) -> str:
     return connection.ops.quote_name(model._meta.db_table)
+
+
+def model_field(model: type[Model], name: str) -> Field:
+    field = model._meta.get_field(name)
+    assert isinstance(field, Field)
+    return field
+
+
+def column(model: type[Model], name: str) -> str:
+    """The quoted column of ``model``'s field ``name``."""
+    return connection.ops.quote_name(str(model_field(model, name).column))
+
+
+def assignments(model: type[Model], values: dict[str, Any]) -> tuple[str, list[Any]]:
+    """``"col" = %s, ...`` and its parameters, each value prepared as the ORM saves it."""
+    columns, params = [], []
+    for name, value in values.items():
+        columns.append(f"{column(model, name)} = %s")
+        params.append(model_field(model, name).get_db_prep_save(value, connection))
+    return ", ".join(columns), params
 
 
 def column_list(fields: Sequence[Field], table_alias: str = "") -> str:
@@ -137,8 +156,8 @@ def insert_without_flush_wait(instance: Model) -> None:
     Only for a row whose loss in a database crash loses nothing, such as a fold's "running"
     ledger row: the fold's own commit is synchronous and comes later, and a synchronous commit
     flushes the WAL up to its own record, so every earlier commit (this one included) is on
-    disk once it returns. What this saves is a fold's second wait for a disk flush; with two
-    workers those waits left the 2 cores idle a sixth of the time (docs/benchmarks.md)."""
+    disk once it returns. What this saves is a fold's second wait for a disk flush, during which
+    the worker's core would sit idle."""
     model = type(instance)
     quote = connection.ops.quote_name
     fields = insert_fields(model)
@@ -188,8 +207,8 @@ def builder(
     """A function from one row's values to what ``Model.from_db`` returns, built without
     ``Model.__init__`` when that changes nothing: no pre_init/post_init receiver for the model and
     only plain field descriptors (which store the value in the instance's ``__dict__``). __init__
-    walks every field and sends both signals; for a turn's unfolded tail it was most of the time
-    spent reading it (py-spy, docs/benchmarks.md). Fields not selected are left out of
+    walks every field and sends both signals, the larger part of reading a turn's unfolded tail
+    (docs/benchmarks.md). Fields not selected are left out of
     ``__dict__``, so they are deferred and load on access, exactly as after ``only()``."""
     names = list(attnames)
     if not plain_descriptors(model, tuple(names)) or has_init_receivers(model):

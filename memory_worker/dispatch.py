@@ -1,15 +1,16 @@
-"""Asking for a consolidation. Called after a turn commits (``transaction.on_commit``), by the
-sweep, the API and the admin. It never raises: a broker that is down is logged, and the beat
-sweep finds the chat later (DESIGN §3 step 7)."""
+"""How memory work is handed on, as MEMORY_DISPATCH says: a Celery task published by name
+(celery), the in-process runner (inline), or not at all (off); and the queued marker that keeps
+one consolidation task per chat in the broker. Never raises: a broker that is down is logged,
+and the beat sweep finds the chat later (DESIGN §3 step 7)."""
 
-import contextlib
 import contextvars
 import logging
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from datetime import datetime
+from typing import Any
 
+from celery import current_app
 from django.conf import settings
 from django.db import close_old_connections, connection
 
@@ -20,19 +21,29 @@ log = logging.getLogger("chatmem.dispatch")
 _inline_executor: ThreadPoolExecutor | None = None
 _inline_guard = threading.Lock()
 
+MEMORY_QUEUE = "memory"
 
-def request_consolidation(chat_id: int, trigger: str, due_at: datetime | None = None) -> bool:
-    """Returns whether the request was handed on (queued or started). ``due_at``: when a turn
-    found a fold due, carried to the fold's ledger row (consolidation lag)."""
-    return hand_off(
-        "consolidation; the sweep will pick the chat up",
-        {"chat_id": chat_id, "trigger": trigger},
-        lambda: _publish(chat_id, trigger, due_at),
-        _run_inline,
-        chat_id,
-        trigger,
-        due_at,
-    )
+
+class TaskByName:
+    """A memory task published by its registered name: the modules that queue it need not import
+    memory_worker.tasks, which imports them. The message is the one the task object would send
+    (its queue, the app's serializer and result setting) with no time limits, so it runs under
+    the worker's own (WorkerDeadlinesTask)."""
+
+    def __init__(self, name: str, queue: str = MEMORY_QUEUE) -> None:
+        self.name = name
+        self.queue = queue
+
+    def apply_async(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any] | None = None, **options: Any
+    ) -> None:
+        options.setdefault("time_limit", None)
+        options.setdefault("soft_time_limit", None)
+        options.setdefault("serializer", current_app.conf.task_serializer)
+        options.setdefault("ignore_result", current_app.conf.task_ignore_result)
+        current_app.send_task(
+            self.name, args=args, kwargs=kwargs or {}, queue=self.queue, **options
+        )
 
 
 def hand_off(
@@ -60,27 +71,10 @@ def hand_off(
     return True
 
 
-def _publish(chat_id: int, trigger: str, due_at: datetime | None) -> None:
-    from memory_worker.tasks import consolidate_chat
-
-    if trigger == "turn" and not mark_queued(chat_id):
-        return  # a task queued for this chat has not started: it will see this turn (below)
-    # An optional keyword, so messages queued before it existed still run.
-    kwargs = {"due_at": due_at.timestamp()} if due_at is not None else {}
-    try:
-        # retry=False: a dead broker must fail fast instead of holding the request.
-        consolidate_chat.apply_async(args=(chat_id, trigger), kwargs=kwargs, retry=False)
-    except Exception:
-        if trigger == "turn":
-            with contextlib.suppress(Exception):  # else the marker expires on its own
-                clear_queued(chat_id)
-        raise
-
-
 # One queued task per chat is enough. A task reads the chat's state when it starts, so while one
 # is queued and not started, a turn that finds a fold due adds nothing by queuing another:
 # without this marker every turn of a chat whose fold stays due (workers behind, or down)
-# queued one more task, a pile in the broker (DESIGN §1.3) and a broker write on every turn.
+# would queue one more task, a pile in the broker (DESIGN §1.3) and a broker write on every turn.
 # Ordering: a turn commits, then takes the marker (SET NX); the task deletes the marker before
 # it reads anything (tasks.consolidate_chat). A turn that finds the marker taken committed
 # before the task's read, so the task sees it; a turn after the delete queues a new task. Only
@@ -135,13 +129,6 @@ def _closing_connection(function: Callable[..., None], *args: object) -> None:
         log.exception("in-process task failed", extra={"task": getattr(function, "__name__", "")})
     finally:
         connection.close()
-
-
-def _run_inline(chat_id: int, trigger: str, due_at: datetime | None = None) -> None:
-    from memory_worker.consolidation import consolidate_with_lock
-    from memory_worker.runtime import chat_lock
-
-    consolidate_with_lock(chat_id, trigger, chat_lock(), due_at=due_at)
 
 
 def drain_inline(timeout: float = 30.0) -> None:

@@ -16,9 +16,12 @@ from django.utils.module_loading import import_string
 
 from conversations.models import Consolidation, ConsolidationStatus, DailyNote, Message
 from memory_worker.daily_notes import HOOK_PATH as DAILY_NOTES_HOOK
+from memory_worker.dispatch import TaskByName, hand_off
 from memory_worker.signals import messages_folded
 
 log = logging.getLogger("chatmem.hooks")
+
+RUN_FLUSH_HOOK = TaskByName("chatmem.run_flush_hook")
 
 
 def run_hook(hook_path: str, chat_id: int, from_seq: int, to_seq: int, version: int) -> None:
@@ -41,12 +44,9 @@ def queue_hook(hook_path: str, chat_id: int, from_seq: int, to_seq: int, version
     """Hand one hook run on; False (logged) when the broker refused it, or dispatch is off.
     Never raises: the fold is committed, and the sweep replays the daily-notes hook of a fold it
     never reached (``replay_missed_daily_notes``)."""
-    from memory_worker.dispatch import hand_off
 
     def publish() -> None:
-        from memory_worker.tasks import run_flush_hook
-
-        run_flush_hook.apply_async(
+        RUN_FLUSH_HOOK.apply_async(
             args=(hook_path, chat_id, from_seq, to_seq, version), retry=False
         )
 
@@ -83,8 +83,7 @@ REPLAY_AFTER = timedelta(minutes=20)
 # the last day are looked at again, the older ones are not.
 REPLAY_LOOKBACK = timedelta(days=1)
 # Ledger rows looked at per sweep (one indexed range read): more than a busy service commits
-# between two sweeps (about 1,200 folds a minute in docs/benchmarks.md's slow-model run), so the
-# cursor keeps up instead of falling further behind every minute.
+# between two sweeps, so the cursor keeps up instead of falling further behind every minute.
 REPLAY_BATCH = 5000
 
 

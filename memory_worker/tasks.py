@@ -1,5 +1,6 @@
-"""Celery tasks: thin wrappers over the consolidation service. Arguments are ids only; names
-are stable so queued messages survive deploys."""
+"""Celery tasks: thin wrappers over the memory services. Arguments are ids only; names are
+stable so queued messages survive deploys, and the services publish them by name
+(memory_worker.dispatch.TaskByName)."""
 
 import logging
 import time
@@ -9,17 +10,23 @@ from celery import shared_task
 from django.conf import settings
 from django.utils import timezone
 
-from memory_worker import consolidation, hooks
-from memory_worker.agent_summaries import summarize_agent_turns  # noqa: F401  (registers it)
-from memory_worker.dispatch import clear_queued, request_consolidation
+from memory_worker import agent_summaries, hooks, retries
+from memory_worker.dispatch import clear_queued
+from memory_worker.folds import DATABASE_ERRORS
+from memory_worker.outcomes import FoldResult
+from memory_worker.runs import CONSOLIDATE_CHAT, consolidate_with_lock, request_consolidation
 from memory_worker.runtime import chat_lock
+from memory_worker.sweep import abandon_stale_runs, sweep_candidates
 from memory_worker.task_base import WorkerDeadlinesTask
 
 log = logging.getLogger("chatmem.tasks")
 
 
 @shared_task(
-    name="chatmem.consolidate_chat", queue="memory", acks_late=True, base=WorkerDeadlinesTask
+    name=CONSOLIDATE_CHAT.name,
+    queue=CONSOLIDATE_CHAT.queue,
+    acks_late=True,
+    base=WorkerDeadlinesTask,
 )
 def consolidate_chat(
     chat_id: int,
@@ -37,20 +44,18 @@ def consolidate_chat(
         log.warning("could not clear the queued marker", extra={"chat_id": chat_id})
     due = datetime.fromtimestamp(due_at, UTC) if due_at is not None else None
     try:
-        outcomes = consolidation.consolidate_with_lock(
-            chat_id, trigger, chat_lock(), due_at=due, started=started
-        )
-    except consolidation.DATABASE_ERRORS as error:
+        outcomes = consolidate_with_lock(chat_id, trigger, chat_lock(), due_at=due, started=started)
+    except DATABASE_ERRORS as error:
         # The lock is already released (consolidate_with_lock) and the ledger row marked failed
-        # if the database let it be (consolidation.record_interrupted).
+        # if the database let it be (fold_ledger.record_interrupted).
         if not _retry_after_database_error(chat_id, trigger, due_at, waited, db_retries, error):
             raise
-        return ["database_error"]
+        return [FoldResult.DATABASE_ERROR]
     # The policy lives in the service; the task only queues what it says.
-    wait = consolidation.manual_wait_delay(chat_id, trigger, outcomes, waited)
+    wait = retries.manual_wait_delay(chat_id, trigger, outcomes, waited)
     if wait is not None:
         _queue_again(chat_id, "manual", wait, {"waited": waited + wait})
-    delay = consolidation.fast_retry_delay(outcomes)
+    delay = retries.fast_retry_delay(outcomes)
     if delay is not None:
         _queue_again(chat_id, "retry", delay)
     return [outcome.status for outcome in outcomes]
@@ -78,8 +83,8 @@ def _retry_after_database_error(
     context = {"chat_id": chat_id, "trigger": trigger, "db_retries": db_retries}
     delay = None
     if db_retries < DATABASE_ERROR_RETRIES:
-        backoff = consolidation.failure_backoff(db_retries + 1).total_seconds()
-        delay = consolidation.within_visibility(backoff)
+        backoff = retries.failure_backoff(db_retries + 1).total_seconds()
+        delay = retries.within_visibility(backoff)
     if delay is None:
         # The task then fails with the error: Celery logs it, with its traceback.
         log.warning("database error; no retry left", extra=context)
@@ -117,12 +122,12 @@ def _queue_again(
 
 
 # Its own queue (settings.MEMORY_SWEEP_QUEUE), consumed by every worker of the memory queue: on
-# the memory queue, behind a backlog longer than one interval, every sweep expired unrun.
+# the memory queue, behind a backlog longer than one interval, every sweep would expire unrun.
 @shared_task(name="chatmem.sweep", queue=settings.MEMORY_SWEEP_QUEUE, base=WorkerDeadlinesTask)
 def sweep() -> int:
     now = timezone.now()
-    consolidation.abandon_stale_runs(now)
-    chat_ids = consolidation.sweep_candidates(now, chat_lock(), settings.MEMORY_SWEEP_BATCH)
+    abandon_stale_runs(now)
+    chat_ids = sweep_candidates(now, chat_lock(), settings.MEMORY_SWEEP_BATCH)
     for chat_id in chat_ids:
         request_consolidation(chat_id, "sweep")
     hooks.replay_missed_daily_notes(now)  # daily-notes hooks whose publish failed
@@ -142,8 +147,8 @@ FLUSH_HOOK_RETRIES = 5
 
 @shared_task(
     base=WorkerDeadlinesTask,
-    name="chatmem.run_flush_hook",
-    queue="memory",
+    name=hooks.RUN_FLUSH_HOOK.name,
+    queue=hooks.RUN_FLUSH_HOOK.queue,
     acks_late=True,
     autoretry_for=(Exception,),
     max_retries=FLUSH_HOOK_RETRIES,
@@ -154,3 +159,20 @@ FLUSH_HOOK_RETRIES = 5
 )
 def run_flush_hook(hook_path: str, chat_id: int, from_seq: int, to_seq: int, version: int) -> None:
     hooks.run_hook(hook_path, chat_id, from_seq, to_seq, version)
+
+
+@shared_task(
+    name=agent_summaries.SUMMARIZE_AGENT_TURNS.name,
+    queue=agent_summaries.SUMMARIZE_AGENT_TURNS.queue,
+    acks_late=True,
+    base=WorkerDeadlinesTask,
+    # No lock bounds it: a task whose process dies is retried (3 times, 3 minutes apart), not
+    # put back on the queue at once for ever (reject_on_worker_lost alone requeues uncounted).
+    retry_on_worker_lost=True,
+)
+def summarize_agent_turns(chat_id: int, from_seq: int | None = None) -> int:
+    started = time.monotonic()  # Celery's time limits count from here
+    # Late ack is safe: the service applies each turn once (a conditional commit on its
+    # watermark), so a redelivered task finds nothing left to do. The service commits turn by
+    # turn and hands on what would not finish before the soft time limit.
+    return agent_summaries.summarize_turns(chat_id, from_seq, started=started)

@@ -18,9 +18,11 @@ from conversations.models import Brief, Chat
 from memory_worker import policy as engine
 from memory_worker.backends import offline_summarizer, summarizer_backend_name
 from memory_worker.chat_policy import policy_for_chat
-from memory_worker.consolidation import FoldOutcome, execute_fold
-from memory_worker.dispatch import fold_queued, request_consolidation
+from memory_worker.dispatch import fold_queued
+from memory_worker.folds import execute_fold
 from memory_worker.locks import ChatLock
+from memory_worker.outcomes import FoldOutcome, FoldResult
+from memory_worker.runs import request_consolidation
 from memory_worker.runtime import chat_lock
 from memory_worker.state import MemorySnapshot, load_snapshot
 
@@ -31,7 +33,7 @@ log = logging.getLogger("chatmem.fold")
 # doubles up to a quarter second for a slow one.
 POLL_SECONDS = 0.02
 MAX_POLL_SECONDS = 0.25
-WAITED = "waited"  # the FoldOutcome status of a turn that waited for a fold in flight
+WAITED = FoldResult.WAITED
 
 
 class Wait(Enum):

@@ -33,7 +33,7 @@ from conversations import admin as chat_admin
 from conversations.models import Brief, Chat, Consolidation, DailyNote, Message
 from conversations.services import chats as chat_service
 from memory_worker.chat_policy import effective_policy
-from memory_worker.consolidation import consolidate_once
+from memory_worker.folds import consolidate_once
 from memory_worker.policy import TRIGGER_PRIORITY, Trigger
 from memory_worker.presets import PolicyError
 from memory_worker.tokens import count_tokens

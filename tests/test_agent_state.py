@@ -12,10 +12,10 @@ import pytest
 
 from conversations.agent_state import PROPOSED_SUMMARY
 from conversations.models import AgentState, Chat, Message, ResponseSummary
-from conversations.services.agent_state import summarize_turns
 from memory_worker import policy as engine
-from memory_worker.consolidation import consolidate_once
+from memory_worker.agent_summaries import summarize_turns
 from memory_worker.engine_state import ROLE_OVERHEAD_TOKENS, prompt_tokens
+from memory_worker.folds import consolidate_once
 from memory_worker.state import engine_state, load_snapshot
 from memory_worker.tokens import count_tokens
 
@@ -553,7 +553,7 @@ def queued_agent_tasks(settings, monkeypatch) -> list[tuple]:  # type: ignore[no
 
     queued: list[tuple] = []
     monkeypatch.setattr(
-        agent_summaries.summarize_agent_turns,
+        agent_summaries.SUMMARIZE_AGENT_TURNS,
         "apply_async",
         lambda args, **options: queued.append(args),
     )
@@ -564,7 +564,7 @@ def queued_agent_tasks(settings, monkeypatch) -> list[tuple]:  # type: ignore[no
 def test_the_turn_hands_the_work_to_the_dispatcher_after_commit(  # type: ignore[no-untyped-def]
     api, queued_agent_tasks, django_capture_on_commit_callbacks
 ) -> None:
-    from memory_worker import agent_summaries
+    from memory_worker import tasks
 
     queued = queued_agent_tasks
     plain_chat = new_chat(api)
@@ -577,8 +577,8 @@ def test_the_turn_hands_the_work_to_the_dispatcher_after_commit(  # type: ignore
     assert queued == [(agent_chat, 1), (digest_chat, 1)]
     assert AgentState.objects.count() == 0  # nothing ran on the request path
     # The task itself (what the worker runs), twice: the second delivery finds nothing to do.
-    assert agent_summaries.summarize_agent_turns(agent_chat, 1) == 1
-    assert agent_summaries.summarize_agent_turns(agent_chat, 1) == 0
+    assert tasks.summarize_agent_turns(agent_chat, 1) == 1
+    assert tasks.summarize_agent_turns(agent_chat, 1) == 0
     assert AgentState.objects.get(chat_id=agent_chat).turns == 1
     # Once a chat has agent state, its plain turns are followed too (pending GC keeps time).
     queued.clear()
@@ -606,7 +606,7 @@ def test_openai_compatible_turns_hand_the_work_over_too(  # type: ignore[no-unty
 
 
 def test_a_stale_run_is_superseded_and_applies_nothing(api) -> None:  # type: ignore[no-untyped-def]
-    from conversations.services import agent_state as service
+    from memory_worker import agent_summaries as service
 
     chat_id = new_chat(api)
     response = turn(api, chat_id, "x", {"decision": "clarify", "clarification_questions": ["?"]})
@@ -689,7 +689,7 @@ def test_a_streamed_turn_stores_its_agent_context(api) -> None:  # type: ignore[
 
 
 def test_turns_are_applied_in_order_across_batches(api, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    from conversations.services import agent_state as service
+    from memory_worker import agent_summaries as service
 
     monkeypatch.setattr(service, "BATCH_MESSAGES", 3)  # a turn is cut at every batch edge
     chat_id = new_chat(api)

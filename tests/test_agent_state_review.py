@@ -14,7 +14,8 @@ import tests.fake_openai as fake_module
 from conversations.agent_state import offline_response_summary
 from conversations.models import AgentState, Chat, ResponseSummary
 from conversations.services import agent_state as service
-from conversations.services.agent_state import summarize_turns
+from memory_worker import agent_summaries
+from memory_worker.agent_summaries import summarize_turns
 from memory_worker.tokens import count_tokens
 
 pytestmark = pytest.mark.django_db
@@ -181,8 +182,8 @@ def test_a_backlog_is_committed_turn_by_turn_and_the_rest_handed_on(  # type: ig
     clock = {"now": 1000.0}
     # The task's clock only (the module-level name): the HTTP client keeps the real one.
     fake_time = SimpleNamespace(monotonic=lambda: clock["now"])
-    monkeypatch.setattr(service, "time", fake_time)
-    monkeypatch.setattr("memory_worker.consolidation.time", fake_time)
+    monkeypatch.setattr(agent_summaries, "time", fake_time)
+    monkeypatch.setattr("memory_worker.folds.time", fake_time)
     settings.LLM_TIMEOUT_SECONDS = settings.MEMORY_LLM_TIMEOUT_SECONDS = 10.0
     settings.MEMORY_TASK_SOFT_TIME_LIMIT = 50  # the deadline: 45 s after the start
     complete = service.get_chat_model().__class__.complete
@@ -217,7 +218,7 @@ def test_a_backlog_is_committed_turn_by_turn_and_the_rest_handed_on(  # type: ig
 
 
 def test_the_task_passes_its_start_to_the_service(monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    from memory_worker import agent_summaries
+    from memory_worker import tasks
 
     seen: list[tuple[int, int | None, float | None]] = []
 
@@ -227,8 +228,8 @@ def test_the_task_passes_its_start_to_the_service(monkeypatch) -> None:  # type:
         seen.append((chat_id, from_seq, started))
         return 0
 
-    monkeypatch.setattr(service, "summarize_turns", summarize_turns)
-    agent_summaries.summarize_agent_turns(7, 3)
+    monkeypatch.setattr(agent_summaries, "summarize_turns", summarize_turns)
+    tasks.summarize_agent_turns(7, 3)
     assert seen and seen[0][:2] == (7, 3) and seen[0][2] is not None
 
 

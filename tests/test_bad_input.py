@@ -12,7 +12,7 @@ from rest_framework.test import APIClient
 
 from conversations.models import Brief, Chat, Message
 from conversations.services import bounded_context, turn_model, turn_slot
-from memory_worker.consolidation import consolidate_once
+from memory_worker.folds import consolidate_once
 from tests.fake_openai import FakeOpenAI
 
 pytestmark = pytest.mark.django_db
@@ -346,9 +346,9 @@ def test_a_manual_fold_not_queued_answers_in_the_error_shape(api: APIClient) -> 
 
 def slow_fold(monkeypatch: Any, during: Any) -> None:
     """The turn's synchronous fold calls ``during`` inside its summarizer call."""
-    from memory_worker import consolidation
+    from memory_worker import folds
 
-    real = consolidation.get_summarizer
+    real = folds.get_summarizer
 
     class Slow:
         def __init__(self, cap_tokens: int | None = None) -> None:
@@ -358,7 +358,7 @@ def slow_fold(monkeypatch: Any, during: Any) -> None:
             during()
             return self.inner.summarize(summary, messages)
 
-    monkeypatch.setattr(consolidation, "get_summarizer", Slow)
+    monkeypatch.setattr(folds, "get_summarizer", Slow)
 
 
 def test_a_turn_whose_slot_was_taken_during_its_fold_stops_before_the_model(
@@ -466,10 +466,10 @@ def test_a_chat_deleted_during_its_synchronous_fold_is_a_404(
 ) -> None:
     """The fold's commit finds no chat, the turn renews its slot and finds none either: the
     chat is gone, not taken over by another turn (it answered 409 turn_in_progress)."""
-    from memory_worker import consolidation
+    from memory_worker import folds
 
     chat_id = contract_chat_at_its_bound(api)
-    real = consolidation.get_summarizer
+    real = folds.get_summarizer
 
     class DeletingSummarizer:
         """Deletes the chat, then summarizes. A wrapper: the real summarizer is cached, and
@@ -486,7 +486,7 @@ def test_a_chat_deleted_during_its_synchronous_fold_is_a_404(
     def deleting_summarizer(*args: Any, **kwargs: Any) -> Any:
         return DeletingSummarizer(real(*args, **kwargs))
 
-    monkeypatch.setattr(consolidation, "get_summarizer", deleting_summarizer)
+    monkeypatch.setattr(folds, "get_summarizer", deleting_summarizer)
     response = api.post(f"/api/v1/chats/{chat_id}/turns/", {"content": "hi"}, format="json")
     assert response.status_code == 404, response.content
     assert response.json()["code"] == "chat_deleted"

@@ -9,7 +9,7 @@ import pytest
 from django.utils import timezone
 
 from conversations.models import Brief, Chat, Consolidation, Message
-from memory_worker import consolidation
+from memory_worker import fold_commit, folds, runs, sweep
 from memory_worker.state import load_snapshot
 from tests.conftest import require
 
@@ -45,9 +45,9 @@ def recorder(requested: list[tuple[int, str]]):  # type: ignore[no-untyped-def]
 def test_sliding_window_folds_twelve_beyond_the_tail(api) -> None:  # type: ignore[no-untyped-def]
     chat_id = new_chat(api)  # sliding-window defaults: tail 40, window 12
     turns(api, chat_id, 25)  # 50 messages: backlog 10, nothing due
-    assert consolidation.consolidate_once(chat_id, "turn").status == "nothing"
+    assert folds.consolidate_once(chat_id, "turn").status == "nothing"
     turns(api, chat_id, 1, start=25)  # 52 messages: backlog 12
-    outcome = consolidation.consolidate_once(chat_id, "turn")
+    outcome = folds.consolidate_once(chat_id, "turn")
     assert outcome.status == "succeeded"
     assert outcome.decision is not None
     assert (outcome.decision.trigger, outcome.decision.from_seq, outcome.decision.to_seq) == (
@@ -81,7 +81,7 @@ def chat_with_a_fold_due(api):  # type: ignore[no-untyped-def]
     turns(api, chat_id, 26)
     chat = Chat.objects.get(pk=chat_id)
     snapshot = load_snapshot(chat_id)
-    decision = consolidation.decide_for_chat(chat, snapshot, "turn", timezone.now())
+    decision = folds.decide_for_chat(chat, snapshot, "turn", timezone.now())
     assert decision is not None
     return chat, snapshot, decision
 
@@ -89,10 +89,10 @@ def chat_with_a_fold_due(api):  # type: ignore[no-untyped-def]
 def test_stale_fold_is_superseded_and_writes_nothing(api) -> None:  # type: ignore[no-untyped-def]
     chat, stale, decision = chat_with_a_fold_due(api)
     chat_id = chat.pk
-    first = consolidation.execute_fold(chat, stale, decision, now=timezone.now())
+    first = folds.execute_fold(chat, stale, decision, now=timezone.now())
     assert first.status == "succeeded"
     before = Brief.objects.get(chat_id=chat_id)
-    second = consolidation.execute_fold(chat, stale, decision, now=timezone.now())
+    second = folds.execute_fold(chat, stale, decision, now=timezone.now())
     assert second.status == "superseded"
     after = Brief.objects.get(chat_id=chat_id)
     assert (after.summary, after.last_consolidated, after.version) == (
@@ -112,7 +112,7 @@ def test_summarizer_failure_writes_nothing_and_backs_off(api, use_fake_openai) -
     chat_id = new_chat(api)
     turns(api, chat_id, 26)
     use_fake_openai.queue_faults("summarize", ["500"])
-    outcome = consolidation.consolidate_once(chat_id, "turn")
+    outcome = folds.consolidate_once(chat_id, "turn")
     assert outcome.status == "failed" and outcome.transient
     brief = Brief.objects.get(chat_id=chat_id)
     assert (brief.summary, brief.last_consolidated, brief.version) == ("", 0, 0)
@@ -120,8 +120,8 @@ def test_summarizer_failure_writes_nothing_and_backs_off(api, use_fake_openai) -
     assert brief.next_attempt_at is not None and brief.next_attempt_at > timezone.now()
     assert "500" in brief.last_error or "server" in brief.last_error.lower()
     # While backing off, turn triggers do not hammer the model; a manual request does run.
-    assert consolidation.consolidate_once(chat_id, "turn").status == "deferred"
-    assert consolidation.consolidate_once(chat_id, "manual").status == "succeeded"
+    assert folds.consolidate_once(chat_id, "turn").status == "deferred"
+    assert folds.consolidate_once(chat_id, "manual").status == "succeeded"
     brief.refresh_from_db()
     assert (brief.consecutive_failures, brief.next_attempt_at, brief.last_error) == (0, None, "")
 
@@ -131,7 +131,7 @@ def test_invalid_summaries_are_failures(api, use_fake_openai) -> None:  # type: 
     turns(api, chat_id, 26)
     for fault in ("empty", "truncated", "refusal"):
         use_fake_openai.queue_faults("summarize", [fault])
-        outcome = consolidation.consolidate_once(chat_id, "manual")
+        outcome = folds.consolidate_once(chat_id, "manual")
         assert outcome.status == "failed", fault
         assert not outcome.transient, fault
     assert Brief.objects.get(chat_id=chat_id).last_consolidated == 0
@@ -239,7 +239,7 @@ def test_large_fold_is_summarized_in_chunks(api, use_fake_openai, settings) -> N
     settings.MEMORY_SUMMARIZER_INPUT_BUDGET = 120  # a few turns per summarizer call
     chat_id = new_chat(api)
     turns(api, chat_id, 26)
-    outcome = consolidation.consolidate_once(chat_id, "turn")
+    outcome = folds.consolidate_once(chat_id, "turn")
     assert outcome.status == "succeeded"
     assert outcome.decision is not None and outcome.decision.to_seq == 12  # the whole range
     requests = use_fake_openai.summarize_requests()
@@ -274,7 +274,7 @@ def test_a_later_chunk_failing_keeps_the_chunks_before_it(api, use_fake_openai, 
     chat_id = new_chat(api)
     turns(api, chat_id, 26)
     use_fake_openai.queue_faults("summarize", ["ok", "500"])
-    outcome = consolidation.consolidate_once(chat_id, "turn")
+    outcome = folds.consolidate_once(chat_id, "turn")
     assert (outcome.status, outcome.kind) == ("failed", "server_error")
     first, second = Consolidation.objects.filter(chat_id=chat_id).order_by("id")
     assert (first.status, second.status) == ("succeeded", "failed")
@@ -285,10 +285,10 @@ def test_a_later_chunk_failing_keeps_the_chunks_before_it(api, use_fake_openai, 
     # The policy decides again from the new watermark: the 2 messages left are under the
     # window, so the retry finds nothing due and ends the failure state...
     retry_at = brief.next_attempt_at + timedelta(seconds=1)
-    assert consolidation.consolidate_once(chat_id, "retry", now=retry_at).status == "nothing"
+    assert folds.consolidate_once(chat_id, "retry", now=retry_at).status == "nothing"
     assert Brief.objects.get(chat_id=chat_id).consecutive_failures == 0
     # ...and a fold starts where the committed chunk ended.
-    manual = consolidation.consolidate_once(chat_id, "manual")
+    manual = folds.consolidate_once(chat_id, "manual")
     assert manual.status == "succeeded"
     assert manual.decision is not None and manual.decision.from_seq == first.to_seq + 1
     assert Brief.objects.get(chat_id=chat_id).last_consolidated == 12
@@ -300,9 +300,7 @@ def test_chunks_stop_at_the_deadline_and_say_more_is_due(api, use_fake_openai, s
     chat, snapshot, decision = chat_with_a_fold_due(api)
     # Time for the first chunk only: each later one could take up to the 30 s LLM timeout.
     deadline = time.monotonic() + 20
-    outcome = consolidation.execute_fold(
-        chat, snapshot, decision, now=timezone.now(), deadline=deadline
-    )
+    outcome = folds.execute_fold(chat, snapshot, decision, now=timezone.now(), deadline=deadline)
     assert (outcome.status, outcome.more_due, outcome.decision) == ("succeeded", True, decision)
     assert len(use_fake_openai.summarize_requests()) == 1
     (only,) = Consolidation.objects.filter(chat_id=chat.pk)
@@ -333,7 +331,7 @@ def test_flush_hooks_run_after_a_committed_fold(api, settings, transactional_db)
         settings.MEMORY_FLUSH_HOOKS = ["tests.test_consolidation.record_flush"]
         settings.MEMORY_DISPATCH = "inline"
         stale = load_snapshot(chat_id)
-        assert consolidation.consolidate_once(chat_id, "manual").status == "succeeded"
+        assert folds.consolidate_once(chat_id, "manual").status == "succeeded"
         drain_inline()
     finally:
         messages_folded.disconnect(on_fold)
@@ -343,11 +341,9 @@ def test_flush_hooks_run_after_a_committed_fold(api, settings, transactional_db)
     assert [(chat_id, list(range(1, 13)), 1)] == FLUSHED
     # A superseded (stale) fold sends nothing.
     chat = Chat.objects.get(pk=chat_id)
-    decision = consolidation.decide_for_chat(chat, stale, "manual", timezone.now())
+    decision = folds.decide_for_chat(chat, stale, "manual", timezone.now())
     assert decision is not None
-    assert (
-        consolidation.execute_fold(chat, stale, decision, now=timezone.now()).status == "superseded"
-    )
+    assert folds.execute_fold(chat, stale, decision, now=timezone.now()).status == "superseded"
     drain_inline()
     assert len(FLUSHED) == 1
 
@@ -368,11 +364,11 @@ def test_sweep_finds_cooled_due_and_stranded_chats(api, settings) -> None:  # ty
     stranded = new_chat(api)
     lock.mark_pending(stranded)  # its run died after marking a rerun
     Chat.objects.filter(pk=cooled).update(created_at=now - timedelta(seconds=901))
-    found = consolidation.sweep_candidates(now, lock, limit=100)
+    found = sweep.sweep_candidates(now, lock, limit=100)
     assert sorted(found) == sorted([cooled, failing, stranded])
     # Not yet cooled down: not a candidate.
     Chat.objects.filter(pk=cooled).update(created_at=now - timedelta(seconds=899))
-    assert cooled not in consolidation.sweep_candidates(now, lock, limit=100)
+    assert cooled not in sweep.sweep_candidates(now, lock, limit=100)
 
 
 def test_the_sweep_reaches_every_chat_however_many_have_nothing_due(api) -> None:  # type: ignore[no-untyped-def]
@@ -385,7 +381,7 @@ def test_the_sweep_reaches_every_chat_however_many_have_nothing_due(api) -> None
 
     from memory_worker.locks import LocalChatLock
 
-    cache.delete(consolidation.SWEEP_CURSOR_KEY)
+    cache.delete(sweep.SWEEP_CURSOR_KEY)
     lock = LocalChatLock(ttl_seconds=30)
     now = timezone.now()
     idle = []
@@ -397,18 +393,18 @@ def test_the_sweep_reaches_every_chat_however_many_have_nothing_due(api) -> None
     long_ago = now - timedelta(seconds=1000)
     Chat.objects.filter(pk=due).update(created_at=long_ago)
     Brief.objects.filter(chat_id=due).update(last_consolidated_at=long_ago)
-    sweeps = [consolidation.sweep_candidates(now, lock, limit=5) for _ in range(3)]
+    sweeps = [sweep.sweep_candidates(now, lock, limit=5) for _ in range(3)]
     assert sweeps[:2] == [[], []]
     assert sweeps[2] == [due]
     # The third sweep wrapped around to the two lowest ids: the next goes on from there.
-    assert consolidation.next_cooled_candidates(now, 5) == idle[2:7]
+    assert sweep.next_cooled_candidates(now, 5) == idle[2:7]
     # Chats whose retry is due take the batch first; the rotation judges only what fits after
     # them (a due chat judged and cut off would wait a whole round), and stays where it was.
     Brief.objects.filter(chat_id__in=idle[:4]).update(next_attempt_at=now - timedelta(seconds=1))
-    assert sorted(consolidation.sweep_candidates(now, lock, limit=5)) == sorted(idle[:4])
+    assert sorted(sweep.sweep_candidates(now, lock, limit=5)) == sorted(idle[:4])
     Brief.objects.filter(chat_id__in=idle[:5]).update(next_attempt_at=now - timedelta(seconds=1))
-    assert sorted(consolidation.sweep_candidates(now, lock, limit=5)) == sorted(idle[:5])
-    assert consolidation.next_cooled_candidates(now, 5) == [*idle[8:12], due]
+    assert sorted(sweep.sweep_candidates(now, lock, limit=5)) == sorted(idle[:5])
+    assert sweep.next_cooled_candidates(now, 5) == [*idle[8:12], due]
 
 
 def test_abandoned_running_rows_are_marked_failed(api, settings) -> None:  # type: ignore[no-untyped-def]
@@ -425,7 +421,7 @@ def test_abandoned_running_rows_are_marked_failed(api, settings) -> None:  # typ
         started_at=timezone.now() - timedelta(seconds=settings.MEMORY_LOCK_TTL_SECONDS + 1)
     )
     now = timezone.now()
-    assert consolidation.abandon_stale_runs(now) == 1
+    assert sweep.abandon_stale_runs(now) == 1
     old.refresh_from_db()
     fresh.refresh_from_db()
     assert (old.status, fresh.status) == ("failed", "running")
@@ -445,12 +441,12 @@ def test_abandoned_running_rows_are_marked_failed(api, settings) -> None:  # typ
         synchronous=True,
     )
     Consolidation.objects.filter(pk=killed_turn.pk).update(started_at=old.started_at)
-    assert consolidation.abandon_stale_runs(timezone.now()) == 1
+    assert sweep.abandon_stale_runs(timezone.now()) == 1
     assert Brief.objects.get(chat_id=chat_id).consecutive_failures == 1
     # A run that read an older version than the brief's is old news for the brief.
     Brief.objects.filter(chat_id=chat_id).update(version=5)
     Consolidation.objects.filter(pk=fresh.pk).update(started_at=old.started_at)
-    assert consolidation.abandon_stale_runs(timezone.now()) == 1
+    assert sweep.abandon_stale_runs(timezone.now()) == 1
     assert Brief.objects.get(chat_id=chat_id).consecutive_failures == 1
 
 
@@ -471,11 +467,11 @@ def committed_rows(chat_id: int) -> tuple[dict[str, object], list[dict[str, obje
 
 def fold_twice_with(api, write, monkeypatch):  # type: ignore[no-untyped-def]
     """A new chat's first fold committed through ``write``, then the same fold again (stale)."""
-    monkeypatch.setattr(consolidation, "commit_in_one_statement", write)
-    monkeypatch.setattr(consolidation, "commit_in_transaction", write)
+    monkeypatch.setattr(fold_commit, "commit_in_one_statement", write)
+    monkeypatch.setattr(fold_commit, "commit_in_transaction", write)
     chat, stale, decision = chat_with_a_fold_due(api)
-    first = consolidation.execute_fold(chat, stale, decision, now=timezone.now())
-    second = consolidation.execute_fold(chat, stale, decision, now=timezone.now())
+    first = folds.execute_fold(chat, stale, decision, now=timezone.now())
+    second = folds.execute_fold(chat, stale, decision, now=timezone.now())
     assert (first.status, second.status) == ("succeeded", "superseded")
     return committed_rows(chat.pk)
 
@@ -487,8 +483,8 @@ def test_both_commit_paths_write_the_same(api, monkeypatch) -> None:  # type: ig
 
     if connection.vendor != "postgresql":
         require("PostgreSQL", "one statement is PostgreSQL's")
-    one_statement = consolidation.commit_in_one_statement
-    in_transaction = consolidation.commit_in_transaction
+    one_statement = fold_commit.commit_in_one_statement
+    in_transaction = fold_commit.commit_in_transaction
     brief, ledger = fold_twice_with(api, one_statement, monkeypatch)
     assert (brief["last_consolidated"], brief["version"], brief["turns_mark"]) == (12, 1, 52)
     assert [(r["status"], r["summary_tokens_after"]) for r in ledger] == [
@@ -507,7 +503,7 @@ def task_run(chat_id: int, lock: object) -> tuple[list[str], list[str]]:
     from django.test.utils import CaptureQueriesContext
 
     with CaptureQueriesContext(connection) as captured:
-        outcomes = consolidation.consolidate_with_lock(chat_id, "turn", lock)  # type: ignore[arg-type]
+        outcomes = runs.consolidate_with_lock(chat_id, "turn", lock)  # type: ignore[arg-type]
     return [o.status for o in outcomes], [q["sql"].split()[0] for q in captured.captured_queries]
 
 
@@ -544,7 +540,6 @@ def test_a_backlog_of_several_folds_is_folded_by_the_same_task(api) -> None:  # 
 def test_a_task_out_of_time_hands_the_backlog_on(api, settings, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """No rerun starts that could outrun the task's soft time limit: the lock is released and a
     fresh task is queued for what is left."""
-    from memory_worker import dispatch
     from memory_worker.locks import LocalChatLock
 
     chat_id = new_chat(api, policy_overrides={"max_fold_turns": 6, "context_size": 100})
@@ -552,7 +547,7 @@ def test_a_task_out_of_time_hands_the_backlog_on(api, settings, monkeypatch) -> 
     settings.MEMORY_LLM_TIMEOUT_SECONDS = 60
     settings.MEMORY_TASK_SOFT_TIME_LIMIT = 30  # not even one more summarizer call fits
     requested: list[tuple[int, str]] = []
-    monkeypatch.setattr(dispatch, "request_consolidation", recorder(requested))
+    monkeypatch.setattr(runs, "request_consolidation", recorder(requested))
     lock = LocalChatLock(ttl_seconds=60)
     statuses, _ = task_run(chat_id, lock)
     assert statuses == ["succeeded"]
@@ -566,7 +561,6 @@ def test_a_manual_fold_out_of_time_hands_its_rest_on_as_manual(
 ) -> None:  # type: ignore[no-untyped-def]
     """Handed on as a "rerun", the rest of a manual fold was judged by the policy's triggers,
     which need not want it: the API had answered 202 for a fold that never finished."""
-    from memory_worker import dispatch
     from memory_worker.locks import LocalChatLock
 
     settings.MEMORY_SUMMARIZER_INPUT_BUDGET = 1  # a chunk per turn
@@ -575,9 +569,9 @@ def test_a_manual_fold_out_of_time_hands_its_rest_on_as_manual(
     chat_id = new_chat(api)
     turns(api, chat_id, 25)  # 10 messages beyond the tail: under the window, nothing due
     requested: list[tuple[int, str]] = []
-    monkeypatch.setattr(dispatch, "request_consolidation", recorder(requested))
+    monkeypatch.setattr(runs, "request_consolidation", recorder(requested))
     lock = LocalChatLock(ttl_seconds=60)
-    outcomes = consolidation.consolidate_with_lock(chat_id, "manual", lock)
+    outcomes = runs.consolidate_with_lock(chat_id, "manual", lock)
     assert [(o.status, o.cut_short) for o in outcomes] == [("succeeded", True)]
     assert Brief.objects.get(chat_id=chat_id).last_consolidated > 0
     assert requested == [(chat_id, "manual")]
@@ -592,7 +586,7 @@ def test_a_fold_made_due_during_a_fold_runs_as_a_rerun(api, monkeypatch) -> None
     chat_id = new_chat(api)
     turns(api, chat_id, 26)
     lock = LocalChatLock(ttl_seconds=60)
-    real = consolidation.get_summarizer()
+    real = folds.get_summarizer()
     arrived: list[bool] = []
 
     class TurnsMeanwhile:
@@ -607,7 +601,7 @@ def test_a_fold_made_due_during_a_fold_runs_as_a_rerun(api, monkeypatch) -> None
                 assert not lock.acquire_or_mark_pending(chat_id, "their task")
             return real.summarize(summary, messages)
 
-    monkeypatch.setattr(consolidation, "get_summarizer", TurnsMeanwhile)
+    monkeypatch.setattr(folds, "get_summarizer", TurnsMeanwhile)
     statuses, _ = task_run(chat_id, lock)
     assert statuses == ["succeeded", "succeeded"]
     assert Brief.objects.get(chat_id=chat_id).last_consolidated == 24

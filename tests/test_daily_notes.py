@@ -180,7 +180,7 @@ def test_a_hook_the_broker_refused_is_replayed_by_the_sweep_once(
     from django.utils import timezone
 
     from conversations.models import Consolidation, ConsolidationStatus
-    from memory_worker import hooks, tasks
+    from memory_worker import hooks
     from memory_worker.signals import messages_folded
 
     cache.delete(hooks.REPLAY_CURSOR_KEY)
@@ -195,7 +195,7 @@ def test_a_hook_the_broker_refused_is_replayed_by_the_sweep_once(
             raise ConnectionError("broker unreachable")
         queued.append(args)
 
-    monkeypatch.setattr(tasks.run_flush_hook, "apply_async", publish)
+    monkeypatch.setattr(hooks.RUN_FLUSH_HOOK, "apply_async", publish)
     now = timezone.now()
     for version, (first, last) in enumerate([(1, 2), (3, 4)]):
         Consolidation.objects.create(

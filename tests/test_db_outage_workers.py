@@ -21,7 +21,7 @@ from django.db import OperationalError, connection
 
 from conversations import health
 from conversations.models import Brief, Consolidation
-from memory_worker import consolidation, tasks
+from memory_worker import fold_commit, folds, tasks
 from memory_worker.runtime import chat_lock
 from tests.conftest import contract_chat_after_turns
 
@@ -160,11 +160,11 @@ def test_a_fold_whose_commit_fails_on_the_database_is_retried(
     published = queued_retries(monkeypatch)
     chat_id = contract_chat_after_turns(api, 6)  # 12 unfolded messages: a fold is due
 
-    def lost(write: consolidation.FoldWrite) -> bool:
+    def lost(write: fold_commit.FoldWrite) -> bool:
         raise OperationalError("server closed the connection unexpectedly")
 
-    monkeypatch.setattr(consolidation, "commit_in_one_statement", lost)
-    monkeypatch.setattr(consolidation, "commit_in_transaction", lost)
+    monkeypatch.setattr(fold_commit, "commit_in_one_statement", lost)
+    monkeypatch.setattr(fold_commit, "commit_in_transaction", lost)
     assert tasks.consolidate_chat(chat_id, "manual", due_at=1000.0) == ["database_error"]
     row = Consolidation.objects.get(chat_id=chat_id)
     assert (row.status, row.error) == ("failed", "OperationalError (database error)")
@@ -209,7 +209,7 @@ def test_a_connection_killed_during_the_summarizer_call(
     and the task queues its retry."""
     published = queued_retries(monkeypatch)
     chat_id = contract_chat_after_turns(api, 6)
-    real = consolidation.get_summarizer
+    real = folds.get_summarizer
     params = {k: v for k, v in connection.get_connection_params().items() if k != "pool"}
 
     class Killed:
@@ -227,7 +227,7 @@ def test_a_connection_killed_during_the_summarizer_call(
                     time.sleep(0.02)
             return self.inner.summarize(*args, **kwargs)
 
-    monkeypatch.setattr(consolidation, "get_summarizer", lambda cap: Killed(real(cap)))
+    monkeypatch.setattr(folds, "get_summarizer", lambda cap: Killed(real(cap)))
     assert tasks.consolidate_chat(chat_id, "manual") == ["database_error"]
     row = Consolidation.objects.get(chat_id=chat_id)
     assert row.status == "failed" and "database error" in row.error

@@ -16,7 +16,7 @@ from django.utils import timezone
 
 from conversations.models import Chat, Consolidation, Message
 from conversations.offline_chat_model import OfflineChatModel
-from memory_worker import consolidation
+from memory_worker import folds
 from tests.conftest import client_for
 from tests.test_consolidation import chat_with_a_fold_due
 from tests.workers import wait_until
@@ -150,7 +150,7 @@ def test_a_fold_starting_during_a_deletion(require_postgres: None, api: Any, use
 
     def fold() -> Any:
         fold_pid.append(backend_pid())
-        return consolidation.execute_fold(chat, snapshot, decision, now=timezone.now())
+        return folds.execute_fold(chat, snapshot, decision, now=timezone.now())
 
     thread, result = on_a_thread(fold)
     assert wait_until(lambda: bool(fold_pid) and waiting_on_a_lock(fold_pid), DEADLINE)
@@ -167,7 +167,7 @@ def test_a_synchronous_fold_on_a_chat_deleted_before_it_started(
     """Deleted between the fold's snapshot read and its ledger row: the turn's 404, as for any
     chat deleted during its turn (it was a 500)."""
     chat_id = new_chat(api, policy="contract")
-    real = consolidation.get_summarizer
+    real = folds.get_summarizer
     deleted: list[int] = []
 
     def delete_first(cap: int) -> Any:
@@ -175,7 +175,7 @@ def test_a_synchronous_fold_on_a_chat_deleted_before_it_started(
         deleted.append(chat_id)
         return real(cap)
 
-    monkeypatch.setattr(consolidation, "get_summarizer", delete_first)
+    monkeypatch.setattr(folds, "get_summarizer", delete_first)
     api.raise_request_exception = False
     for number in range(20):  # contract folds synchronously once its buffer is full
         response = api.post(
@@ -195,7 +195,7 @@ def test_an_agent_state_commit_during_a_deletion(
     key is checked at commit; the deletion, holding the chat row, waited for the agent state
     row: a deadlock that failed the deletion. The commit now holds the chat first."""
     from conversations.models import AgentState, ResponseSummary
-    from conversations.services.agent_state import summarize_turns
+    from memory_worker.agent_summaries import summarize_turns
     from tests.test_agent_state import FILLER, replies_with
 
     replies_with(use_fake_openai, f"I'll save the recipes once you confirm. {FILLER}")

@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 
 from memory_worker import tasks
-from memory_worker.dispatch import QUEUED_KEY, clear_queued, request_consolidation
+from memory_worker.dispatch import QUEUED_KEY, clear_queued
+from memory_worker.runs import request_consolidation
 from tests.conftest import client_for, contract_chat_after_turns
 from tests.workers import Worker, point_celery_at, wait_until
 
@@ -98,7 +99,7 @@ def test_the_task_clears_the_marker_before_it_reads(monkeypatch) -> None:  # typ
         calls.append(f"read {chat_id}")
         return []
 
-    monkeypatch.setattr(tasks.consolidation, "consolidate_with_lock", consolidate)
+    monkeypatch.setattr(tasks, "consolidate_with_lock", consolidate)
     assert tasks.consolidate_chat.run(7, "turn") == []
     assert calls == ["clear 7", "read 7"]
 
@@ -114,7 +115,7 @@ def test_a_task_whose_marker_cannot_be_cleared_still_runs(monkeypatch) -> None: 
         return []
 
     monkeypatch.setattr(tasks, "clear_queued", broken)
-    monkeypatch.setattr(tasks.consolidation, "consolidate_with_lock", consolidate)
+    monkeypatch.setattr(tasks, "consolidate_with_lock", consolidate)
     tasks.consolidate_chat.run(7, "turn")
     assert ran == [7]
 
@@ -132,7 +133,7 @@ def test_a_chat_behind_queues_one_task_and_a_worker_catches_it_up(
     from django.utils import timezone
 
     from conversations.models import Brief, Chat
-    from memory_worker.consolidation import decide_for_chat
+    from memory_worker.folds import decide_for_chat
     from memory_worker.state import load_snapshot
 
     chat_id = contract_chat_after_turns(client_for(user), 30)

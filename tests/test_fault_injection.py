@@ -5,7 +5,7 @@ stop. The fold service is driven directly, as a worker would."""
 import pytest
 
 from conversations.models import Brief, Consolidation
-from memory_worker.consolidation import consolidate_once
+from memory_worker.folds import consolidate_once
 from memory_worker.invariants import chat_violations
 from memory_worker.summary_validation import validate_summary
 

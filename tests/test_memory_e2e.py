@@ -8,7 +8,7 @@ import re
 import pytest
 
 from conversations.models import Consolidation, Message
-from memory_worker.consolidation import consolidate_once
+from memory_worker.folds import consolidate_once
 from memory_worker.presets import PRESETS
 
 pytestmark = pytest.mark.django_db

@@ -26,8 +26,9 @@ from django.test.utils import CaptureQueriesContext
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench.throughput import free_port
+from conversations import metrics_endpoint
 from conversations.models import Brief, Chat, Consolidation
-from memory_worker.consolidation import consolidate_once
+from memory_worker.folds import consolidate_once
 from tests.workers import ROOT, Worker, wait_until
 
 pytestmark = pytest.mark.django_db
@@ -39,10 +40,8 @@ GAUGES = ("chatmem_unfolded_messages", "chatmem_degraded_chats", "chatmem_chats_
 def _memory_gauges_read_at_every_scrape(settings: Any, monkeypatch: Any) -> None:
     """These tests compare scrapes a moment apart: the memory gauges are read at every scrape,
     from a cache of their own, unless a test sets its own period (the cache tests below)."""
-    from conversations import metrics
-
     settings.METRICS_STATE_CACHE_SECONDS = 0.0
-    monkeypatch.setattr(metrics, "MEMORY_STATE", metrics.MemoryStateCache())
+    monkeypatch.setattr(metrics_endpoint, "MEMORY_STATE", metrics_endpoint.MemoryStateCache())
 
 
 def scrape(client: Any, **headers: Any) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -117,15 +116,14 @@ def test_a_metrics_token_is_required_when_set(client: Any, settings: Any) -> Non
 def test_a_scrape_with_the_database_down_still_has_the_process_metrics(
     client: Any, monkeypatch: Any
 ) -> None:
-    """The scrape was a 500, losing the error counters that matter most then."""
+    """A failing gauge query must not make the scrape a 500: the error counters matter most
+    then."""
     from django.db import OperationalError
-
-    from conversations import metrics
 
     def down(self: Any) -> Any:
         raise OperationalError("connection refused")
 
-    monkeypatch.setattr(metrics.MemoryStateCollector, "collect", down)
+    monkeypatch.setattr(metrics_endpoint.MemoryStateCollector, "collect", down)
     names = {name for name, _ in scrape(client)}
     assert "chatmem_enqueue_failures_total" in names  # a process counter, there from the start
     assert "chatmem_unfolded_messages" not in names  # absent, not a misleading zero

@@ -6,7 +6,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from conversations.models import Brief, Message
-from memory_worker.consolidation import consolidate_once
+from memory_worker.folds import consolidate_once
 from tests.conftest import require
 
 pytestmark = pytest.mark.django_db

@@ -17,7 +17,7 @@ import pytest
 from django.utils import timezone
 
 from conversations.models import Chat, Consolidation, Message
-from memory_worker import consolidation, tasks
+from memory_worker import fold_ledger, folds, tasks
 from memory_worker.invariants import chat_violations
 from memory_worker.state import load_snapshot
 from tests.conftest import client_for, require
@@ -65,7 +65,7 @@ def broker(settings, private_redis):  # type: ignore[no-untyped-def]
 
 def fold_due(chat: Chat) -> bool:
     snapshot = load_snapshot(chat.pk)
-    return consolidation.decide_for_chat(chat, snapshot, "sweep", timezone.now()) is not None
+    return folds.decide_for_chat(chat, snapshot, "sweep", timezone.now()) is not None
 
 
 def converged(chat_ids: list[int]) -> bool:
@@ -157,7 +157,7 @@ def test_redis_crash_and_restart_during_50_chats_x_40_turns(
         Consolidation.objects.filter(
             chat_id__in=stranded, status="succeeded", synchronous=False, started_at__gt=restarted_at
         )
-        .exclude(worker=consolidation.WORKER_NAME)
+        .exclude(worker=fold_ledger.WORKER_NAME)
         .values_list("chat_id", flat=True)
     ) == set(stranded)
     for chat_id in chat_ids:

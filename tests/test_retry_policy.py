@@ -10,7 +10,7 @@ import pytest
 from django.utils import timezone
 
 from conversations.models import Brief, Consolidation
-from memory_worker import consolidation, tasks
+from memory_worker import folds, outcomes, retries, sweep, tasks
 from memory_worker.backends import _summarizer, get_summarizer
 from memory_worker.summarizers import TRANSIENT_KINDS, ErrorKind
 from tests.conftest import contract_chat_after_turns
@@ -29,7 +29,7 @@ def ladder(settings):  # type: ignore[no-untyped-def]
     return settings
 
 
-def seconds(plan: consolidation.RetryPlan) -> float:
+def seconds(plan: retries.RetryPlan) -> float:
     return plan.delay.total_seconds()
 
 
@@ -39,16 +39,16 @@ def seconds(plan: consolidation.RetryPlan) -> float:
 
 def test_every_error_kind_is_classified_as_the_summarizer_says(ladder) -> None:  # type: ignore[no-untyped-def]
     for kind in typing.get_args(ErrorKind):
-        transient = consolidation.failure_class(kind) == consolidation.TRANSIENT
+        transient = retries.failure_class(kind) == retries.TRANSIENT
         assert transient is (kind in TRANSIENT_KINDS), kind
-    assert consolidation.failure_class(consolidation.CRASH_KIND) == consolidation.TRANSIENT
+    assert retries.failure_class(retries.CRASH_KIND) == retries.TRANSIENT
 
 
 @pytest.mark.parametrize("kind", sorted(TRANSIENT_KINDS))
 def test_transient_errors_back_off_exponentially_and_retry_fast_until_degraded(
     ladder, kind: str
 ) -> None:  # type: ignore[no-untyped-def]
-    plans = [consolidation.retry_plan(kind, failures) for failures in (1, 2, 3, 4)]
+    plans = [retries.retry_plan(kind, failures) for failures in (1, 2, 3, 4)]
     assert [plan.fast_retry for plan in plans] == [True, True, False, False]
     assert [plan.degraded for plan in plans] == [False, False, True, True]
     for plan, base in zip(plans, (30, 60, 120, 240), strict=True):
@@ -56,24 +56,24 @@ def test_transient_errors_back_off_exponentially_and_retry_fast_until_degraded(
     # The ladder is capped (jitter aside), however long the failures go on: 30 s * 2**1024
     # overflowed a float, after about six weeks of hourly failures.
     for failures in (30, 1025, 10**6):
-        assert 0.8 * 3600 <= seconds(consolidation.retry_plan(kind, failures)) <= 1.2 * 3600
+        assert 0.8 * 3600 <= seconds(retries.retry_plan(kind, failures)) <= 1.2 * 3600
 
 
 def test_jitter_spreads_retries(ladder) -> None:  # type: ignore[no-untyped-def]
-    delays = {seconds(consolidation.retry_plan("rate_limit", 1)) for _ in range(20)}
+    delays = {seconds(retries.retry_plan("rate_limit", 1)) for _ in range(20)}
     assert len(delays) > 1
 
 
 @pytest.mark.parametrize("kind", ["quota", "client_error"])
 def test_rejected_requests_are_degraded_at_once_and_wait_the_longest(ladder, kind: str) -> None:  # type: ignore[no-untyped-def]
-    plan = consolidation.retry_plan(kind, 1)
+    plan = retries.retry_plan(kind, 1)
     assert (plan.failure_class, plan.degraded, plan.fast_retry) == ("rejected", True, False)
     assert 0.8 * 3600 <= seconds(plan) <= 1.2 * 3600
 
 
 @pytest.mark.parametrize("kind", ["empty", "truncated", "refused", "over_cap"])
 def test_invalid_output_is_degraded_at_once_without_fast_retry(ladder, kind: str) -> None:  # type: ignore[no-untyped-def]
-    first = consolidation.retry_plan(kind, 1)
+    first = retries.retry_plan(kind, 1)
     assert (first.failure_class, first.degraded, first.fast_retry) == (
         "invalid_output",
         True,
@@ -82,19 +82,19 @@ def test_invalid_output_is_degraded_at_once_without_fast_retry(ladder, kind: str
     # It starts where a transient failure stands once degraded: 4x the first transient delay.
     assert 0.8 * 120 <= seconds(first) <= 1.2 * 120
     assert seconds(first) > 1.2 * 30
-    second = consolidation.retry_plan(kind, 2)
+    second = retries.retry_plan(kind, 2)
     assert 0.8 * 240 <= seconds(second) <= 1.2 * 240
 
 
 def test_fast_retry_follows_the_newest_attempt() -> None:
-    failed = consolidation.FoldOutcome("failed", retry_in=30.0)
-    hopeless = consolidation.FoldOutcome("failed", retry_in=None)
-    deferred = consolidation.FoldOutcome("deferred")
-    succeeded = consolidation.FoldOutcome("succeeded")
-    assert consolidation.fast_retry_delay([failed, deferred]) == 30.0
-    assert consolidation.fast_retry_delay([failed, succeeded]) is None
-    assert consolidation.fast_retry_delay([succeeded, hopeless]) is None
-    assert consolidation.fast_retry_delay([]) is None
+    failed = outcomes.FoldOutcome(outcomes.FoldResult.FAILED, retry_in=30.0)
+    hopeless = outcomes.FoldOutcome(outcomes.FoldResult.FAILED, retry_in=None)
+    deferred = outcomes.FoldOutcome(outcomes.FoldResult.DEFERRED)
+    succeeded = outcomes.FoldOutcome(outcomes.FoldResult.SUCCEEDED)
+    assert retries.fast_retry_delay([failed, deferred]) == 30.0
+    assert retries.fast_retry_delay([failed, succeeded]) is None
+    assert retries.fast_retry_delay([succeeded, hopeless]) is None
+    assert retries.fast_retry_delay([]) is None
 
 
 # --------------------------------------------------------------------------------------------
@@ -164,9 +164,9 @@ def test_non_transient_failure_is_not_retried_fast(
     minimum = 3600 if fault in REJECTED_FAULTS else 120
     assert (brief.next_attempt_at - before).total_seconds() >= 0.8 * minimum
     # Turn triggers (and their reruns) wait; only a manual consolidation tries at once.
-    assert consolidation.consolidate_once(chat_id, "turn").status == "deferred"
+    assert folds.consolidate_once(chat_id, "turn").status == "deferred"
     assert len(use_fake_openai.summarize_requests()) == 1
-    assert consolidation.consolidate_once(chat_id, "manual").status == "succeeded"
+    assert folds.consolidate_once(chat_id, "manual").status == "succeeded"
     brief.refresh_from_db()
     assert (brief.degraded, brief.consecutive_failures, brief.next_attempt_at) == (False, 0, None)
 
@@ -211,7 +211,7 @@ def test_a_manual_fold_waits_for_a_run_holding_the_chat(api, settings, monkeypat
 
     published = queued_retries(monkeypatch)
     chat_id = contract_chat_after_turns(api, 4)  # 8 messages: under K + B, a manual fold folds 2
-    assert consolidation.consolidate_once(chat_id, "turn").status == "nothing"
+    assert folds.consolidate_once(chat_id, "turn").status == "nothing"
     lock = chat_lock()
     assert lock.acquire_or_mark_pending(chat_id, "another-run")
     assert tasks.consolidate_chat(chat_id, "manual") == []
@@ -255,7 +255,7 @@ def test_one_fold_attempt_is_one_model_call(api, use_fake_openai) -> None:  # ty
     _summarizer.cache_clear()
     chat_id = chat_with_fold_due(api)
     use_fake_openai.queue_faults("summarize", ["500"])
-    assert consolidation.consolidate_once(chat_id, "turn").status == "failed"
+    assert folds.consolidate_once(chat_id, "turn").status == "failed"
     assert len(use_fake_openai.summarize_requests()) == 1
 
 
@@ -277,15 +277,15 @@ def test_a_failed_manual_fold_does_not_leave_the_chat_degraded_for_ever(
     for number in range(5):
         api.post(f"/api/v1/chats/{chat_id}/turns/", {"content": f"n{number}"}, format="json")
     use_fake_openai.queue_faults("summarize", ["400"])
-    assert consolidation.consolidate_once(chat_id, "manual").status == "failed"
+    assert folds.consolidate_once(chat_id, "manual").status == "failed"
     brief = Brief.objects.get(chat_id=chat_id)
     assert brief.degraded and brief.next_attempt_at is not None
     now = timezone.now()
     Brief.objects.filter(chat_id=chat_id).update(next_attempt_at=now - timedelta(seconds=1))
     lock = LocalChatLock(ttl_seconds=30)
-    assert chat_id in consolidation.sweep_candidates(now, lock, limit=10)
-    assert consolidation.consolidate_once(chat_id, "sweep").status == "nothing"
+    assert chat_id in sweep.sweep_candidates(now, lock, limit=10)
+    assert folds.consolidate_once(chat_id, "sweep").status == "nothing"
     brief = Brief.objects.get(chat_id=chat_id)
     assert (brief.degraded, brief.next_attempt_at, brief.consecutive_failures) == (False, None, 0)
-    assert chat_id not in consolidation.sweep_candidates(now, lock, limit=10)
+    assert chat_id not in sweep.sweep_candidates(now, lock, limit=10)
     assert brief.last_consolidated == 0 and "400" in brief.last_error  # the failure is on record

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 from django.db.models import Model
 
-from conversations.services.agent_state import summarize_turns
+from memory_worker.agent_summaries import summarize_turns
 
 
 def field_values(instance: Model, names: Any = None) -> dict[str, Any]:

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from conversations.models import Brief, Consolidation
-from memory_worker import consolidation
+from memory_worker import folds
 from memory_worker.openai_transport import SECRET_PATTERN
 from memory_worker.summarizers import SummarizerError
 from tests.fake_openai import FakeOpenAI
@@ -50,7 +50,7 @@ def test_the_providers_account_messages_stay_in_the_log(
     chat_id = chat_with_a_fold_due(api)
     use_fake_openai.queue_faults("summarize", [fault])
     with caplog.at_level(logging.WARNING, logger="memory_worker.summarizers"):
-        assert consolidation.consolidate_once(chat_id, "turn").status == "failed"
+        assert folds.consolidate_once(chat_id, "turn").status == "failed"
     for shown in shown_to_owner(api, chat_id):
         assert "HTTP " in shown  # the status, so the owner knows the model failed
         assert "(fake)" not in shown  # every fake provider message ends so
@@ -62,7 +62,7 @@ def test_the_providers_account_messages_stay_in_the_log(
 def test_a_request_the_provider_refused_says_why(api: Any, use_fake_openai: FakeOpenAI) -> None:
     chat_id = chat_with_a_fold_due(api)
     use_fake_openai.queue_faults("summarize", ["400"])
-    assert consolidation.consolidate_once(chat_id, "turn").status == "failed"
+    assert folds.consolidate_once(chat_id, "turn").status == "failed"
     for shown in shown_to_owner(api, chat_id):
         assert "Invalid request (fake)." in shown
 
@@ -74,9 +74,9 @@ def test_a_crash_shows_the_owner_its_kind_only(api: Any, monkeypatch: Any) -> No
         def summarize(self, *args: Any, **kwargs: Any) -> Any:
             raise RuntimeError('connection to "db-internal.corp:5432" refused, user=svc_admin')
 
-    monkeypatch.setattr(consolidation, "get_summarizer", lambda *args: Crashing())
+    monkeypatch.setattr(folds, "get_summarizer", lambda *args: Crashing())
     with pytest.raises(RuntimeError):
-        consolidation.consolidate_once(chat_id, "turn")
+        folds.consolidate_once(chat_id, "turn")
     brief = Brief.objects.get(chat_id=chat_id)
     ledger = Consolidation.objects.get(chat_id=chat_id)
     for shown in (brief.last_error, ledger.error):

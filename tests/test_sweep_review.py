@@ -16,7 +16,7 @@ from django.core.cache import cache
 from django.utils import timezone
 
 from conversations.models import Brief, Chat, Consolidation
-from memory_worker import consolidation, tasks
+from memory_worker import folds, retries, sweep, tasks
 from memory_worker.chat_summarizer import ChatCompletionsSummarizer
 from memory_worker.locks import LocalChatLock
 from tests.conftest import contract_chat_after_turns
@@ -49,7 +49,7 @@ def cooled_due_chat(api, now):  # type: ignore[no-untyped-def]
 def sweep_recorder(monkeypatch) -> Iterator[dict[str, list[Any]]]:  # type: ignore[no-untyped-def]
     """tasks.sweep with a local lock, recording what it queues and whether it replayed the
     daily-notes hooks."""
-    cache.delete(consolidation.SWEEP_CURSOR_KEY)
+    cache.delete(sweep.SWEEP_CURSOR_KEY)
     lock = LocalChatLock(ttl_seconds=30)
     monkeypatch.setattr(tasks, "chat_lock", lambda: lock)
     seen: dict[str, list[Any]] = {"requested": [], "replayed": [], "lock": [lock]}
@@ -58,7 +58,7 @@ def sweep_recorder(monkeypatch) -> Iterator[dict[str, list[Any]]]:  # type: igno
     )
     monkeypatch.setattr(tasks.hooks, "replay_missed_daily_notes", seen["replayed"].append)
     yield seen
-    cache.delete(consolidation.SWEEP_CURSOR_KEY)
+    cache.delete(sweep.SWEEP_CURSOR_KEY)
 
 
 # --- 1. one chat cannot cancel the sweep ------------------------------------------------------
@@ -75,7 +75,7 @@ def test_a_chat_deleted_while_the_sweep_judges_it_is_skipped(api, monkeypatch, s
     sweep_recorder["lock"][0].mark_pending(stranded)  # its run died after marking a rerun
     doomed = cooled_due_chat(api, now)
     due = cooled_due_chat(api, now)
-    real = consolidation.next_cooled_candidates
+    real = sweep.next_cooled_candidates
 
     def candidates_then_delete(at, limit):  # type: ignore[no-untyped-def]
         found = real(at, limit)
@@ -83,7 +83,7 @@ def test_a_chat_deleted_while_the_sweep_judges_it_is_skipped(api, monkeypatch, s
         Chat.objects.filter(pk=doomed).delete()  # DELETE /api/v1/chats/{id}/ lands here
         return found
 
-    monkeypatch.setattr(consolidation, "next_cooled_candidates", candidates_then_delete)
+    monkeypatch.setattr(sweep, "next_cooled_candidates", candidates_then_delete)
     assert tasks.sweep() == 3
     assert sorted(sweep_recorder["requested"]) == sorted([failing, stranded, due])
     assert len(sweep_recorder["replayed"]) == 1
@@ -98,14 +98,14 @@ def test_an_error_judging_one_chat_is_logged_and_skips_only_that_chat(  # type: 
     Brief.objects.filter(chat_id=failing).update(next_attempt_at=now - timedelta(seconds=1))
     broken = cooled_due_chat(api, now)  # the lower id: judged first
     due = cooled_due_chat(api, now)
-    real = consolidation.decide_for_chat
+    real = folds.decide_for_chat
 
     def decide(chat, snapshot, trigger, at):  # type: ignore[no-untyped-def]
         if chat.pk == broken:
             raise RuntimeError("policy blew up on this chat")
         return real(chat, snapshot, trigger, at)
 
-    monkeypatch.setattr(consolidation, "decide_for_chat", decide)
+    monkeypatch.setattr(sweep, "decide_for_chat", decide)
     with caplog.at_level(logging.ERROR, logger="chatmem.fold"):
         assert tasks.sweep() == 2
     assert sorted(sweep_recorder["requested"]) == sorted([failing, due])
@@ -128,14 +128,14 @@ def test_an_error_abandoning_one_run_does_not_cancel_the_sweep(  # type: ignore[
             chat_id=chat_id, trigger="turn", from_seq=1, to_seq=2, base_version=0
         )
         Consolidation.objects.filter(pk=ledger.pk).update(started_at=now - timedelta(days=1))
-    real = consolidation.fail_brief
+    real = retries.fail_brief
 
     def fail_brief(ledger, *args):  # type: ignore[no-untyped-def]
         if ledger.chat_id == first:
             raise RuntimeError("brief update blew up")
         return real(ledger, *args)
 
-    monkeypatch.setattr(consolidation, "fail_brief", fail_brief)
+    monkeypatch.setattr(sweep, "fail_brief", fail_brief)
     tasks.sweep()
     statuses = dict(Consolidation.objects.values_list("chat_id", "status"))
     # The run whose count failed stays running, so the next sweep counts it: marked failed
@@ -238,17 +238,17 @@ def test_two_failures_of_the_same_version_count_two(api, monkeypatch) -> None:  
     chat_id = new_chat(api)
     now = timezone.now()
     ledger = Consolidation(chat_id=chat_id, trigger="turn", from_seq=1, to_seq=2)
-    real = consolidation.retry_plan
+    real = retries.retry_plan
     nested: list[int] = []
 
-    def retry_plan(kind: str, failures: int) -> consolidation.RetryPlan:
+    def retry_plan(kind: str, failures: int) -> retries.RetryPlan:
         if not nested:  # the other failure lands between this one's read and its write
             nested.append(failures)
-            consolidation.fail_brief(ledger, 0, "second", "timeout", now)
+            retries.fail_brief(ledger, 0, "second", "timeout", now)
         return real(kind, failures)
 
-    monkeypatch.setattr(consolidation, "retry_plan", retry_plan)
-    consolidation.fail_brief(ledger, 0, "first", "timeout", now)
+    monkeypatch.setattr(retries, "retry_plan", retry_plan)
+    retries.fail_brief(ledger, 0, "first", "timeout", now)
     brief = Brief.objects.get(chat_id=chat_id)
     assert brief.consecutive_failures == 2
     # The backoff is the second failure's (30 s x 2, +-20 %), not overwritten by the first's.
@@ -281,8 +281,8 @@ def test_the_ledger_counts_the_stricter_retry_of_an_over_cap_summary(api, monkey
         "memory_worker.chat_summarizer.create_chat_completion", create_chat_completion
     )
     summarizer = ChatCompletionsSummarizer(cast(Any, None), "gpt-test", cap_tokens=40)
-    monkeypatch.setattr(consolidation, "get_summarizer", lambda cap=None: summarizer)
-    outcome = consolidation.consolidate_once(chat_id, "manual")
+    monkeypatch.setattr(folds, "get_summarizer", lambda cap=None: summarizer)
+    outcome = folds.consolidate_once(chat_id, "manual")
     assert outcome.status == "succeeded" and outcome.ledger_id is not None, outcome
     row = Consolidation.objects.get(pk=outcome.ledger_id)
     assert (row.summarizer_calls, row.input_tokens, row.output_tokens) == (2, 300, 100)

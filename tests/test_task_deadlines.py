@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from memory_worker import agent_summaries, tasks
+from memory_worker import tasks
 from tests.test_worker import celery_broker  # noqa: F401  (fixture)
 from tests.workers import FAST_DEADLINES, Worker, wait_until
 
@@ -25,7 +25,7 @@ def sleeping_hook(chat_id: int, messages: list[object], version: int) -> None:
         (tasks.consolidate_chat, (1,)),
         (tasks.sweep, ()),
         (tasks.run_flush_hook, ("hook", 1, 1, 2, 1)),
-        (agent_summaries.summarize_agent_turns, (1,)),
+        (tasks.summarize_agent_turns, (1,)),
     ],
     ids=lambda value: getattr(value, "name", ""),
 )
@@ -60,7 +60,7 @@ def test_a_task_queued_elsewhere_runs_under_the_workers_soft_time_limit(
         worker.stop()
 
 
-@pytest.mark.parametrize("task", [tasks.run_flush_hook, agent_summaries.summarize_agent_turns])
+@pytest.mark.parametrize("task", [tasks.run_flush_hook, tasks.summarize_agent_turns])
 def test_a_task_no_lock_bounds_is_retried_a_bounded_number_of_times_after_worker_loss(
     task,  # type: ignore[no-untyped-def]
 ) -> None:

@@ -13,8 +13,9 @@ from django.db import connection
 
 from conversations.models import Brief, Consolidation, Message
 from memory_worker import turn_fold
-from memory_worker.dispatch import mark_queued, request_consolidation
+from memory_worker.dispatch import mark_queued
 from memory_worker.policy import Trigger
+from memory_worker.runs import request_consolidation
 from memory_worker.runtime import chat_lock
 from tests.conftest import client_for
 from tests.test_worker_faults import chat_with_fold_due, ledger_running, model_env

@@ -3,7 +3,7 @@
 import pytest
 
 from conversations.models import Chat, Message
-from memory_worker.consolidation import consolidate_once
+from memory_worker.folds import consolidate_once
 
 pytestmark = pytest.mark.django_db
 

@@ -9,9 +9,9 @@ import redis
 
 from conversations.models import Brief, Consolidation
 from memory_worker import tasks
-from memory_worker.dispatch import request_consolidation
 from memory_worker.invariants import chat_violations
 from memory_worker.locks import RedisChatLock
+from memory_worker.runs import request_consolidation
 from tests.conftest import client_for, contract_chat_after_turns
 from tests.workers import FAST_DEADLINES, Worker, wait_until
 

@@ -34,8 +34,8 @@ from conversations.services.turn_slot import Claimed, claim_owned_chat
 from conversations.throttling import TurnRateThrottle
 from conversations.variants import UnknownVariant, chat_variant
 from memory_worker.chat_policy import effective_policy
-from memory_worker.dispatch import request_consolidation
 from memory_worker.presets import PRESETS, policy_parameters
+from memory_worker.runs import request_consolidation
 
 NOT_QUEUED = (
     "The fold could not be queued (the task broker is unavailable, or MEMORY_DISPATCH is off); "

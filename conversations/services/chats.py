@@ -13,8 +13,8 @@ from conversations.services.context import build_model_messages
 from conversations.variants import ModelVariant, resolve_variant
 from memory_worker import policy as engine
 from memory_worker.chat_policy import effective_policy, policy_for_new_settings
-from memory_worker.consolidation import decide_for_chat
 from memory_worker.engine_state import PROMPT_PRIMING_TOKENS, ROLE_OVERHEAD_TOKENS
+from memory_worker.folds import decide_for_chat
 from memory_worker.presets import PolicyError
 from memory_worker.runtime import chat_lock
 from memory_worker.state import MemorySnapshot, load_snapshot

@@ -18,8 +18,8 @@ from conversations.llm import ChatCompletion
 from conversations.models import Chat, Message, Role
 from conversations.services.agent_state import queue_agent_summary
 from conversations.variants import ModelVariant
-from memory_worker.consolidation import decide_for_chat
-from memory_worker.dispatch import request_consolidation
+from memory_worker.folds import decide_for_chat
+from memory_worker.runs import request_consolidation
 from memory_worker.state import MemorySnapshot, with_appended
 from memory_worker.tokens import count_tokens
 

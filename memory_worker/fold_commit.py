@@ -1,0 +1,174 @@
+"""A fold's commit: ONE conditional UPDATE of the brief (``WHERE version = v AND
+last_consolidated = W``) with its ledger row's outcome. Zero rows means another fold committed
+first: nothing is written and the row says ``superseded``. This UPDATE, not the Redis lock, is
+what makes folding exactly-once."""
+
+import logging
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from functools import partial
+from typing import Any
+
+from django.db import connection, transaction
+from django.db.models import F
+from django.utils import timezone
+
+from conversations import rows
+from conversations.models import Brief, Chat, Consolidation, ConsolidationStatus
+from memory_worker import policy as engine
+from memory_worker.fold_ledger import lag_ms
+from memory_worker.outcomes import FoldOutcome, FoldResult
+from memory_worker.signals import messages_folded
+from memory_worker.state import MemorySnapshot, after_fold
+from memory_worker.summarizers import SummaryResult
+from memory_worker.tokens import count_tokens
+
+log = logging.getLogger("chatmem.fold")
+
+
+def commit_fold(
+    chat: Chat,
+    snapshot: MemorySnapshot,
+    decision: engine.Decision,
+    ledger: Consolidation,
+    result: SummaryResult,
+    now: datetime,
+    started: float,
+) -> tuple[FoldOutcome, MemorySnapshot]:
+    duration_ms = int((time.monotonic() - started) * 1000)
+    summary_tokens = count_tokens(result.text)
+    finished_at = timezone.now()
+    chat_id = chat.pk
+    write = FoldWrite(
+        chat_id=chat_id,
+        snapshot=snapshot,
+        ledger_id=ledger.pk,
+        summary_tokens=summary_tokens,
+        brief_values={
+            "summary": result.text,
+            "summary_tokens": summary_tokens,
+            "last_consolidated": decision.to_seq,
+            "last_consolidated_at": now,
+            "turns_mark": snapshot.last_seq,
+            "consecutive_failures": 0,
+            "degraded": False,
+            "next_attempt_at": None,
+            "last_error": "",
+            "updated_at": timezone.now(),
+        },
+        ledger_values={
+            "finished_at": finished_at,
+            "duration_ms": duration_ms,
+            "input_tokens": result.input_tokens,
+            "output_tokens": result.output_tokens,
+            "summarizer_calls": result.calls,
+        },
+    )
+    commit = commit_in_one_statement if connection.vendor == "postgresql" else commit_in_transaction
+    committed = commit(write)
+    status = FoldResult.SUCCEEDED if committed else FoldResult.SUPERSEDED
+    if committed:
+        # After the commit: at once outside a transaction, else when the caller's ends.
+        transaction.on_commit(
+            partial(
+                messages_folded.send,
+                sender=Brief,
+                chat_id=chat_id,
+                from_seq=decision.from_seq,
+                to_seq=decision.to_seq,
+                version=snapshot.version + 1,
+                summary=result.text,
+            )
+        )
+    log.info(
+        "fold %s",
+        status,
+        extra={
+            "event": "fold",
+            "chat_id": chat_id,
+            "trigger": decision.trigger,
+            "synchronous": ledger.synchronous,
+            "from_seq": decision.from_seq,
+            "to_seq": decision.to_seq,
+            "messages_folded": decision.to_seq - decision.from_seq + 1,
+            "summary_tokens_before": snapshot.summary_tokens,
+            "summary_tokens_after": summary_tokens,
+            "input_tokens": result.input_tokens,
+            "output_tokens": result.output_tokens,
+            "summarizer_calls": result.calls,
+            "duration_ms": duration_ms,
+            "lag_ms": lag_ms(ledger.due_at, finished_at),
+            "outcome": str(status),
+        },
+    )
+    outcome = FoldOutcome(status, decision, ledger.pk)
+    return outcome, after_fold(snapshot, write.brief_values) if committed else snapshot
+
+
+@dataclass(frozen=True)
+class FoldWrite:
+    """What committing a fold writes: the brief (``brief_values``, and its version advanced) if
+    it wins the fencing step, the ledger row's outcome either way."""
+
+    chat_id: int
+    snapshot: MemorySnapshot  # what the fold read: the fencing step's version and W
+    ledger_id: int
+    summary_tokens: int  # the new summary's
+    brief_values: dict[str, Any]
+    ledger_values: dict[str, Any]
+
+
+def commit_in_transaction(write: FoldWrite) -> bool:
+    """The fencing step and the ledger's outcome, in one transaction. Returns whether this fold
+    advanced W."""
+    snapshot = write.snapshot
+    with transaction.atomic():
+        # The fencing step: only the fold that read this exact version may advance W.
+        committed = bool(
+            Brief.objects.filter(
+                chat_id=write.chat_id,
+                version=snapshot.version,
+                last_consolidated=snapshot.last_consolidated,
+            ).update(version=F("version") + 1, **write.brief_values)
+        )
+        status = ConsolidationStatus.SUCCEEDED if committed else ConsolidationStatus.SUPERSEDED
+        Consolidation.objects.filter(pk=write.ledger_id).update(
+            status=status,
+            summary_tokens_after=write.summary_tokens if committed else snapshot.summary_tokens,
+            **write.ledger_values,
+        )
+    return committed
+
+
+def commit_in_one_statement(write: FoldWrite) -> bool:
+    """PostgreSQL: ``commit_in_transaction`` as one statement, atomic on its own (no BEGIN and
+    COMMIT round trips): the brief's conditional UPDATE in a data-modifying CTE, and the ledger
+    row's UPDATE reading whether it changed a row. A CTE's UPDATE runs exactly once, however
+    often the statement refers to it."""
+    snapshot = write.snapshot
+    column = rows.column
+    brief_sets, params = rows.assignments(Brief, write.brief_values)
+    ledger_sets, ledger_params = rows.assignments(Consolidation, write.ledger_values)
+    version = column(Brief, "version")
+    won = "EXISTS (SELECT 1 FROM folded)"
+    sql = (
+        f"WITH folded AS (UPDATE {rows.quoted_table(Brief)} "
+        f"SET {brief_sets}, {version} = {version} + 1 "
+        f"WHERE {column(Brief, 'chat')} = %s AND {version} = %s "
+        f"AND {column(Brief, 'last_consolidated')} = %s RETURNING 1) "
+        f"UPDATE {rows.quoted_table(Consolidation)} SET {ledger_sets}, "
+        f"{column(Consolidation, 'status')} = CASE WHEN {won} THEN %s ELSE %s END, "
+        f"{column(Consolidation, 'summary_tokens_after')} = CASE WHEN {won} THEN %s ELSE %s END "
+        f"WHERE {column(Consolidation, 'id')} = %s RETURNING {won}"
+    )
+    params += [write.chat_id, snapshot.version, snapshot.last_consolidated, *ledger_params]
+    params += [ConsolidationStatus.SUCCEEDED.value, ConsolidationStatus.SUPERSEDED.value]
+    params += [write.summary_tokens, snapshot.summary_tokens, write.ledger_id]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        found = cursor.fetchone()
+    if found is not None:
+        return bool(found[0])
+    # The ledger row is gone (the chat was deleted while its fold ran): so is the brief.
+    return False

@@ -1,0 +1,98 @@
+"""The ledger rows of fold attempts (``Consolidation``): the "running" row a fold starts with,
+the row of a fold a database error interrupted, and the fields of every failed fold's log line."""
+
+import logging
+import socket
+import time
+import uuid
+from datetime import datetime
+from typing import Any
+
+from django.db import connection
+from django.utils import timezone
+
+from conversations import rows
+from conversations.models import Consolidation, ConsolidationStatus
+from memory_worker.outcomes import FoldResult
+
+log = logging.getLogger("chatmem.fold")
+
+
+WORKER_NAME = f"{socket.gethostname()}:{uuid.uuid4().hex[:6]}"
+
+
+def record_running(ledger: Consolidation) -> None:
+    """The fold's "running" ledger row. On PostgreSQL its commit does not wait for a disk flush:
+    if the database crashes before the fold's own (synchronous) commit, the fold is lost with
+    it and there is nothing for the row to record."""
+    if connection.vendor == "postgresql":
+        rows.insert_without_flush_wait(ledger)
+    else:
+        ledger.save(force_insert=True)
+
+
+def record_interrupted(ledger: Consolidation, error: BaseException, started: float) -> None:
+    """Best effort: the ledger row of a fold a database error interrupted, marked failed, and
+    the attempt's ``fold`` log line. Only a row still "running": the error may have come after
+    the commit itself landed (the connection lost before its answer), and then the row says so.
+    The brief is left alone: nothing is wrong with the chat's folds, and the task counts its own
+    retries. The database may still be down (this then fails, within DB_CONNECT_TIMEOUT, and
+    says so): the sweep abandons the row once no lock can cover it any more."""
+    duration_ms = int((time.monotonic() - started) * 1000)
+    error_name = type(error).__name__
+    marked: bool | None = None  # unknown: the row could not be written
+    try:
+        if not connection.in_atomic_block:  # (in one, closing would break the caller's)
+            # A connection the error broke is replaced, not reused (it would fail again).
+            connection.close_if_unusable_or_obsolete()
+        marked = bool(
+            Consolidation.objects.filter(pk=ledger.pk, status=ConsolidationStatus.RUNNING).update(
+                status=ConsolidationStatus.FAILED,
+                finished_at=timezone.now(),
+                duration_ms=duration_ms,
+                error=f"{error_name} (database error)",
+            )
+        )
+    except Exception as unmarked:
+        log.warning(
+            "could not mark the interrupted fold failed (%s); the sweep will",
+            type(unmarked).__name__,
+            extra={"chat_id": ledger.chat_id, "ledger_id": ledger.pk},
+        )
+    if marked is False:
+        # No longer running: the commit landed after all (its outcome stands), or the chat is gone.
+        log.info(
+            "database error after the fold's row was written",
+            extra={"chat_id": ledger.chat_id, "ledger_id": ledger.pk, "error": error_name},
+        )
+        return
+    log.warning(
+        "fold interrupted by a database error",
+        extra={
+            **failed_fold_fields(ledger),
+            "ledger_id": ledger.pk,
+            "error_kind": "database",
+            "duration_ms": duration_ms,
+            "error": error_name,
+        },
+    )
+
+
+def failed_fold_fields(ledger: Consolidation) -> dict[str, Any]:
+    """What every failed fold's log line says of the attempt."""
+    return {
+        "event": "fold",
+        "chat_id": ledger.chat_id,
+        "trigger": ledger.trigger,
+        "synchronous": ledger.synchronous,
+        "from_seq": ledger.from_seq,
+        "to_seq": ledger.to_seq,
+        "outcome": str(FoldResult.FAILED),
+    }
+
+
+def lag_ms(due_at: datetime | None, finished_at: datetime) -> int | None:
+    """Consolidation lag: from the turn that found a fold due to the fold's commit."""
+    if due_at is None:
+        return None
+    return max(int((finished_at - due_at).total_seconds() * 1000), 0)

@@ -1,0 +1,231 @@
+"""Executing a fold (DESIGN §6): read a snapshot (brief and unfolded messages), let the pure
+engine decide, call the summarizer with no transaction open, then commit chunk by chunk
+(memory_worker.fold_commit). Called by the run loop (memory_worker.runs), the turn's
+synchronous fold and the admin."""
+
+import logging
+import time
+from dataclasses import replace
+from datetime import datetime
+
+from django.conf import settings
+from django.db import IntegrityError, InterfaceError, OperationalError
+from django.utils import timezone
+
+from conversations.models import Chat, Consolidation, Message
+from memory_worker import policy as engine
+from memory_worker.backends import get_summarizer
+from memory_worker.chat_policy import policy_for_chat, variant_context_tokens
+from memory_worker.engine_state import Msg
+from memory_worker.fold_commit import commit_fold
+from memory_worker.fold_ledger import WORKER_NAME, record_interrupted, record_running
+from memory_worker.outcomes import FoldOutcome, FoldResult
+from memory_worker.retries import CRASH_KIND, clear_failure_state, in_backoff, record_failure
+from memory_worker.state import MemorySnapshot, engine_state, read_chat_and_snapshot
+from memory_worker.summarizers import FoldMessage, Summarizer, SummarizerError
+from memory_worker.turn_groups import split_for_summarizer
+
+log = logging.getLogger("chatmem.fold")
+
+
+def decide_for_chat(
+    chat: Chat, snapshot: MemorySnapshot, trigger: str, now: datetime
+) -> engine.Decision | None:
+    state = engine_state(chat, snapshot, variant_context_tokens(chat))
+    policy = policy_for_chat(chat)
+    if trigger == "manual":
+        return engine.decide_manual(state, policy)
+    return engine.decide(state, policy, now)
+
+
+def consolidate_once(
+    chat_id: int,
+    trigger: str,
+    now: datetime | None = None,
+    due_at: datetime | None = None,
+    deadline: float | None = None,
+) -> FoldOutcome:
+    """One policy evaluation and at most one fold (seed 000 §7: one summarization per cycle).
+    ``due_at``: when the turn that asked for this run found a fold due (for the lag figure);
+    ``deadline``: see ``execute_fold``."""
+    now = now or timezone.now()
+    found = read_chat_and_snapshot(chat_id)
+    if found is None:  # deleted while queued
+        return FoldOutcome(FoldResult.NOTHING)
+    chat, snapshot = found
+    if trigger != "manual" and in_backoff(snapshot, now):
+        return FoldOutcome(FoldResult.DEFERRED)
+    decision = decide_for_chat(chat, snapshot, trigger, now)
+    if decision is None:
+        if snapshot.next_attempt_at is not None:
+            clear_failure_state(chat_id, snapshot.next_attempt_at)
+        return FoldOutcome(FoldResult.NOTHING)
+    return execute_fold(chat, snapshot, decision, now=now, due_at=due_at, deadline=deadline)
+
+
+def execute_fold(
+    chat: Chat,
+    snapshot: MemorySnapshot,
+    decision: engine.Decision,
+    *,
+    now: datetime,
+    synchronous: bool = False,
+    due_at: datetime | None = None,
+    deadline: float | None = None,
+    summarizer: Summarizer | None = None,
+) -> FoldOutcome:
+    """The decided range, summarized and committed chunk by chunk. A range larger than the
+    summarizer's input budget is split at turn boundaries (DESIGN §5: chunks, never trimming),
+    and each chunk is a fold of its own: one summarizer call, its own fencing step, summary
+    version and ledger row. A later chunk's failure, the task's time limit or the worker's death
+    keeps the chunks already committed, so the next attempt starts where they left off, and a
+    backlog longer than one task's time limit still gets folded.
+
+    ``deadline`` (``time.monotonic()``): no chunk after the first starts unless it can finish
+    by then (``time_for_a_chunk``); the outcome then says more is due and the caller hands on.
+    The outcome is the last chunk's; ``decision`` stays the whole range's. ``summarizer``: the
+    configured one (for the chat's cap) unless given."""
+    to_fold = [m for m in snapshot.unfolded if decision.from_seq <= m.seq <= decision.to_seq]
+    chunks = split_for_summarizer(
+        [Msg(m.seq, m.role, m.token_count) for m in to_fold],
+        settings.MEMORY_SUMMARIZER_INPUT_BUDGET,
+    )
+    # The chat's own summary cap: its policy's bound and the synchronous fold's plan count on it.
+    summarizer = summarizer or get_summarizer(policy_for_chat(chat).summary_token_cap)
+    outcome = FoldOutcome(FoldResult.NOTHING, decision)
+    for index, (first, last) in enumerate(chunks):
+        if index and not time_for_a_chunk(deadline):
+            return replace(outcome, decision=decision, more_due=True, cut_short=True)
+        chunk = engine.Decision(decision.trigger, first, last)
+        batch = [m for m in to_fold if first <= m.seq <= last]
+        outcome, snapshot = fold_chunk(
+            chat,
+            snapshot,
+            chunk,
+            batch,
+            summarizer,
+            now=now,
+            synchronous=synchronous,
+            due_at=due_at,
+        )
+        if outcome.status != FoldResult.SUCCEEDED:
+            return replace(outcome, decision=decision)
+    more_due = still_due(chat, snapshot, now)
+    return replace(outcome, decision=decision, more_due=more_due)
+
+
+def still_due(chat: Chat, folded: MemorySnapshot, now: datetime) -> bool:
+    """Whether the state a fold just committed has another fold due. Judged on the messages the
+    fold read, with no fresh read: a message stored since then was checked by its own turn after
+    its commit, and a fold it found due reaches this task as a rerun (the queued marker is
+    cleared before the fold reads, and the lock turns that task into a pending flag)."""
+    return decide_for_chat(chat, folded, "rerun", now) is not None
+
+
+def time_for_a_chunk(deadline: float | None) -> bool:
+    """Whether one more summarizer call, at its slowest (MEMORY_LLM_TIMEOUT_SECONDS), still ends
+    before ``deadline``. A rare stricter retry after an over-cap summary can still outrun it;
+    the soft time limit then fails that one chunk, and the chunks before it stay committed."""
+    if deadline is None:
+        return True
+    return time.monotonic() + settings.MEMORY_LLM_TIMEOUT_SECONDS <= deadline
+
+
+def task_deadline(started: float) -> float:
+    """When a task that started at ``started`` (``time.monotonic()``) stops starting summarizer
+    calls: its soft time limit, less a tenth for the commit and the hand-off (Celery's limit
+    counts from the task's start, before the lock was even asked for)."""
+    return started + 0.9 * settings.MEMORY_TASK_SOFT_TIME_LIMIT
+
+
+def fold_chunk(
+    chat: Chat,
+    snapshot: MemorySnapshot,
+    chunk: engine.Decision,
+    batch: list[Message],
+    summarizer: Summarizer,
+    *,
+    now: datetime,
+    synchronous: bool,
+    due_at: datetime | None,
+) -> tuple[FoldOutcome, MemorySnapshot]:
+    """One summarizer call over ``batch`` (the chunk's messages) and its commit. Returns the
+    outcome and the snapshot as it stands after it (``snapshot`` unless it committed)."""
+    started = time.monotonic()
+    ledger = Consolidation(
+        chat=chat,
+        due_at=due_at,
+        trigger=chunk.trigger,
+        from_seq=chunk.from_seq,
+        to_seq=chunk.to_seq,
+        base_version=snapshot.version,
+        synchronous=synchronous,
+        summary_tokens_before=snapshot.summary_tokens,
+        worker=WORKER_NAME,
+    )
+    try:
+        record_running(ledger)
+    except IntegrityError:
+        # The ledger row's chat is gone: deleted after this fold read its snapshot (its foreign
+        # key is checked at the insert's commit). Nothing to fold; a turn folding
+        # synchronously re-reads the chat and answers its 404.
+        if Chat.objects.filter(pk=chat.pk).exists():
+            raise
+        log.info("chat deleted before its fold started", extra={"chat_id": chat.pk})
+        return FoldOutcome(FoldResult.NOTHING, chunk), snapshot
+    try:
+        return summarize_and_commit(
+            chat, snapshot, chunk, batch, summarizer, ledger, now=now, started=started
+        )
+    except DATABASE_ERRORS as error:
+        # The database failed under the fold (PostgreSQL restarting, the connection killed
+        # while the summarizer answered): the attempt says nothing about the chat. Its row is
+        # not left "running" for the sweep to abandon a lock TTL later if it can be marked
+        # now; the caller retries (tasks.consolidate_chat).
+        record_interrupted(ledger, error, started)
+        raise
+
+
+# Errors of the database itself, not of what was asked of it: a lost or refused connection, a
+# restart, a cancelled statement, a deadlock. Retrying later may work (tasks.consolidate_chat).
+DATABASE_ERRORS = (OperationalError, InterfaceError)
+
+
+def summarize_and_commit(
+    chat: Chat,
+    snapshot: MemorySnapshot,
+    chunk: engine.Decision,
+    batch: list[Message],
+    summarizer: Summarizer,
+    ledger: Consolidation,
+    *,
+    now: datetime,
+    started: float,
+) -> tuple[FoldOutcome, MemorySnapshot]:
+    """The summarizer call, with no transaction open, then the commit (or the failure's record)
+    of the chunk whose ledger row ``record_running`` wrote."""
+    try:
+        result = summarizer.summarize(
+            snapshot.summary, [FoldMessage(m.seq, m.role, m.content) for m in batch]
+        )
+    except SummarizerError as error:
+        plan = record_failure(chat.pk, snapshot, ledger, str(error), error.kind, now, started)
+        failed = FoldOutcome(
+            FoldResult.FAILED,
+            chunk,
+            ledger.pk,
+            str(error),
+            error.transient,
+            error.kind,
+            plan.delay.total_seconds() if plan.fast_retry else None,
+        )
+        return failed, snapshot
+    except Exception as error:
+        # Includes Celery's soft time limit: the ledger must not stay "running".
+        # The name only: the error's text may hold anything (SQL, a provider's account details),
+        # and the brief's last_error is shown to the chat's owner; the traceback goes to the log
+        # with the task's failure.
+        failure = f"{type(error).__name__} (crashed; see the worker's log)"
+        record_failure(chat.pk, snapshot, ledger, failure, CRASH_KIND, now, started)
+        raise
+    return commit_fold(chat, snapshot, chunk, ledger, result, now, started)

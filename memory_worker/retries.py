@@ -1,0 +1,223 @@
+"""How a failed fold is retried (DESIGN §6): its failure class, backoff and degraded state on
+the brief, the worker's own fast retry, a manual request's wait for a held lock, and the end of
+the failure state once nothing is due."""
+
+import logging
+import random
+import time
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import F
+from django.utils import timezone
+
+from conversations.models import Brief, Consolidation, ConsolidationStatus
+from memory_worker.fold_ledger import failed_fold_fields
+from memory_worker.outcomes import FoldOutcome, FoldResult
+from memory_worker.state import MemorySnapshot
+
+log = logging.getLogger("chatmem.fold")
+
+
+def failure_backoff(consecutive_failures: int) -> timedelta:
+    """Exponential with jitter, so a fleet of failing chats does not retry in lockstep."""
+    # The exponent is clamped: 2**1024 seconds overflows a float (and a timedelta far sooner),
+    # and the cap is reached long before.
+    doublings = min(max(consecutive_failures - 1, 0), 64)
+    base = settings.MEMORY_FAILURE_BACKOFF_SECONDS * 2**doublings
+    return _jittered(min(base, settings.MEMORY_FAILURE_BACKOFF_MAX_SECONDS))
+
+
+def _jittered(seconds: float) -> timedelta:
+    return timedelta(seconds=seconds * random.uniform(0.8, 1.2))
+
+
+# What retrying can achieve decides how a failure is retried (DESIGN §6: backoff retries only
+# for transient errors). Anything not raised by the summarizer (a crash, the soft time limit,
+# a database error) counts as transient: it says nothing about the request itself.
+CRASH_KIND = "crash"
+
+
+TRANSIENT = "transient"  # timeout, connection, 429 rate limit, 5xx: may work in a moment
+
+
+INVALID_OUTPUT = "invalid_output"  # empty, truncated, refused, over cap, not a summary
+
+
+REJECTED = "rejected"  # exhausted quota, other 4xx: only a human (billing, config) fixes it
+
+
+INVALID_OUTPUT_KINDS = frozenset({"empty", "truncated", "refused", "over_cap", "malformed"})
+
+
+REJECTED_KINDS = frozenset({"quota", "client_error"})
+
+
+@dataclass(frozen=True)
+class RetryPlan:
+    failure_class: str
+    delay: timedelta  # until the brief's next_attempt_at (turn triggers wait, the sweep retries)
+    degraded: bool
+    fast_retry: bool  # the worker queues a delayed retry itself instead of waiting for the sweep
+
+
+def failure_class(kind: str) -> str:
+    if kind in INVALID_OUTPUT_KINDS:
+        return INVALID_OUTPUT
+    if kind in REJECTED_KINDS:
+        return REJECTED
+    # TRANSIENT_KINDS and crashes; an unknown kind too: retried on the ladder, then degraded.
+    return TRANSIENT
+
+
+def retry_plan(kind: str, consecutive_failures: int) -> RetryPlan:
+    """The retry policy for the ``consecutive_failures``-th failure in a row, of this kind.
+
+    Transient: exponential backoff with jitter, and a fast retry queued by the worker until the
+    chat is degraded (after MEMORY_DEGRADED_AFTER_FAILURES); from then on only the sweep
+    retries, on the same ladder. Invalid output: the same input would likely fail the same way,
+    so no fast retry, degraded at once, and the ladder starts where a degraded transient chat
+    stands. Rejected: retrying cannot help before someone acts; degraded at once and one
+    attempt per maximum backoff. A manual consolidation always tries at once."""
+    degraded_after = settings.MEMORY_DEGRADED_AFTER_FAILURES
+    klass = failure_class(kind)
+    if klass == TRANSIENT:
+        degraded = consecutive_failures >= degraded_after
+        return RetryPlan(klass, failure_backoff(consecutive_failures), degraded, not degraded)
+    if klass == INVALID_OUTPUT:
+        step = consecutive_failures + max(degraded_after - 1, 0)
+        return RetryPlan(klass, failure_backoff(step), degraded=True, fast_retry=False)
+    return RetryPlan(
+        klass,
+        _jittered(settings.MEMORY_FAILURE_BACKOFF_MAX_SECONDS),
+        degraded=True,
+        fast_retry=False,
+    )
+
+
+def fast_retry_delay(outcomes: list[FoldOutcome]) -> float | None:
+    """Seconds after which the worker should retry the chat itself, judged by the newest
+    attempt that did something (a later ``deferred`` rerun does not cancel the retry)."""
+    for outcome in reversed(outcomes):
+        if outcome.status == FoldResult.FAILED:
+            return within_visibility(outcome.retry_in)
+        if outcome.status in (FoldResult.SUCCEEDED, FoldResult.SUPERSEDED):
+            return None
+    return None
+
+
+def within_visibility(delay: float | None) -> float | None:
+    """A delayed task held by a worker longer than the broker's visibility timeout is handed to
+    another worker too (Redis' restore ignores the ETA): the fold would run twice. Past half of
+    it, no delayed task; the sweep retries the chat when its next_attempt_at is due."""
+    if delay is None or delay >= settings.BROKER_VISIBILITY_TIMEOUT / 2:
+        return None
+    return delay
+
+
+# A manual fold asked for while another run holds the chat waits for it: that run's reruns
+# judge by the policy's own triggers, which need not want what was asked for by hand. Every
+# MANUAL_WAIT_SECONDS, for as long as a lock can be held (its TTL).
+MANUAL_WAIT_SECONDS = 5.0
+
+
+def manual_wait_delay(
+    chat_id: int, trigger: str, outcomes: list[FoldOutcome], waited: float
+) -> float | None:
+    """Seconds after which a manual request that met a held lock (no outcome) asks again, or
+    None: not such a request, or it has waited as long as a lock can be held."""
+    if outcomes or trigger != "manual":
+        return None
+    if waited >= settings.MEMORY_LOCK_TTL_SECONDS:
+        log.warning("manual fold gave up waiting for the lock", extra={"chat_id": chat_id})
+        return None
+    return MANUAL_WAIT_SECONDS
+
+
+def record_failure(
+    chat_id: int,
+    snapshot: MemorySnapshot,
+    ledger: Consolidation,
+    error: str,
+    kind: str,
+    now: datetime,
+    started: float,
+) -> RetryPlan:
+    Consolidation.objects.filter(pk=ledger.pk).update(
+        status=ConsolidationStatus.FAILED,
+        finished_at=timezone.now(),
+        duration_ms=int((time.monotonic() - started) * 1000),
+        error=error[:2000],
+    )
+    return fail_brief(ledger, snapshot.version, error, kind, now)
+
+
+def fail_brief(
+    ledger: Consolidation, version: int, error: str, kind: str, now: datetime
+) -> RetryPlan:
+    """A failed attempt on the chat's brief: one more consecutive failure, the retry time, and
+    degraded per the retry plan; and its log line. Filtered by the version the attempt read: if
+    another fold committed meanwhile, this failure is old news.
+
+    The count is incremented in the database, in the conditional UPDATE itself, and the plan is
+    made from the count it wrote: two failures of the same version (a crash and the sweep's
+    abandonment, two workers) count two, not one each read-then-written as N + 1. The row stays
+    locked until the plan is written, so a concurrent failure waits and plans from N + 2."""
+    chat_id = ledger.chat_id
+    with transaction.atomic():
+        current = Brief.objects.filter(chat_id=chat_id, version=version).update(
+            consecutive_failures=F("consecutive_failures") + 1,
+            last_error=error[:2000],
+            updated_at=timezone.now(),
+        )
+        count = (
+            Brief.objects.filter(chat_id=chat_id)
+            .values_list("consecutive_failures", flat=True)
+            .first()
+        )
+        # Not counted (another fold committed meanwhile): the plan only for the log line.
+        failures = (count or 0) + (0 if current else 1)
+        plan = retry_plan(kind, failures)
+        if current:
+            # Guarded by the count this failure wrote: a newer failure's plan is not overwritten.
+            Brief.objects.filter(
+                chat_id=chat_id, version=version, consecutive_failures=failures
+            ).update(degraded=plan.degraded, next_attempt_at=now + plan.delay)
+    if not current:
+        plan = RetryPlan(plan.failure_class, plan.delay, plan.degraded, fast_retry=False)
+    log.warning(
+        "fold failed",
+        extra={
+            **failed_fold_fields(ledger),
+            "error_kind": kind,
+            "failure_class": plan.failure_class,
+            "transient": plan.failure_class == TRANSIENT,
+            "consecutive_failures": failures,
+            "degraded": plan.degraded,
+            "retry_in_seconds": round(plan.delay.total_seconds(), 1),
+            "fast_retry": plan.fast_retry,
+            "error": error[:500],
+        },
+    )
+    return plan
+
+
+def clear_failure_state(chat_id: int, next_attempt_at: datetime) -> None:
+    """A retry that finds nothing to fold ends the failure state: what failed is no longer due
+    (a manual fold, which the engine's own triggers would not have asked for; a trigger whose
+    condition passed). Otherwise the chat stayed degraded, and the sweep queued its "due" retry
+    every minute, for nothing. Only if no newer failure has set another retry time."""
+    cleared = Brief.objects.filter(chat_id=chat_id, next_attempt_at=next_attempt_at).update(
+        next_attempt_at=None, degraded=False, consecutive_failures=0
+    )
+    if cleared:
+        log.info(
+            "failure state cleared: nothing is due",
+            extra={"event": "failure_cleared", "chat_id": chat_id},
+        )
+
+
+def in_backoff(snapshot: MemorySnapshot, now: datetime) -> bool:
+    return snapshot.next_attempt_at is not None and snapshot.next_attempt_at > now

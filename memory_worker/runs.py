@@ -1,0 +1,108 @@
+"""The run loop of a chat's consolidation: one run at a time under the chat's lock, reruns while
+a request marked the chat pending, and the hand-off of what is left to a fresh task. Also how a
+consolidation is asked for (``request_consolidation``): after a turn commits, by the sweep, the
+API and the admin."""
+
+import contextlib
+import logging
+import time
+import uuid
+from datetime import datetime
+
+from django.conf import settings
+
+from memory_worker.dispatch import TaskByName, clear_queued, hand_off, mark_queued
+from memory_worker.folds import consolidate_once, task_deadline, time_for_a_chunk
+from memory_worker.locks import ChatLock, Release
+from memory_worker.outcomes import FoldOutcome
+from memory_worker.runtime import chat_lock
+
+log = logging.getLogger("chatmem.fold")
+
+CONSOLIDATE_CHAT = TaskByName("chatmem.consolidate_chat")
+
+
+def request_consolidation(chat_id: int, trigger: str, due_at: datetime | None = None) -> bool:
+    """Returns whether the request was handed on (queued or started); never raises. ``due_at``:
+    when a turn found a fold due, carried to the fold's ledger row (consolidation lag)."""
+    return hand_off(
+        "consolidation; the sweep will pick the chat up",
+        {"chat_id": chat_id, "trigger": trigger},
+        lambda: _publish(chat_id, trigger, due_at),
+        _run_inline,
+        chat_id,
+        trigger,
+        due_at,
+    )
+
+
+def _publish(chat_id: int, trigger: str, due_at: datetime | None) -> None:
+    if trigger == "turn" and not mark_queued(chat_id):
+        return  # a task queued for this chat has not started: it will see this turn (dispatch)
+    # An optional keyword, so messages queued without it still run.
+    kwargs = {"due_at": due_at.timestamp()} if due_at is not None else {}
+    try:
+        # retry=False: a dead broker must fail fast instead of holding the request.
+        CONSOLIDATE_CHAT.apply_async(args=(chat_id, trigger), kwargs=kwargs, retry=False)
+    except Exception:
+        if trigger == "turn":
+            with contextlib.suppress(Exception):  # else the marker expires on its own
+                clear_queued(chat_id)
+        raise
+
+
+def _run_inline(chat_id: int, trigger: str, due_at: datetime | None = None) -> None:
+    consolidate_with_lock(chat_id, trigger, chat_lock(), due_at=due_at)
+
+
+def consolidate_with_lock(
+    chat_id: int,
+    trigger: str,
+    lock: ChatLock,
+    *,
+    max_runs: int | None = None,
+    due_at: datetime | None = None,
+    started: float | None = None,
+) -> list[FoldOutcome]:
+    """Seed 001's is_consolidating / pending_consolidation, made atomic: acquire or mark pending;
+    after each run release, or (pending was set) clear it and re-judge once more. Bounded by
+    ``max_runs``; past it the lock is released and a fresh task takes over.
+
+    ``due_at`` stays with every fold of this task, reruns included: a rerun's fold was due at
+    the latest since then, so its lag is an upper bound. A request that only marked pending
+    (the lock was busy) is served by the holder's reruns, timed from the holder's ``due_at``."""
+    max_runs = max_runs or settings.MEMORY_MAX_RERUNS_PER_TASK
+    token = uuid.uuid4().hex
+    if not lock.acquire_or_mark_pending(chat_id, token):
+        log.info("lock busy, rerun marked", extra={"event": "lock_contended", "chat_id": chat_id})
+        return []
+    # Reruns and a fold's later chunks stop in time to end the task before its soft time limit:
+    # what they leave is marked pending and handed to a fresh task. ``started``: the task's.
+    deadline = task_deadline(time.monotonic() if started is None else started)
+    outcomes: list[FoldOutcome] = []
+    next_trigger = "rerun"
+    try:
+        while True:
+            outcome = consolidate_once(chat_id, trigger, due_at=due_at, deadline=deadline)
+            outcomes.append(outcome)
+            if outcome.more_due:
+                # One fold per cycle; the backlog left another due: run again, on a fresh read.
+                lock.mark_pending(chat_id)
+            # What a manual fold cut short by the deadline left was asked for by hand: a rerun
+            # judged by the policy's own triggers might leave it.
+            next_trigger = "manual" if trigger == "manual" and outcome.cut_short else "rerun"
+            if len(outcomes) >= max_runs or not time_for_a_chunk(deadline):
+                break
+            release = lock.release_or_rerun(chat_id, token)
+            if release is Release.LOST:
+                log.warning("lock expired during a run", extra={"chat_id": chat_id})
+            if release is not Release.RERUN:
+                return outcomes
+            trigger = next_trigger
+    except BaseException:
+        lock.release(chat_id, token)
+        raise
+    lock.release(chat_id, token)
+    if lock.is_pending(chat_id):
+        request_consolidation(chat_id, next_trigger, due_at)
+    return outcomes
