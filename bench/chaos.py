@@ -392,7 +392,7 @@ def chats_still_busy(chat_ids: list[int]) -> list[int]:
     due = {
         chat.pk
         for chat in Chat.objects.filter(pk__in=chat_ids)
-        if decide_for_chat(chat, load_snapshot(chat.pk), "sweep", timezone.now()) is not None
+        if decide_for_chat(chat, load_snapshot(chat.pk), timezone.now()) is not None
     }
     return sorted(degraded | due)
 

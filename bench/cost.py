@@ -9,7 +9,7 @@ model server actually received.
     python -m bench.cost [--turns 600] [--presets all|name,...] [--seed 7]
                          [--out bench/results/cost.json] [--database-url postgres://...]
 
-After every turn the script plays the Celery worker: it calls ``consolidate_once(chat, "turn")``
+After every turn the script plays the Celery worker: it calls ``consolidate_once`` for the turn
 until it answers "nothing" or "deferred" (at most 5 times), which is what a worker does off the
 request path. See ``docs/benchmarks.md`` for what each figure means.
 """
@@ -35,6 +35,7 @@ from functools import cache
 from typing import Any
 
 from bench.common import api_client, configure_django, save_report
+from memory_worker.dispatch import RequestTrigger
 from memory_worker.tokens import count_tokens
 from tests.fake_openai import SUMMARY_MARKER, FakeOpenAI, RecordedRequest, content_text
 
@@ -452,7 +453,7 @@ def play_worker(chat_id: int) -> None:
     from memory_worker.folds import consolidate_once
 
     for _ in range(WORKER_PASSES):
-        if consolidate_once(chat_id, "turn").status in ("nothing", "deferred"):
+        if consolidate_once(chat_id, RequestTrigger.TURN).status in ("nothing", "deferred"):
             return
 
 

@@ -33,6 +33,7 @@ from bench.common import (
     machine_line,
     write_report,
 )
+from memory_worker.dispatch import RequestTrigger
 
 DEFAULT_DATABASE_URL = "postgres://postgres@127.0.0.1:5432/chatmem_bench"
 TAIL = 40
@@ -87,7 +88,7 @@ def timed_turn(client: Any, chat_id: int, number: int) -> float:
 def fold_untimed(chat_id: int) -> None:
     from memory_worker.folds import consolidate_once
 
-    consolidate_once(chat_id, "turn")
+    consolidate_once(chat_id, RequestTrigger.TURN)
 
 
 def percentile(values: Sequence[float], share: float) -> float:

@@ -21,6 +21,7 @@ from conversations.models import Brief, Chat, Consolidation, DailyNote, Message
 from conversations.services import chats as chat_service
 from conversations.services.chats import next_context
 from conversations.variants import UnknownVariant
+from memory_worker.dispatch import RequestTrigger
 from memory_worker.fold_ledger import lag_ms
 from memory_worker.policy import Trigger
 from memory_worker.presets import PRESETS, PolicyError
@@ -163,7 +164,7 @@ def consolidate_now(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset
     chat_ids = list(queryset.values_list("pk", flat=True))
     queued = 0
     for chat_id in chat_ids:
-        if not request_consolidation(chat_id, "manual"):
+        if not request_consolidation(chat_id, RequestTrigger.MANUAL):
             # The broker is down (each try can wait for its timeout): stop rather than try the
             # rest one by one.
             modeladmin.message_user(

@@ -8,6 +8,7 @@ import logging
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from enum import StrEnum
 from typing import Any
 
 from celery import current_app
@@ -22,6 +23,17 @@ _inline_executor: ThreadPoolExecutor | None = None
 _inline_guard = threading.Lock()
 
 MEMORY_QUEUE = "memory"
+
+
+class RequestTrigger(StrEnum):
+    """Why a consolidation task was asked for (its ``trigger`` argument and log field). The fold
+    it runs names its own reason in the ledger (policy.Trigger)."""
+
+    TURN = "turn"  # a turn committed and found a fold due
+    MANUAL = "manual"  # the API or the admin
+    RERUN = "rerun"  # a run left the chat pending (a request during it, or more due)
+    RETRY = "retry"  # a failed fold's fast retry
+    SWEEP = "sweep"  # the beat sweep found the chat behind
 
 
 class TaskByName:

@@ -16,6 +16,7 @@ from conversations.models import Chat, Consolidation, Message
 from memory_worker import policy as engine
 from memory_worker.backends import get_summarizer
 from memory_worker.chat_policy import policy_for_chat, variant_context_tokens
+from memory_worker.dispatch import RequestTrigger
 from memory_worker.engine_state import Msg
 from memory_worker.fold_commit import commit_fold
 from memory_worker.fold_ledger import WORKER_NAME, record_interrupted, record_running
@@ -29,18 +30,18 @@ log = logging.getLogger("chatmem.fold")
 
 
 def decide_for_chat(
-    chat: Chat, snapshot: MemorySnapshot, trigger: str, now: datetime
+    chat: Chat, snapshot: MemorySnapshot, now: datetime, *, manual: bool = False
 ) -> engine.Decision | None:
     state = engine_state(chat, snapshot, variant_context_tokens(chat))
     policy = policy_for_chat(chat)
-    if trigger == "manual":
+    if manual:
         return engine.decide_manual(state, policy)
     return engine.decide(state, policy, now)
 
 
 def consolidate_once(
     chat_id: int,
-    trigger: str,
+    trigger: RequestTrigger,
     now: datetime | None = None,
     due_at: datetime | None = None,
     deadline: float | None = None,
@@ -53,9 +54,10 @@ def consolidate_once(
     if found is None:  # deleted while queued
         return FoldOutcome(FoldResult.NOTHING)
     chat, snapshot = found
-    if trigger != "manual" and in_backoff(snapshot, now):
+    manual = trigger == RequestTrigger.MANUAL
+    if not manual and in_backoff(snapshot, now):
         return FoldOutcome(FoldResult.DEFERRED)
-    decision = decide_for_chat(chat, snapshot, trigger, now)
+    decision = decide_for_chat(chat, snapshot, now, manual=manual)
     if decision is None:
         if snapshot.next_attempt_at is not None:
             clear_failure_state(chat_id, snapshot.next_attempt_at)
@@ -119,7 +121,7 @@ def still_due(chat: Chat, folded: MemorySnapshot, now: datetime) -> bool:
     fold read, with no fresh read: a message stored since then was checked by its own turn after
     its commit, and a fold it found due reaches this task as a rerun (the queued marker is
     cleared before the fold reads, and the lock turns that task into a pending flag)."""
-    return decide_for_chat(chat, folded, "rerun", now) is not None
+    return decide_for_chat(chat, folded, now) is not None
 
 
 def time_for_a_chunk(deadline: float | None) -> bool:

@@ -14,6 +14,7 @@ from django.db.models import F
 from django.utils import timezone
 
 from conversations.models import Brief, Consolidation, ConsolidationStatus
+from memory_worker.dispatch import RequestTrigger
 from memory_worker.fold_ledger import failed_fold_fields
 from memory_worker.outcomes import FoldOutcome, FoldResult
 from memory_worker.state import MemorySnapshot
@@ -128,7 +129,7 @@ def manual_wait_delay(
 ) -> float | None:
     """Seconds after which a manual request that met a held lock (no outcome) asks again, or
     None: not such a request, or it has waited as long as a lock can be held."""
-    if outcomes or trigger != "manual":
+    if outcomes or trigger != RequestTrigger.MANUAL:
         return None
     if waited >= settings.MEMORY_LOCK_TTL_SECONDS:
         log.warning("manual fold gave up waiting for the lock", extra={"chat_id": chat_id})

@@ -11,7 +11,7 @@ from datetime import datetime
 
 from django.conf import settings
 
-from memory_worker.dispatch import TaskByName, clear_queued, hand_off, mark_queued
+from memory_worker.dispatch import RequestTrigger, TaskByName, clear_queued, hand_off, mark_queued
 from memory_worker.folds import consolidate_once, task_deadline, time_for_a_chunk
 from memory_worker.locks import ChatLock, Release
 from memory_worker.outcomes import FoldOutcome
@@ -22,7 +22,9 @@ log = logging.getLogger("chatmem.fold")
 CONSOLIDATE_CHAT = TaskByName("chatmem.consolidate_chat")
 
 
-def request_consolidation(chat_id: int, trigger: str, due_at: datetime | None = None) -> bool:
+def request_consolidation(
+    chat_id: int, trigger: RequestTrigger, due_at: datetime | None = None
+) -> bool:
     """Returns whether the request was handed on (queued or started); never raises. ``due_at``:
     when a turn found a fold due, carried to the fold's ledger row (consolidation lag)."""
     return hand_off(
@@ -36,8 +38,8 @@ def request_consolidation(chat_id: int, trigger: str, due_at: datetime | None = 
     )
 
 
-def _publish(chat_id: int, trigger: str, due_at: datetime | None) -> None:
-    if trigger == "turn" and not mark_queued(chat_id):
+def _publish(chat_id: int, trigger: RequestTrigger, due_at: datetime | None) -> None:
+    if trigger == RequestTrigger.TURN and not mark_queued(chat_id):
         return  # a task queued for this chat has not started: it will see this turn (dispatch)
     # An optional keyword, so messages queued without it still run.
     kwargs = {"due_at": due_at.timestamp()} if due_at is not None else {}
@@ -45,19 +47,19 @@ def _publish(chat_id: int, trigger: str, due_at: datetime | None) -> None:
         # retry=False: a dead broker must fail fast instead of holding the request.
         CONSOLIDATE_CHAT.apply_async(args=(chat_id, trigger), kwargs=kwargs, retry=False)
     except Exception:
-        if trigger == "turn":
+        if trigger == RequestTrigger.TURN:
             with contextlib.suppress(Exception):  # else the marker expires on its own
                 clear_queued(chat_id)
         raise
 
 
-def _run_inline(chat_id: int, trigger: str, due_at: datetime | None = None) -> None:
+def _run_inline(chat_id: int, trigger: RequestTrigger, due_at: datetime | None = None) -> None:
     consolidate_with_lock(chat_id, trigger, chat_lock(), due_at=due_at)
 
 
 def consolidate_with_lock(
     chat_id: int,
-    trigger: str,
+    trigger: RequestTrigger,
     lock: ChatLock,
     *,
     max_runs: int | None = None,
@@ -80,7 +82,7 @@ def consolidate_with_lock(
     # what they leave is marked pending and handed to a fresh task. ``started``: the task's.
     deadline = task_deadline(time.monotonic() if started is None else started)
     outcomes: list[FoldOutcome] = []
-    next_trigger = "rerun"
+    next_trigger = RequestTrigger.RERUN
     try:
         while True:
             outcome = consolidate_once(chat_id, trigger, due_at=due_at, deadline=deadline)
@@ -90,7 +92,11 @@ def consolidate_with_lock(
                 lock.mark_pending(chat_id)
             # What a manual fold cut short by the deadline left was asked for by hand: a rerun
             # judged by the policy's own triggers might leave it.
-            next_trigger = "manual" if trigger == "manual" and outcome.cut_short else "rerun"
+            next_trigger = (
+                RequestTrigger.MANUAL
+                if trigger == RequestTrigger.MANUAL and outcome.cut_short
+                else RequestTrigger.RERUN
+            )
             if len(outcomes) >= max_runs or not time_for_a_chunk(deadline):
                 break
             release = lock.release_or_rerun(chat_id, token)

@@ -83,7 +83,7 @@ def cooldown_fold_due(chat_id: int, now: datetime) -> bool:
         if found is None:
             return False  # deleted since it was listed
         chat, snapshot = found
-        return decide_for_chat(chat, snapshot, "cooldown", now) is not None
+        return decide_for_chat(chat, snapshot, now) is not None
     except Brief.DoesNotExist:
         return False  # deleted between the chat's read and its brief's (SQLite: two reads)
     except Exception:

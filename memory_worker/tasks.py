@@ -11,7 +11,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from memory_worker import agent_summaries, hooks, retries
-from memory_worker.dispatch import clear_queued
+from memory_worker.dispatch import RequestTrigger, clear_queued
 from memory_worker.folds import DATABASE_ERRORS
 from memory_worker.outcomes import FoldResult
 from memory_worker.runs import CONSOLIDATE_CHAT, consolidate_with_lock, request_consolidation
@@ -43,8 +43,11 @@ def consolidate_chat(
         # Redis is down: the marker expires on its own; the lock below will fail the task.
         log.warning("could not clear the queued marker", extra={"chat_id": chat_id})
     due = datetime.fromtimestamp(due_at, UTC) if due_at is not None else None
+    requested = RequestTrigger(trigger)
     try:
-        outcomes = consolidate_with_lock(chat_id, trigger, chat_lock(), due_at=due, started=started)
+        outcomes = consolidate_with_lock(
+            chat_id, requested, chat_lock(), due_at=due, started=started
+        )
     except DATABASE_ERRORS as error:
         # The lock is already released (consolidate_with_lock) and the ledger row marked failed
         # if the database let it be (fold_ledger.record_interrupted).
@@ -54,10 +57,10 @@ def consolidate_chat(
     # The policy lives in the service; the task only queues what it says.
     wait = retries.manual_wait_delay(chat_id, trigger, outcomes, waited)
     if wait is not None:
-        _queue_again(chat_id, "manual", wait, {"waited": waited + wait})
+        _queue_again(chat_id, RequestTrigger.MANUAL, wait, {"waited": waited + wait})
     delay = retries.fast_retry_delay(outcomes)
     if delay is not None:
-        _queue_again(chat_id, "retry", delay)
+        _queue_again(chat_id, RequestTrigger.RETRY, delay)
     return [outcome.status for outcome in outcomes]
 
 
@@ -129,7 +132,7 @@ def sweep() -> int:
     abandon_stale_runs(now)
     chat_ids = sweep_candidates(now, chat_lock(), settings.MEMORY_SWEEP_BATCH)
     for chat_id in chat_ids:
-        request_consolidation(chat_id, "sweep")
+        request_consolidation(chat_id, RequestTrigger.SWEEP)
     hooks.replay_missed_daily_notes(now)  # daily-notes hooks whose publish failed
     log.info("sweep", extra={"event": "sweep", "enqueued": len(chat_ids)})
     return len(chat_ids)

@@ -18,7 +18,7 @@ from conversations.models import Brief, Chat
 from memory_worker import policy as engine
 from memory_worker.backends import offline_summarizer, summarizer_backend_name
 from memory_worker.chat_policy import policy_for_chat
-from memory_worker.dispatch import fold_queued
+from memory_worker.dispatch import RequestTrigger, fold_queued
 from memory_worker.folds import execute_fold
 from memory_worker.locks import ChatLock
 from memory_worker.outcomes import FoldOutcome, FoldResult
@@ -92,7 +92,7 @@ def release(chat_id: int, token: str, lock: ChatLock) -> None:
     try:
         lock.release(chat_id, token)
         if lock.is_pending(chat_id):
-            request_consolidation(chat_id, "rerun")
+            request_consolidation(chat_id, RequestTrigger.RERUN)
     except redis.RedisError:
         log.warning("could not release the chat's lock", extra={"chat_id": chat_id})
 

@@ -33,6 +33,7 @@ from conversations import admin as chat_admin
 from conversations.models import Brief, Chat, Consolidation, DailyNote, Message
 from conversations.services import chats as chat_service
 from memory_worker.chat_policy import effective_policy
+from memory_worker.dispatch import RequestTrigger
 from memory_worker.folds import consolidate_once
 from memory_worker.policy import TRIGGER_PRIORITY, Trigger
 from memory_worker.presets import PolicyError
@@ -116,7 +117,7 @@ def chat_with_summary(api: Any, turns: int = 14) -> Chat:
         content = f"Remember that the launch code {number} is blue."
         response = api.post(f"/api/v1/chats/{chat_id}/turns/", {"content": content}, format="json")
         assert response.status_code == 201
-    consolidate_once(chat_id, "manual")
+    consolidate_once(chat_id, RequestTrigger.MANUAL)
     assert Brief.objects.get(chat_id=chat_id).last_consolidated > 0
     return Chat.objects.get(pk=chat_id)
 

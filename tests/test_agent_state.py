@@ -14,6 +14,7 @@ from conversations.agent_state import PROPOSED_SUMMARY
 from conversations.models import AgentState, Chat, Message, ResponseSummary
 from memory_worker import policy as engine
 from memory_worker.agent_summaries import summarize_turns
+from memory_worker.dispatch import RequestTrigger
 from memory_worker.engine_state import ROLE_OVERHEAD_TOKENS, prompt_tokens
 from memory_worker.folds import consolidate_once
 from memory_worker.state import engine_state, load_snapshot
@@ -522,7 +523,7 @@ def test_turn_digest_fold_sends_the_full_reply_not_its_response_summary(  # type
     for number in range(3):
         assert turn(api, chat_id, f"later turn {number}").status_code == 201
     summarize_turns(chat_id)
-    outcome = consolidate_once(chat_id, "turn")
+    outcome = consolidate_once(chat_id, RequestTrigger.TURN)
     assert outcome.status == "succeeded"
     assert (outcome.decision.from_seq, outcome.decision.to_seq) == (1, 2)  # type: ignore[union-attr]
     fold_input = str(use_fake_openai.summarize_requests()[-1]["body"])

@@ -12,6 +12,7 @@ from rest_framework.test import APIClient
 
 from conversations.models import Brief, Chat, Message
 from conversations.services import bounded_context, turn_model, turn_slot
+from memory_worker.dispatch import RequestTrigger
 from memory_worker.folds import consolidate_once
 from tests.fake_openai import FakeOpenAI
 
@@ -200,7 +201,8 @@ def folded_summary_tokens(api: APIClient, overrides: dict[str, Any]) -> int:
         )
         response = api.post(f"/api/v1/chats/{chat_id}/turns/", {"content": content}, format="json")
         assert response.status_code == 201, response.content
-    consolidate_once(chat_id, "manual")  # the turns folded synchronously already (contract)
+    # The turns folded synchronously already (contract).
+    consolidate_once(chat_id, RequestTrigger.MANUAL)
     brief = Brief.objects.get(chat_id=chat_id)
     assert brief.last_consolidated > 0 and brief.summary
     return brief.summary_tokens
@@ -233,7 +235,7 @@ def test_the_summarizer_is_asked_for_the_chats_cap(
     chat_id = new_chat(api, policy="contract", policy_overrides={"summary_token_cap": 321})
     for number in range(8):
         api.post(f"/api/v1/chats/{chat_id}/turns/", {"content": f"fact {number}"}, format="json")
-    consolidate_once(chat_id, "manual")
+    consolidate_once(chat_id, RequestTrigger.MANUAL)
     instructions = use_fake_openai.summarize_requests()[-1]["body"]["messages"][0]["content"]
     assert "321" in instructions and "500" not in instructions
 

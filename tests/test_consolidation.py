@@ -10,6 +10,7 @@ from django.utils import timezone
 
 from conversations.models import Brief, Chat, Consolidation, Message
 from memory_worker import fold_commit, folds, runs, sweep
+from memory_worker.dispatch import RequestTrigger
 from memory_worker.state import load_snapshot
 from tests.conftest import require
 
@@ -45,9 +46,9 @@ def recorder(requested: list[tuple[int, str]]):  # type: ignore[no-untyped-def]
 def test_sliding_window_folds_twelve_beyond_the_tail(api) -> None:  # type: ignore[no-untyped-def]
     chat_id = new_chat(api)  # sliding-window defaults: tail 40, window 12
     turns(api, chat_id, 25)  # 50 messages: backlog 10, nothing due
-    assert folds.consolidate_once(chat_id, "turn").status == "nothing"
+    assert folds.consolidate_once(chat_id, RequestTrigger.TURN).status == "nothing"
     turns(api, chat_id, 1, start=25)  # 52 messages: backlog 12
-    outcome = folds.consolidate_once(chat_id, "turn")
+    outcome = folds.consolidate_once(chat_id, RequestTrigger.TURN)
     assert outcome.status == "succeeded"
     assert outcome.decision is not None
     assert (outcome.decision.trigger, outcome.decision.from_seq, outcome.decision.to_seq) == (
@@ -81,7 +82,7 @@ def chat_with_a_fold_due(api):  # type: ignore[no-untyped-def]
     turns(api, chat_id, 26)
     chat = Chat.objects.get(pk=chat_id)
     snapshot = load_snapshot(chat_id)
-    decision = folds.decide_for_chat(chat, snapshot, "turn", timezone.now())
+    decision = folds.decide_for_chat(chat, snapshot, timezone.now())
     assert decision is not None
     return chat, snapshot, decision
 
@@ -112,7 +113,7 @@ def test_summarizer_failure_writes_nothing_and_backs_off(api, use_fake_openai) -
     chat_id = new_chat(api)
     turns(api, chat_id, 26)
     use_fake_openai.queue_faults("summarize", ["500"])
-    outcome = folds.consolidate_once(chat_id, "turn")
+    outcome = folds.consolidate_once(chat_id, RequestTrigger.TURN)
     assert outcome.status == "failed" and outcome.transient
     brief = Brief.objects.get(chat_id=chat_id)
     assert (brief.summary, brief.last_consolidated, brief.version) == ("", 0, 0)
@@ -120,8 +121,8 @@ def test_summarizer_failure_writes_nothing_and_backs_off(api, use_fake_openai) -
     assert brief.next_attempt_at is not None and brief.next_attempt_at > timezone.now()
     assert "500" in brief.last_error or "server" in brief.last_error.lower()
     # While backing off, turn triggers do not hammer the model; a manual request does run.
-    assert folds.consolidate_once(chat_id, "turn").status == "deferred"
-    assert folds.consolidate_once(chat_id, "manual").status == "succeeded"
+    assert folds.consolidate_once(chat_id, RequestTrigger.TURN).status == "deferred"
+    assert folds.consolidate_once(chat_id, RequestTrigger.MANUAL).status == "succeeded"
     brief.refresh_from_db()
     assert (brief.consecutive_failures, brief.next_attempt_at, brief.last_error) == (0, None, "")
 
@@ -131,7 +132,7 @@ def test_invalid_summaries_are_failures(api, use_fake_openai) -> None:  # type: 
     turns(api, chat_id, 26)
     for fault in ("empty", "truncated", "refusal"):
         use_fake_openai.queue_faults("summarize", [fault])
-        outcome = folds.consolidate_once(chat_id, "manual")
+        outcome = folds.consolidate_once(chat_id, RequestTrigger.MANUAL)
         assert outcome.status == "failed", fault
         assert not outcome.transient, fault
     assert Brief.objects.get(chat_id=chat_id).last_consolidated == 0
@@ -239,7 +240,7 @@ def test_large_fold_is_summarized_in_chunks(api, use_fake_openai, settings) -> N
     settings.MEMORY_SUMMARIZER_INPUT_BUDGET = 120  # a few turns per summarizer call
     chat_id = new_chat(api)
     turns(api, chat_id, 26)
-    outcome = folds.consolidate_once(chat_id, "turn")
+    outcome = folds.consolidate_once(chat_id, RequestTrigger.TURN)
     assert outcome.status == "succeeded"
     assert outcome.decision is not None and outcome.decision.to_seq == 12  # the whole range
     requests = use_fake_openai.summarize_requests()
@@ -274,7 +275,7 @@ def test_a_later_chunk_failing_keeps_the_chunks_before_it(api, use_fake_openai, 
     chat_id = new_chat(api)
     turns(api, chat_id, 26)
     use_fake_openai.queue_faults("summarize", ["ok", "500"])
-    outcome = folds.consolidate_once(chat_id, "turn")
+    outcome = folds.consolidate_once(chat_id, RequestTrigger.TURN)
     assert (outcome.status, outcome.kind) == ("failed", "server_error")
     first, second = Consolidation.objects.filter(chat_id=chat_id).order_by("id")
     assert (first.status, second.status) == ("succeeded", "failed")
@@ -285,10 +286,10 @@ def test_a_later_chunk_failing_keeps_the_chunks_before_it(api, use_fake_openai, 
     # The policy decides again from the new watermark: the 2 messages left are under the
     # window, so the retry finds nothing due and ends the failure state...
     retry_at = brief.next_attempt_at + timedelta(seconds=1)
-    assert folds.consolidate_once(chat_id, "retry", now=retry_at).status == "nothing"
+    assert folds.consolidate_once(chat_id, RequestTrigger.RETRY, now=retry_at).status == "nothing"
     assert Brief.objects.get(chat_id=chat_id).consecutive_failures == 0
     # ...and a fold starts where the committed chunk ended.
-    manual = folds.consolidate_once(chat_id, "manual")
+    manual = folds.consolidate_once(chat_id, RequestTrigger.MANUAL)
     assert manual.status == "succeeded"
     assert manual.decision is not None and manual.decision.from_seq == first.to_seq + 1
     assert Brief.objects.get(chat_id=chat_id).last_consolidated == 12
@@ -331,7 +332,7 @@ def test_flush_hooks_run_after_a_committed_fold(api, settings, transactional_db)
         settings.MEMORY_FLUSH_HOOKS = ["tests.test_consolidation.record_flush"]
         settings.MEMORY_DISPATCH = "inline"
         stale = load_snapshot(chat_id)
-        assert folds.consolidate_once(chat_id, "manual").status == "succeeded"
+        assert folds.consolidate_once(chat_id, RequestTrigger.MANUAL).status == "succeeded"
         drain_inline()
     finally:
         messages_folded.disconnect(on_fold)
@@ -341,7 +342,7 @@ def test_flush_hooks_run_after_a_committed_fold(api, settings, transactional_db)
     assert [(chat_id, list(range(1, 13)), 1)] == FLUSHED
     # A superseded (stale) fold sends nothing.
     chat = Chat.objects.get(pk=chat_id)
-    decision = folds.decide_for_chat(chat, stale, "manual", timezone.now())
+    decision = folds.decide_for_chat(chat, stale, timezone.now(), manual=True)
     assert decision is not None
     assert folds.execute_fold(chat, stale, decision, now=timezone.now()).status == "superseded"
     drain_inline()
@@ -503,7 +504,7 @@ def task_run(chat_id: int, lock: object) -> tuple[list[str], list[str]]:
     from django.test.utils import CaptureQueriesContext
 
     with CaptureQueriesContext(connection) as captured:
-        outcomes = runs.consolidate_with_lock(chat_id, "turn", lock)  # type: ignore[arg-type]
+        outcomes = runs.consolidate_with_lock(chat_id, RequestTrigger.TURN, lock)  # type: ignore[arg-type]
     return [o.status for o in outcomes], [q["sql"].split()[0] for q in captured.captured_queries]
 
 
@@ -571,7 +572,7 @@ def test_a_manual_fold_out_of_time_hands_its_rest_on_as_manual(
     requested: list[tuple[int, str]] = []
     monkeypatch.setattr(runs, "request_consolidation", recorder(requested))
     lock = LocalChatLock(ttl_seconds=60)
-    outcomes = runs.consolidate_with_lock(chat_id, "manual", lock)
+    outcomes = runs.consolidate_with_lock(chat_id, RequestTrigger.MANUAL, lock)
     assert [(o.status, o.cut_short) for o in outcomes] == [("succeeded", True)]
     assert Brief.objects.get(chat_id=chat_id).last_consolidated > 0
     assert requested == [(chat_id, "manual")]

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from memory_worker import tasks
-from memory_worker.dispatch import QUEUED_KEY, clear_queued
+from memory_worker.dispatch import QUEUED_KEY, RequestTrigger, clear_queued
 from memory_worker.runs import request_consolidation
 from tests.conftest import client_for, contract_chat_after_turns
 from tests.workers import Worker, point_celery_at, wait_until
@@ -39,35 +39,37 @@ def broker(settings, clean_redis) -> Iterator[Any]:  # type: ignore[no-untyped-d
 
 def test_turns_queue_one_task_per_chat_until_it_starts(broker) -> None:  # type: ignore[no-untyped-def]
     for _ in range(5):
-        assert request_consolidation(7, "turn")  # handed on: to the task already queued
+        # Handed on: to the task already queued.
+        assert request_consolidation(7, RequestTrigger.TURN)
     assert broker.llen(QUEUE) == 1
-    assert request_consolidation(8, "turn")  # another chat has its own marker
+    assert request_consolidation(8, RequestTrigger.TURN)  # another chat has its own marker
     assert broker.llen(QUEUE) == 2
     clear_queued(7)  # what the task does when it starts
-    assert request_consolidation(7, "turn")
+    assert request_consolidation(7, RequestTrigger.TURN)
     assert broker.llen(QUEUE) == 3
 
 
 def test_manual_sweep_and_rerun_requests_always_publish(broker) -> None:  # type: ignore[no-untyped-def]
-    assert request_consolidation(7, "turn")
-    for trigger in ("manual", "sweep", "rerun", "manual"):
+    assert request_consolidation(7, RequestTrigger.TURN)
+    manual, sweep, rerun = RequestTrigger.MANUAL, RequestTrigger.SWEEP, RequestTrigger.RERUN
+    for trigger in (manual, sweep, rerun, manual):
         assert request_consolidation(7, trigger)
     assert broker.llen(QUEUE) == 5
 
 
 def test_the_marker_expires(broker, settings) -> None:  # type: ignore[no-untyped-def]
     settings.MEMORY_ENQUEUE_DEDUP_SECONDS = 0.2
-    assert request_consolidation(7, "turn")
+    assert request_consolidation(7, RequestTrigger.TURN)
     assert 0 < broker.pttl(QUEUED_KEY.format(7)) <= 200
     assert wait_until(lambda: not broker.exists(QUEUED_KEY.format(7)), timeout=5)
-    assert request_consolidation(7, "turn")
+    assert request_consolidation(7, RequestTrigger.TURN)
     assert broker.llen(QUEUE) == 2
 
 
 def test_zero_turns_deduplication_off(broker, settings) -> None:  # type: ignore[no-untyped-def]
     settings.MEMORY_ENQUEUE_DEDUP_SECONDS = 0
     for _ in range(3):
-        assert request_consolidation(7, "turn")
+        assert request_consolidation(7, RequestTrigger.TURN)
     assert broker.llen(QUEUE) == 3
 
 
@@ -81,11 +83,11 @@ def test_a_failed_publish_leaves_no_marker(broker) -> None:  # type: ignore[no-u
         dead_port = probe.getsockname()[1]
     live = point_celery_at(f"redis://127.0.0.1:{dead_port}/0")
     try:
-        assert not request_consolidation(7, "turn")  # logged, never raised
+        assert not request_consolidation(7, RequestTrigger.TURN)  # logged, never raised
     finally:
         point_celery_at(live)
     assert not broker.exists(QUEUED_KEY.format(7))
-    assert request_consolidation(7, "turn")
+    assert request_consolidation(7, RequestTrigger.TURN)
     assert broker.llen(QUEUE) == 1
 
 
@@ -146,7 +148,7 @@ def test_a_chat_behind_queues_one_task_and_a_worker_catches_it_up(
 
         def caught_up() -> bool:
             chat = Chat.objects.get(pk=chat_id)
-            return decide_for_chat(chat, load_snapshot(chat_id), "turn", timezone.now()) is None
+            return decide_for_chat(chat, load_snapshot(chat_id), timezone.now()) is None
 
         assert wait_until(caught_up, timeout=60), worker.log()
     finally:

@@ -8,6 +8,7 @@ import re
 import pytest
 
 from conversations.models import Consolidation, Message
+from memory_worker.dispatch import RequestTrigger
 from memory_worker.folds import consolidate_once
 from memory_worker.presets import PRESETS
 
@@ -39,7 +40,7 @@ def user_text(rng: random.Random, number: int) -> str:
 def work_off(chat_id: int) -> None:
     """What a worker does after a turn: fold until nothing is due."""
     for _ in range(5):
-        if consolidate_once(chat_id, "turn").status != "succeeded":
+        if consolidate_once(chat_id, RequestTrigger.TURN).status != "succeeded":
             return
 
 

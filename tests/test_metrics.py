@@ -28,6 +28,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from bench.throughput import free_port
 from conversations import metrics_endpoint
 from conversations.models import Brief, Chat, Consolidation
+from memory_worker.dispatch import RequestTrigger
 from memory_worker.folds import consolidate_once
 from tests.workers import ROOT, Worker, wait_until
 
@@ -67,7 +68,7 @@ def test_turns_and_folds_show_up_in_the_metrics(client: Any, api: Any) -> None:
         )
         assert response.status_code == 201
     api.post(f"/api/v1/chats/{chat_id}/turns/", {"content": ""}, format="json")  # a 400
-    consolidate_once(chat_id, "manual")
+    consolidate_once(chat_id, RequestTrigger.MANUAL)
     after = scrape(client)
 
     def grew(name: str, **labels: str) -> float:
@@ -97,7 +98,7 @@ def test_consolidation_lag_counts_from_the_turn_that_found_the_fold_due(
         api.post(f"/api/v1/chats/{chat_id}/turns/", {"content": f"turn {number}"}, format="json")
     before = scrape(client)
     due_at = timezone.now() - timedelta(seconds=3)
-    assert consolidate_once(chat_id, "turn", due_at=due_at).status == "succeeded"
+    assert consolidate_once(chat_id, RequestTrigger.TURN, due_at=due_at).status == "succeeded"
     after = scrape(client)
     ledger = Consolidation.objects.get(chat_id=chat_id, status="succeeded")
     assert ledger.due_at == due_at

@@ -6,6 +6,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from conversations.models import Brief, Message
+from memory_worker.dispatch import RequestTrigger
 from memory_worker.folds import consolidate_once
 from tests.conftest import require
 
@@ -62,7 +63,7 @@ def test_fold_query_count_is_constant_in_history_length(api) -> None:  # type: i
         for _ in range(6):  # a 12-message backlog beyond the tail
             api.post(f"/api/v1/chats/{chat_id}/turns/", {"content": "more"}, format="json")
         with CaptureQueriesContext(connection) as captured:
-            assert consolidate_once(chat_id, "turn").status == "succeeded"
+            assert consolidate_once(chat_id, RequestTrigger.TURN).status == "succeeded"
         counts.append(len(captured.captured_queries))
     assert counts[0] == counts[1]
 
@@ -92,6 +93,6 @@ def test_a_fold_makes_three_queries_on_postgresql(api) -> None:  # type: ignore[
     for _ in range(26):  # sliding-window: a 12-message backlog beyond the 40-message tail
         api.post(f"/api/v1/chats/{chat_id}/turns/", {"content": "more"}, format="json")
     with CaptureQueriesContext(connection) as captured:
-        assert consolidate_once(chat_id, "turn").status == "succeeded"
+        assert consolidate_once(chat_id, RequestTrigger.TURN).status == "succeeded"
     statements = [query["sql"].split()[0] for query in captured.captured_queries]
     assert statements == ["SELECT", "INSERT", "WITH"], statements

@@ -65,7 +65,7 @@ def broker(settings, private_redis):  # type: ignore[no-untyped-def]
 
 def fold_due(chat: Chat) -> bool:
     snapshot = load_snapshot(chat.pk)
-    return folds.decide_for_chat(chat, snapshot, "sweep", timezone.now()) is not None
+    return folds.decide_for_chat(chat, snapshot, timezone.now()) is not None
 
 
 def converged(chat_ids: list[int]) -> bool:

@@ -12,6 +12,7 @@ from django.utils import timezone
 from conversations.models import Brief, Consolidation
 from memory_worker import folds, outcomes, retries, sweep, tasks
 from memory_worker.backends import _summarizer, get_summarizer
+from memory_worker.dispatch import RequestTrigger
 from memory_worker.summarizers import TRANSIENT_KINDS, ErrorKind
 from tests.conftest import contract_chat_after_turns
 
@@ -164,9 +165,9 @@ def test_non_transient_failure_is_not_retried_fast(
     minimum = 3600 if fault in REJECTED_FAULTS else 120
     assert (brief.next_attempt_at - before).total_seconds() >= 0.8 * minimum
     # Turn triggers (and their reruns) wait; only a manual consolidation tries at once.
-    assert folds.consolidate_once(chat_id, "turn").status == "deferred"
+    assert folds.consolidate_once(chat_id, RequestTrigger.TURN).status == "deferred"
     assert len(use_fake_openai.summarize_requests()) == 1
-    assert folds.consolidate_once(chat_id, "manual").status == "succeeded"
+    assert folds.consolidate_once(chat_id, RequestTrigger.MANUAL).status == "succeeded"
     brief.refresh_from_db()
     assert (brief.degraded, brief.consecutive_failures, brief.next_attempt_at) == (False, 0, None)
 
@@ -211,7 +212,7 @@ def test_a_manual_fold_waits_for_a_run_holding_the_chat(api, settings, monkeypat
 
     published = queued_retries(monkeypatch)
     chat_id = contract_chat_after_turns(api, 4)  # 8 messages: under K + B, a manual fold folds 2
-    assert folds.consolidate_once(chat_id, "turn").status == "nothing"
+    assert folds.consolidate_once(chat_id, RequestTrigger.TURN).status == "nothing"
     lock = chat_lock()
     assert lock.acquire_or_mark_pending(chat_id, "another-run")
     assert tasks.consolidate_chat(chat_id, "manual") == []
@@ -255,7 +256,7 @@ def test_one_fold_attempt_is_one_model_call(api, use_fake_openai) -> None:  # ty
     _summarizer.cache_clear()
     chat_id = chat_with_fold_due(api)
     use_fake_openai.queue_faults("summarize", ["500"])
-    assert folds.consolidate_once(chat_id, "turn").status == "failed"
+    assert folds.consolidate_once(chat_id, RequestTrigger.TURN).status == "failed"
     assert len(use_fake_openai.summarize_requests()) == 1
 
 
@@ -277,14 +278,14 @@ def test_a_failed_manual_fold_does_not_leave_the_chat_degraded_for_ever(
     for number in range(5):
         api.post(f"/api/v1/chats/{chat_id}/turns/", {"content": f"n{number}"}, format="json")
     use_fake_openai.queue_faults("summarize", ["400"])
-    assert folds.consolidate_once(chat_id, "manual").status == "failed"
+    assert folds.consolidate_once(chat_id, RequestTrigger.MANUAL).status == "failed"
     brief = Brief.objects.get(chat_id=chat_id)
     assert brief.degraded and brief.next_attempt_at is not None
     now = timezone.now()
     Brief.objects.filter(chat_id=chat_id).update(next_attempt_at=now - timedelta(seconds=1))
     lock = LocalChatLock(ttl_seconds=30)
     assert chat_id in sweep.sweep_candidates(now, lock, limit=10)
-    assert folds.consolidate_once(chat_id, "sweep").status == "nothing"
+    assert folds.consolidate_once(chat_id, RequestTrigger.SWEEP).status == "nothing"
     brief = Brief.objects.get(chat_id=chat_id)
     assert (brief.degraded, brief.next_attempt_at, brief.consecutive_failures) == (False, None, 0)
     assert chat_id not in sweep.sweep_candidates(now, lock, limit=10)

@@ -11,6 +11,7 @@ import pytest
 
 from conversations.models import Brief, Consolidation
 from memory_worker import folds
+from memory_worker.dispatch import RequestTrigger
 from memory_worker.openai_transport import SECRET_PATTERN
 from memory_worker.summarizers import SummarizerError
 from tests.fake_openai import FakeOpenAI
@@ -50,7 +51,7 @@ def test_the_providers_account_messages_stay_in_the_log(
     chat_id = chat_with_a_fold_due(api)
     use_fake_openai.queue_faults("summarize", [fault])
     with caplog.at_level(logging.WARNING, logger="memory_worker.summarizers"):
-        assert folds.consolidate_once(chat_id, "turn").status == "failed"
+        assert folds.consolidate_once(chat_id, RequestTrigger.TURN).status == "failed"
     for shown in shown_to_owner(api, chat_id):
         assert "HTTP " in shown  # the status, so the owner knows the model failed
         assert "(fake)" not in shown  # every fake provider message ends so
@@ -62,7 +63,7 @@ def test_the_providers_account_messages_stay_in_the_log(
 def test_a_request_the_provider_refused_says_why(api: Any, use_fake_openai: FakeOpenAI) -> None:
     chat_id = chat_with_a_fold_due(api)
     use_fake_openai.queue_faults("summarize", ["400"])
-    assert folds.consolidate_once(chat_id, "turn").status == "failed"
+    assert folds.consolidate_once(chat_id, RequestTrigger.TURN).status == "failed"
     for shown in shown_to_owner(api, chat_id):
         assert "Invalid request (fake)." in shown
 
@@ -76,7 +77,7 @@ def test_a_crash_shows_the_owner_its_kind_only(api: Any, monkeypatch: Any) -> No
 
     monkeypatch.setattr(folds, "get_summarizer", lambda *args: Crashing())
     with pytest.raises(RuntimeError):
-        folds.consolidate_once(chat_id, "turn")
+        folds.consolidate_once(chat_id, RequestTrigger.TURN)
     brief = Brief.objects.get(chat_id=chat_id)
     ledger = Consolidation.objects.get(chat_id=chat_id)
     for shown in (brief.last_error, ledger.error):

@@ -18,6 +18,7 @@ from django.utils import timezone
 from conversations.models import Brief, Chat, Consolidation
 from memory_worker import folds, retries, sweep, tasks
 from memory_worker.chat_summarizer import ChatCompletionsSummarizer
+from memory_worker.dispatch import RequestTrigger
 from memory_worker.locks import LocalChatLock
 from tests.conftest import contract_chat_after_turns
 from tests.workers import ROOT, Worker, point_celery_at, wait_until
@@ -100,10 +101,10 @@ def test_an_error_judging_one_chat_is_logged_and_skips_only_that_chat(  # type: 
     due = cooled_due_chat(api, now)
     real = folds.decide_for_chat
 
-    def decide(chat, snapshot, trigger, at):  # type: ignore[no-untyped-def]
+    def decide(chat, snapshot, at, **kwargs):  # type: ignore[no-untyped-def]
         if chat.pk == broken:
             raise RuntimeError("policy blew up on this chat")
-        return real(chat, snapshot, trigger, at)
+        return real(chat, snapshot, at, **kwargs)
 
     monkeypatch.setattr(sweep, "decide_for_chat", decide)
     with caplog.at_level(logging.ERROR, logger="chatmem.fold"):
@@ -282,7 +283,7 @@ def test_the_ledger_counts_the_stricter_retry_of_an_over_cap_summary(api, monkey
     )
     summarizer = ChatCompletionsSummarizer(cast(Any, None), "gpt-test", cap_tokens=40)
     monkeypatch.setattr(folds, "get_summarizer", lambda cap=None: summarizer)
-    outcome = folds.consolidate_once(chat_id, "manual")
+    outcome = folds.consolidate_once(chat_id, RequestTrigger.MANUAL)
     assert outcome.status == "succeeded" and outcome.ledger_id is not None, outcome
     row = Consolidation.objects.get(pk=outcome.ledger_id)
     assert (row.summarizer_calls, row.input_tokens, row.output_tokens) == (2, 300, 100)

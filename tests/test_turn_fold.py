@@ -13,7 +13,7 @@ from django.db import connection
 
 from conversations.models import Brief, Consolidation, Message
 from memory_worker import turn_fold
-from memory_worker.dispatch import mark_queued
+from memory_worker.dispatch import RequestTrigger, mark_queued
 from memory_worker.policy import Trigger
 from memory_worker.runs import request_consolidation
 from memory_worker.runtime import chat_lock
@@ -38,7 +38,7 @@ def test_a_turn_over_its_bound_waits_for_the_workers_fold_and_summarizes_nothing
     worker = Worker(broker, "slowfold", env=model_env(use_fake_openai))
     try:
         worker.wait_ready()
-        assert request_consolidation(chat_id, "turn")
+        assert request_consolidation(chat_id, RequestTrigger.TURN)
         assert wait_until(lambda: ledger_running(chat_id), timeout=30), worker.log()
         with caplog.at_level(logging.INFO, logger="chatmem.fold"):
             response = post_turn(user, chat_id, "over the bound")

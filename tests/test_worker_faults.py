@@ -9,6 +9,7 @@ import redis
 
 from conversations.models import Brief, Consolidation
 from memory_worker import tasks
+from memory_worker.dispatch import RequestTrigger
 from memory_worker.invariants import chat_violations
 from memory_worker.locks import RedisChatLock
 from memory_worker.runs import request_consolidation
@@ -58,7 +59,7 @@ def test_burst_of_200_triggers_across_4_workers(
         for worker in workers:
             worker.wait_ready()
         for _ in range(200):
-            assert request_consolidation(chat_id, "turn")
+            assert request_consolidation(chat_id, RequestTrigger.TURN)
         assert wait_until(
             lambda: (
                 queue_is_empty(broker)
@@ -103,7 +104,7 @@ def test_worker_killed_mid_llm_call_is_recovered(
     rescuer = None
     try:
         victim.wait_ready()
-        assert request_consolidation(chat_id, "turn")
+        assert request_consolidation(chat_id, RequestTrigger.TURN)
         assert wait_until(lambda: use_fake_openai.counters()["in_flight"] == 1, timeout=30)
         victim.signal(signal.SIGKILL)
         killed_at = time.monotonic()
@@ -155,7 +156,7 @@ def test_a_backlog_slower_than_the_time_limit_is_folded_chunk_by_chunk(
     worker = Worker(broker, "chunks", env=env)
     try:
         worker.wait_ready()
-        assert request_consolidation(chat_id, "turn")
+        assert request_consolidation(chat_id, RequestTrigger.TURN)
         # Until the backlog beyond the tail is under the window again: W = 16 of 18.
         assert wait_until(
             lambda: (
@@ -184,7 +185,7 @@ def test_paused_worker_past_its_lock_writes_nothing(
     other = None
     try:
         sleeper.wait_ready()
-        assert request_consolidation(chat_id, "turn")
+        assert request_consolidation(chat_id, RequestTrigger.TURN)
         assert wait_until(lambda: use_fake_openai.counters()["in_flight"] == 1, timeout=30)
         sleeper.signal(signal.SIGSTOP)
         # The paused worker holds the chat's lock (8 s TTL) in the test's Redis db.
@@ -202,7 +203,7 @@ def test_paused_worker_past_its_lock_writes_nothing(
         ), "the paused worker's lock never expired"
 
         def folded_by_other() -> bool:
-            request_consolidation(chat_id, "turn")
+            request_consolidation(chat_id, RequestTrigger.TURN)
             return Brief.objects.get(chat_id=chat_id).version == 1
 
         assert wait_until(folded_by_other, timeout=30, interval=1.0), other.log()

@@ -34,6 +34,7 @@ from conversations.services.turn_slot import Claimed, claim_owned_chat
 from conversations.throttling import TurnRateThrottle
 from conversations.variants import UnknownVariant, chat_variant
 from memory_worker.chat_policy import effective_policy
+from memory_worker.dispatch import RequestTrigger
 from memory_worker.presets import PRESETS, policy_parameters
 from memory_worker.runs import request_consolidation
 
@@ -165,7 +166,7 @@ class ChatViewSet(
     @action(detail=True, methods=["post"])
     def consolidate(self, request: Request, pk: str | None = None) -> Response:
         chat = self.get_object()
-        if request_consolidation(chat.pk, "manual"):
+        if request_consolidation(chat.pk, RequestTrigger.MANUAL):
             return Response({"queued": True, "chat_id": chat.pk}, status=status.HTTP_202_ACCEPTED)
         # The error shape every other error has (DESIGN §7), with the 202's fields beside it.
         return Response(

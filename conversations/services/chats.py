@@ -141,7 +141,7 @@ class MemoryView:
 
 def memory_view(chat: Chat) -> MemoryView:
     snapshot = load_snapshot(chat.pk)
-    due = decide_for_chat(chat, snapshot, "check", timezone.now()) is not None
+    due = decide_for_chat(chat, snapshot, timezone.now()) is not None
     watermark = snapshot.last_consolidated
     last_id = (
         Message.objects.filter(chat=chat, seq=watermark).values_list("id", flat=True).first()

@@ -18,6 +18,7 @@ from conversations.llm import ChatCompletion
 from conversations.models import Chat, Message, Role
 from conversations.services.agent_state import queue_agent_summary
 from conversations.variants import ModelVariant
+from memory_worker.dispatch import RequestTrigger
 from memory_worker.folds import decide_for_chat
 from memory_worker.runs import request_consolidation
 from memory_worker.state import MemorySnapshot, with_appended
@@ -207,7 +208,7 @@ def queue_consolidation_if_due(chat: Chat, snapshot: MemorySnapshot) -> None:
     on state already in memory, then (only if a fold is due) one enqueue that never raises."""
     try:
         now = timezone.now()
-        if decide_for_chat(chat, snapshot, "turn", now) is not None:
-            request_consolidation(chat.pk, "turn", due_at=now)
+        if decide_for_chat(chat, snapshot, now) is not None:
+            request_consolidation(chat.pk, RequestTrigger.TURN, due_at=now)
     except Exception:
         log.exception("post-turn consolidation check failed", extra={"chat_id": chat.pk})
