@@ -1,4 +1,4 @@
-"""Chaos run of distributed consolidation (issue 4): real celery workers killed with SIGKILL and
+"""Chaos run of distributed consolidation: real celery workers killed with SIGKILL and
 restarted, the summarizer failing on a share of its calls, many chats talking at once; then the
 faults stop and every chat must converge with its ledger intact.
 

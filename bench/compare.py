@@ -1,4 +1,4 @@
-"""A turn's cost in this checkout against another commit's, measured interleaved (issue 6).
+"""A turn's cost in this checkout against another commit's, measured interleaved.
 
     python -m bench.compare --base <git ref> [--rounds 30] [--batch 100]
                             [--database-url postgres://postgres@127.0.0.1:5432/chatmem_compare]

@@ -1,4 +1,4 @@
-"""Memory cost benchmark (issue 3).
+"""Memory cost benchmark.
 
 Runs one seeded synthetic conversation per configuration through the real turn API (DRF, in
 process), the real policy engine and the real consolidation service, against the fake
@@ -272,7 +272,7 @@ def select_configs(spec: str) -> list[BenchConfig]:
     return chosen
 
 
-# --- goals (issue 3) -----------------------------------------------------------------------
+# --- goals ---------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)

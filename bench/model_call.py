@@ -1,4 +1,4 @@
-"""The turn's model request under many threads (issue 6): CPU per call of
+"""The turn's model request under many threads: CPU per call of
 ``OpenAIChatModel.complete`` sent directly (the default, conversations.model_http) and through
 the ``openai`` SDK (``CHAT_DIRECT_HTTP=false``), as a gunicorn process of 200 threads makes it.
 

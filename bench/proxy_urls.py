@@ -3,7 +3,7 @@ stack (Django, DRF, token auth). Never mounted in production: the benchmark serv
 through ``bench.settings_proxy``.
 
 - ``/bench/proxy``: a minimal stateless view that only forwards the message to the model and
-  returns its reply (issue 6's comparison).
+  returns its reply.
 - ``/bench/floor/<chat id>``: a turn that keeps DESIGN's storage promises (§2-3) and does
   nothing else, what storing a turn costs on this stack before any memory work: claim the chat's
   turn slot and read its tail in one statement, call the model with that tail, then store both

@@ -1,4 +1,4 @@
-"""A slow model and many clients (issue 6): with the model answering in 1 s, do 400 concurrent
+"""A slow model and many clients: with the model answering in 1 s, do 400 concurrent
 clients get 0.9 x 400 turns/s for 60 s with no errors, and does consolidation keep up
 (lag from a fold becoming due to its commit, p95 < 5 s, no synchronous fold)?
 

@@ -1,4 +1,4 @@
-"""Many slow streams at once (issue 5): N concurrent streamed turns against a model that takes
+"""Many slow streams at once: N concurrent streamed turns against a model that takes
 2 s before its first token; how much later than the model's own 2 s does each client see its
 first byte and its first token?
 

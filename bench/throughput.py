@@ -1,4 +1,4 @@
-"""Throughput against a stateless proxy (issue 6): chatmem's turns per second at concurrency 16
+"""Throughput against a stateless proxy: chatmem's turns per second at concurrency 16
 beside a minimal stateless view on the same stack that only forwards the message to the model,
 and beside the floor: a turn that stores its messages as DESIGN §2-3 asks and does nothing else.
 

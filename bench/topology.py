@@ -1,4 +1,4 @@
-"""Memory cost on the deployed topology (issue 23).
+"""Memory cost on the deployed topology.
 
 ``bench/cost.py`` plays the Celery worker serially, in process, after every turn. This benchmark
 measures the same figures on what users deploy, every part a process of its own on this machine:

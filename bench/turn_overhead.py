@@ -1,4 +1,4 @@
-"""Turn overhead against history length (issue 6): a turn at message 100,000 of a chat costs what
+"""Turn overhead against history length: a turn at message 100,000 of a chat costs what
 it costs at message 10.
 
     python -m bench.turn_overhead [--turns 300] [--history 100000]

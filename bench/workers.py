@@ -1,4 +1,4 @@
-"""Consolidation workers scale (issue 6): folds per second with 1 and with 2 worker processes,
+"""Consolidation workers scale: folds per second with 1 and with 2 worker processes,
 and a worker's resident memory over many folds.
 
     python -m bench.workers [--chats 500] [--folds-per-chat 25] [--seconds 20] [--rounds 3]

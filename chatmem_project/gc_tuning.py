@@ -1,14 +1,12 @@
 """Keep the cyclic garbage collector off the objects a server process builds once.
 
-A gunicorn worker or a Celery pool process holds about 160,000 container objects from its
+A gunicorn worker or a Celery pool process holds a large number of container objects from its
 imports (Django, DRF, the URLconf, the openai SDK's pydantic models) for as long as it lives. A
 full collection walks every one of them while holding the interpreter lock, so every request
-thread stops meanwhile: in ``python -m bench.throughput`` each web process ran 6 to 8 full
-collections in a 20 s chatmem phase, 0.7 to 1.0 s of CPU in all, and the turns' p99 latency
-carried those pauses (docs/benchmarks.md: about a third of it). ``gc.freeze()`` moves the
-objects that exist at that point to a generation the collector never scans, as CPython's
-documentation suggests for servers that fork workers. Objects created later, per request or per
-fold, are collected as before."""
+thread stops meanwhile, and the turns' tail latency carries those pauses (docs/benchmarks.md,
+``python -m bench.throughput``). ``gc.freeze()`` moves the objects that exist at that point to a
+generation the collector never scans, as CPython's documentation suggests for servers that fork
+workers. Objects created later, per request or per fold, are collected as usual."""
 
 import gc
 import importlib

@@ -166,7 +166,7 @@ if DB_POOL_MAX_SIZE and DATABASES["default"]["ENGINE"] == "django.db.backends.po
     DATABASES["default"]["CONN_MAX_AGE"] = 0
     # The pool checks a connection (an empty query) before handing it out, and replaces one
     # that fails: after PostgreSQL restarts, every idle pooled connection is dead, and without
-    # the check each failed the request it was handed to. Django 5.2 makes the pool with its own
+    # the check each would fail the request it is handed to. Django 5.2 makes the pool with its own
     # check argument, ConnectionPool.check_connection with CONN_HEALTH_CHECKS and None without
     # (a "check" among the options below is a TypeError, given twice), so pooling turns the
     # health checks on; with a pool they do nothing else (Django's own check defers to it).
@@ -321,8 +321,8 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {
 }
 CELERY_BROKER_CONNECTION_TIMEOUT = 2
 # A publish waits at most this long for one of the process's broker_pool_limit (10) producers:
-# with gevent, hundreds of turns in a process wait on a broker that stopped answering (5 s per
-# call), unbounded by default, while a turn's answer waits on its publish.
+# with gevent, hundreds of turns in a process wait on a broker that stopped answering (each call
+# until its socket timeout), unbounded by default, while a turn's answer waits on its publish.
 CELERY_BROKER_POOL_ACQUIRE_TIMEOUT = 2.0
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_TASK_PUBLISH_RETRY = False

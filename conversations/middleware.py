@@ -110,9 +110,9 @@ class ProbeMiddleware:
     """``/healthz``, ``/readyz`` (served only here, not routed) and ``/metrics``, answered first,
     whatever the Host header and over plain HTTP: a probe calls the container by its own address
     (compose's healthcheck: 127.0.0.1), Prometheus by its service name (web:8000), which a
-    production ALLOWED_HOSTS rightly leaves out, so CommonMiddleware's host check answered them
-    400 (and SECURE_SSL_REDIRECT a 301 to an https:// the container does not serve): the
-    container was never healthy, nothing was scraped. Nothing else skips those."""
+    production ALLOWED_HOSTS rightly leaves out, so CommonMiddleware's host check would answer
+    them 400 (and SECURE_SSL_REDIRECT a 301 to an https:// the container does not serve): the
+    container would never be healthy, nothing scraped. Nothing else skips those."""
 
     def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
         self.get_response = get_response
@@ -123,9 +123,10 @@ class ProbeMiddleware:
 
 
 class StaticFilesMiddleware(WhiteNoiseMiddleware):
-    """WhiteNoise: gunicorn serves no static files of its own, so Swagger UI (/api/v1/docs/) was a
-    blank page and the admin unstyled. Files come from STATIC_ROOT once collectstatic has filled
-    it (the image), else from the installed apps (settings.WHITENOISE_USE_FINDERS)."""
+    """WhiteNoise: gunicorn serves no static files of its own; without this Swagger UI
+    (/api/v1/docs/) is a blank page and the admin unstyled. Files come from STATIC_ROOT once
+    collectstatic has filled it (the image), else from the installed apps
+    (settings.WHITENOISE_USE_FINDERS)."""
 
     def add_files(self, root: str, prefix: Any = None) -> None:
         # A checkout has collected nothing: the finders serve the apps' files, and WhiteNoise's

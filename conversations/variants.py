@@ -79,7 +79,7 @@ def chat_variant(chat_default: str) -> ModelVariant:
         return resolve_variant(chat_default or None)
     except UnknownVariant:
         log.warning(
-            "a chat's model_variant is no longer configured; using the default variant",
+            "a chat's model_variant is not in MODEL_VARIANTS; using the default variant",
             extra={"event": "variant_removed", "model_variant": chat_default},
         )
         return resolve_variant(None)

@@ -113,8 +113,8 @@ def after_boundaries(state: ChatState) -> Mapping[int, After]:
 
 def _after_boundaries(state: ChatState) -> Mapping[int, After]:
     """In one pass from the newest message: the folding decisions look at every boundary, and
-    recounting the messages after each one was quadratic in the backlog (a chat whose workers
-    were down)."""
+    recounting the messages after each one would be quadratic in the backlog (a chat whose
+    workers are down)."""
     watermark = state.last_consolidated
     users = tokens = 0
     found: dict[int, After] = {}

@@ -37,7 +37,7 @@ def record_interrupted(ledger: Consolidation, error: BaseException, started: flo
     the commit itself landed (the connection lost before its answer), and then the row says so.
     The brief is left alone: nothing is wrong with the chat's folds, and the task counts its own
     retries. The database may still be down (this then fails, within DB_CONNECT_TIMEOUT, and
-    says so): the sweep abandons the row once no lock can cover it any more."""
+    says so): the sweep abandons the row once no lock can still cover it."""
     duration_ms = int((time.monotonic() - started) * 1000)
     error_name = type(error).__name__
     marked: bool | None = None  # unknown: the row could not be written
@@ -60,7 +60,7 @@ def record_interrupted(ledger: Consolidation, error: BaseException, started: flo
             extra={"chat_id": ledger.chat_id, "ledger_id": ledger.pk},
         )
     if marked is False:
-        # No longer running: the commit landed after all (its outcome stands), or the chat is gone.
+        # Not running: the commit landed after all (its outcome stands), or the chat is gone.
         log.info(
             "database error after the fold's row was written",
             extra={"chat_id": ledger.chat_id, "ledger_id": ledger.pk, "error": error_name},

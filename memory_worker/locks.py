@@ -47,7 +47,8 @@ redis.call('SADD', KEYS[2], ARGV[3])
 return 0
 """
 
-# 2 = rerun (pending cleared, lock kept and refreshed), 1 = released, 0 = not ours any more
+# 2 = rerun (pending cleared, lock kept and refreshed), 1 = released,
+# 0 = not ours (expired, or taken by another run)
 _RELEASE_OR_RERUN = """
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then
   return 0

@@ -206,9 +206,9 @@ def fail_brief(
 
 
 def clear_failure_state(chat_id: int, next_attempt_at: datetime) -> None:
-    """A retry that finds nothing to fold ends the failure state: what failed is no longer due
-    (a manual fold, which the engine's own triggers would not have asked for; a trigger whose
-    condition passed). Otherwise the chat stayed degraded, and the sweep queued its "due" retry
+    """A retry that finds nothing to fold ends the failure state: what failed is not due now (a
+    manual fold, which the engine's own triggers would not ask for; a trigger whose condition
+    passed). Otherwise the chat would stay degraded, and the sweep would queue its "due" retry
     every minute, for nothing. Only if no newer failure has set another retry time."""
     cleared = Brief.objects.filter(chat_id=chat_id, next_attempt_at=next_attempt_at).update(
         next_attempt_at=None, degraded=False, consecutive_failures=0

@@ -44,7 +44,7 @@ def abandon_stale_runs(now: datetime) -> int:
 
 def abandon_run(ledger: Consolidation, now: datetime) -> int:
     """1 if this sweep marked the run failed. The row and its chat's failure count change
-    together: had the count failed alone, the row (no longer running) would never be counted
+    together: had the count failed alone, the row (then not running) would never be counted
     by a later sweep, and a fold that keeps killing its worker would skip its backoff."""
     with transaction.atomic():
         # Conditional: a row that finished meanwhile keeps its own outcome.

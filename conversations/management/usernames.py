@@ -32,8 +32,8 @@ def checked_username(username: str) -> str:
 def find_user(username: str) -> Any:
     """The user named ``username`` exactly, or None. Only what the database cannot compare is
     refused here (a NUL, an unpaired surrogate, a name longer than the column): a user made
-    before names were checked, or by an importer, must stay reachable (``--revoke``). A new user's
-    name gets the full check_username."""
+    without these checks (by the admin or an importer) must stay reachable (``--revoke``). A new
+    user's name gets the full check_username."""
     user_model = get_user_model()
     max_length = getattr(user_model._meta.get_field(user_model.USERNAME_FIELD), "max_length", None)
     too_long = max_length is not None and len(username) > max_length

@@ -46,7 +46,7 @@ def without_unanswered_tool_calls(messages: list[dict[str, object]]) -> list[dic
     """The messages with every tool call that no tool message right after it answers taken out
     of its assistant message (a client that sent its next user message instead of the results).
     OpenAI-compatible servers refuse a context with an unanswered call, so the chat would fail
-    every turn until the call was folded. The stored message keeps its calls; taking them out
+    every turn until the call is folded. The stored message keeps its calls; taking them out
     here only makes the context smaller than its counted bound. The last message is left as it
     is: nothing has followed it yet."""
     repaired = list(messages)

@@ -133,8 +133,9 @@ def turn_slot(chat: Chat, token: uuid.UUID | None) -> Iterator[uuid.UUID]:
     except BaseException as error:
         freed = release_turn_slot(chat, token)
         if not freed and database_unreachable(error):
-            # The store frees the slot in the statement that stores the turn: a slot no longer
-            # held (or unreadable) after a lost connection means the turn may have been stored.
+            # The store frees the slot in the statement that stores the turn: after a lost
+            # connection, a slot this turn does not hold (or cannot read) means the turn may have
+            # been stored.
             error.turn_may_be_stored = True  # type: ignore[attr-defined]
         raise
 
