@@ -3,28 +3,25 @@
 from collections.abc import Sequence
 from typing import Any
 
-from django import forms
 from django.contrib import admin, messages
-from django.contrib.admin.widgets import AdminTextareaWidget, AdminTextInputWidget
 from django.contrib.auth.admin import UserAdmin
 from django.contrib.auth.models import User
-from django.core.exceptions import PermissionDenied, ValidationError
-from django.db.models import CASCADE, F, Model, QuerySet
+from django.core.exceptions import PermissionDenied
+from django.db.models import CASCADE, Model, QuerySet
 from django.http import HttpRequest
 from django.urls import reverse
 from django.utils import formats, timezone
 from django.utils.html import format_html, format_html_join, linebreaks
 from django.utils.safestring import mark_safe
 
+from conversations.admin_filters import MemoryFilter, TriggerFilter
+from conversations.admin_forms import ChatForm
 from conversations.agent_admin import AgentStateInline
 from conversations.models import Brief, Chat, Consolidation, DailyNote, Message
 from conversations.services import chats as chat_service
 from conversations.services.chats import next_context
-from conversations.variants import UnknownVariant
 from memory_worker.dispatch import RequestTrigger
 from memory_worker.fold_ledger import lag_ms
-from memory_worker.policy import Trigger
-from memory_worker.presets import PRESETS, PolicyError
 from memory_worker.runs import request_consolidation
 
 
@@ -77,69 +74,6 @@ def counted_deletion(
     return listed, counts, perms_needed or set(), []
 
 
-class PolicyOverridesField(forms.JSONField):
-    """A JSON object of knob -> value, as the API's ``policy_overrides`` (a DictField): a list,
-    number, boolean, string or null stored here would make every listing of the owner's chats
-    fail. An empty box means no overrides, the model's default."""
-
-    default_error_messages = {
-        "not_an_object": 'Enter a JSON object of knobs and their values, e.g. {"window": 12}.',
-    }
-
-    def to_python(self, value: Any) -> Any:
-        if value in self.empty_values:
-            return {}
-        converted = super().to_python(value)
-        if not isinstance(converted, dict):
-            raise ValidationError(self.error_messages["not_an_object"], code="not_an_object")
-        return converted
-
-
-class ChatForm(forms.ModelForm):
-    """The checks a chat created through the API gets: a policy or variant its turns cannot
-    use is refused here, with the reason, instead of failing every turn."""
-
-    # Text as the API stores it (trim_whitespace=False), and the API's cap on the prompt, whose
-    # tokens every turn's bound counts: an uncapped prompt can leave no room for any turn.
-    title = forms.CharField(
-        required=False,
-        strip=False,
-        max_length=Chat._meta.get_field("title").max_length,
-        widget=AdminTextInputWidget,
-    )
-    system_prompt = forms.CharField(
-        required=False,
-        strip=False,
-        max_length=chat_service.MAX_SYSTEM_PROMPT_CHARS,
-        widget=AdminTextareaWidget,
-    )
-    policy_overrides = PolicyOverridesField(required=False)
-
-    class Meta:
-        model = Chat
-        fields = list(chat_service.EDITABLE_FIELDS)
-
-    def clean(self) -> dict[str, Any]:
-        cleaned = super().clean() or {}
-        chat = Chat(
-            policy=cleaned.get("policy") or "",
-            # Absent when its field refused it (the error is on the form already).
-            policy_overrides=cleaned.get("policy_overrides", {}),
-            model_variant=cleaned.get("model_variant") or "",
-            system_prompt=cleaned.get("system_prompt") or "",
-        )
-        try:
-            chat_service.validate_chat_settings(chat)
-        except chat_service.NoRoomInWindow as error:  # the prompt and the cap together
-            self.add_error(None, str(error))
-        except PolicyError as error:
-            unknown_preset = chat.policy not in PRESETS
-            self.add_error("policy" if unknown_preset else "policy_overrides", str(error))
-        except UnknownVariant as error:
-            self.add_error("model_variant", str(error))
-        return cleaned
-
-
 class BriefInline(admin.StackedInline):
     model = Brief
     can_delete = False
@@ -179,52 +113,8 @@ def consolidate_now(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset
     modeladmin.message_user(request, f"Queued {queued} consolidation(s).", messages.SUCCESS)
 
 
-# A count, not a verdict: whether a chat is behind depends on its policy (a token-budget chat may
-# hold 100 short messages within its bound, a contract chat folds long before 60), and only the
-# engine, in Python, per chat, can tell. "Backing off" is the cheap sign that folding is failing.
-MANY_UNFOLDED = 60
 RECENT_ROWS = 30
-RECENT_NOTES = 10  # a year of daily notes made a 22 MB page
-
-
-class MemoryFilter(admin.SimpleListFilter):
-    title = "memory"
-    parameter_name = "memory"
-
-    def lookups(self, request: HttpRequest, model_admin: admin.ModelAdmin) -> list[tuple[str, str]]:
-        return [
-            ("many_unfolded", f"Over {MANY_UNFOLDED} unfolded messages (any policy)"),
-            ("backing_off", "Backing off (the last fold failed; retried with backoff)"),
-            ("degraded", "Degraded (folds keep failing)"),
-        ]
-
-    def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
-        if self.value() == "many_unfolded":
-            unfolded = F("last_seq") - F("brief__last_consolidated")
-            return queryset.alias(unfolded=unfolded).filter(unfolded__gt=MANY_UNFOLDED)
-        if self.value() == "backing_off":
-            # Set by every failed fold; cleared by the next success, or a retry that finds
-            # nothing due (memory_worker.retries.clear_failure_state).
-            return queryset.filter(brief__next_attempt_at__isnull=False)
-        if self.value() == "degraded":
-            return queryset.filter(brief__degraded=True)
-        return queryset
-
-
-# Fixed, because the field's own filter lists its distinct values: a scan of the whole ledger on
-# every page.
-LEDGER_TRIGGERS = [(trigger.value, trigger.value) for trigger in Trigger]
-
-
-class TriggerFilter(admin.SimpleListFilter):
-    title = "trigger"
-    parameter_name = "trigger"
-
-    def lookups(self, request: HttpRequest, model_admin: admin.ModelAdmin) -> list[tuple[str, str]]:
-        return LEDGER_TRIGGERS
-
-    def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
-        return queryset.filter(trigger=self.value()) if self.value() else queryset
+RECENT_NOTES = 10  # the chat page shows these; a chat's whole history would be a huge page
 
 
 # Sorting the message or ledger list by its "chat" column would sort by the chat's own ordering

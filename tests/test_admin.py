@@ -30,6 +30,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from conversations import admin as chat_admin
+from conversations import admin_filters
 from conversations.models import Brief, Chat, Consolidation, DailyNote, Message
 from conversations.services import chats as chat_service
 from memory_worker.chat_policy import effective_policy
@@ -566,7 +567,7 @@ def test_the_ledger_trigger_filter_offers_the_known_triggers_without_a_scan(
 def test_the_ledger_trigger_filter_knows_every_trigger_a_fold_can_name() -> None:
     """A ledger row's trigger is its Decision's, a policy.Trigger (typed): the filter's fixed
     choices offer each of them, the offline fallback of a turn's fold included."""
-    offered = [value for value, _label in chat_admin.LEDGER_TRIGGERS]
+    offered = [value for value, _label in admin_filters.LEDGER_TRIGGERS]
     assert offered == [trigger.value for trigger in Trigger]
     assert {*TRIGGER_PRIORITY, Trigger.MANUAL, Trigger.HARD_BOUND} < set(offered)
     assert Trigger.HARD_BOUND_FALLBACK in offered
