@@ -33,6 +33,7 @@ def commit_fold(
     decision: engine.Decision,
     ledger: Consolidation,
     result: SummaryResult,
+    *,
     now: datetime,
     started: float,
 ) -> tuple[FoldOutcome, MemorySnapshot]:

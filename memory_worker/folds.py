@@ -211,7 +211,9 @@ def summarize_and_commit(
             snapshot.summary, [FoldMessage(m.seq, m.role, m.content) for m in batch]
         )
     except SummarizerError as error:
-        plan = record_failure(chat.pk, snapshot, ledger, str(error), error.kind, now, started)
+        plan = record_failure(
+            chat.pk, snapshot, ledger, error=str(error), kind=error.kind, now=now, started=started
+        )
         failed = FoldOutcome(
             FoldResult.FAILED,
             chunk,
@@ -228,6 +230,8 @@ def summarize_and_commit(
         # and the brief's last_error is shown to the chat's owner; the traceback goes to the log
         # with the task's failure.
         failure = f"{type(error).__name__} (crashed; see the worker's log)"
-        record_failure(chat.pk, snapshot, ledger, failure, CRASH_KIND, now, started)
+        record_failure(
+            chat.pk, snapshot, ledger, error=failure, kind=CRASH_KIND, now=now, started=started
+        )
         raise
-    return commit_fold(chat, snapshot, chunk, ledger, result, now, started)
+    return commit_fold(chat, snapshot, chunk, ledger, result, now=now, started=started)

@@ -141,6 +141,7 @@ def record_failure(
     chat_id: int,
     snapshot: MemorySnapshot,
     ledger: Consolidation,
+    *,
     error: str,
     kind: str,
     now: datetime,
