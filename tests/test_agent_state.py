@@ -1,6 +1,8 @@
 """Seed 004's Summarize node (docs/agent-state.md), replayed through the API: the seed's own
 examples for response summaries, entity promotion and garbage collection, decision context
-tracking, strict validation, the context the model receives, and the turn-digest fold.
+tracking, strict validation, the context the model receives and the token bound of its
+agent-state block, the turn-digest fold, and where the state is shown. The run that applies the
+turns off the request path has its own file, tests/test_agent_summaries.py.
 
 The off-request step is run the way a worker runs it (``summarize_turns``), like the
 consolidation tests call ``consolidate_once``: dispatch is off in unit tests."""
@@ -500,6 +502,100 @@ def test_the_agent_state_can_make_the_turn_fold_first(api) -> None:  # type: ign
 
 
 # ---------------------------------------------------------------------------------------------
+# The token bound of the block
+
+ZH = "请确认这个方案中的每一个细节以及相关的假设条件和约束"
+
+
+def huge_agent() -> dict[str, Any]:
+    """The largest agent object validation accepts, in ordinary Chinese text."""
+    return {
+        "decision": "propose",
+        "goal": (ZH * 30)[:500],
+        "proposal_message": (ZH * 200)[:4000],
+        "assumptions": [(ZH * 30)[:500] for _ in range(20)],
+        "entities": [
+            {
+                "id": f"r{i}",
+                "type": "recipe",
+                "label": (ZH * 10)[:200],
+                "state": "ACTIVE",
+                "source": "db_read",
+            }
+            for i in range(20)
+        ],
+    }
+
+
+def test_a_valid_agent_object_cannot_make_the_chat_unusable(api, settings) -> None:  # type: ignore[no-untyped-def]
+    """Unbounded, this object's block renders 17,451 tokens, counted with the system prompt
+    that folding cannot shrink: with an 8k model every later turn would be a 503, even the one
+    clearing the proposal."""
+    settings.CHAT_MODEL_CONTEXT_TOKENS = 8192
+    chat_id = api.post("/api/v1/chats/", {}, format="json").json()["id"]
+    url = f"/api/v1/chats/{chat_id}/turns/"
+    response = api.post(url, {"content": "plan it", "agent": huge_agent()}, format="json")
+    assert response.status_code == 201, response.content
+    summarize_turns(chat_id)
+    stored = AgentState.objects.get(chat_id=chat_id)
+    assert 0 < stored.context_tokens <= settings.AGENT_CONTEXT_MAX_TOKENS == 1000
+    assert stored.context_tokens == count_tokens(stored.context_block)
+    # What matters most for the next turn survives: the pending proposal and its goal.
+    assert "Pending proposal" in stored.context_block and "- Goal: " in stored.context_block
+    assert api.post(url, {"content": "yes"}, format="json").status_code == 201
+    clear = {"content": "go ahead", "agent": {"decision": "plan_direct"}}
+    assert api.post(url, clear, format="json").status_code == 201
+
+
+def test_the_bound_drops_the_least_important_parts_first() -> None:
+    from conversations import agent_state as rules
+
+    def words(text: str) -> int:
+        return len(text.split())
+
+    entities = [
+        {"id": f"r{i}", "type": "recipe", "label": f"Bowl {i}", "source": "db_read"}
+        for i in range(5)
+    ]
+    pending = {
+        "decision": "propose",
+        "goal": "meal prep",
+        "proposal_message": "Save five bowls?",
+        "assumptions": ["serves two", "no nuts"],
+    }
+    full = rules.render_context("Planning meals.", entities, pending)
+    assert rules.render_context("Planning meals.", entities, pending, 1000, words) == full
+    # Without both assumptions (4 words each) it is still one word over: one entity line goes.
+    bound = words(full) - 9
+    bounded = rules.render_context("Planning meals.", entities, pending, bound, words)
+    assert words(bounded) <= bound
+    assert "Assumption" not in bounded  # the assumptions went first
+    assert "Bowl 3" in bounded and "Bowl 4" not in bounded  # then the least recent entity
+    assert "Proposal: Save five bowls?" in bounded and "Session theme" in bounded
+    tiny = rules.render_context("Planning meals.", entities, pending, 5, words)
+    assert 0 < words(tiny) <= 5
+    assert rules.render_context("Planning meals.", entities, pending, 0, words) == ""
+
+
+def test_a_stored_block_over_the_bound_is_cut_when_the_context_is_built(api, settings) -> None:  # type: ignore[no-untyped-def]
+    """A stored block over AGENT_CONTEXT_MAX_TOKENS (rendered under a larger bound, say) is cut
+    when the context is built: sent whole, it makes every turn a 503 that stores nothing, so no
+    agent-state run would come to render it again."""
+    settings.CHAT_MODEL_CONTEXT_TOKENS = 8192
+    chat_id = api.post("/api/v1/chats/", {}, format="json").json()["id"]
+    block = "Pending proposal: " + "梨子和苹果。" * 6000
+    AgentState.objects.create(
+        chat_id=chat_id, context_block=block, context_tokens=count_tokens(block)
+    )
+    assert count_tokens(block) > 8192
+    url = f"/api/v1/chats/{chat_id}/turns/"
+    assert api.post(url, {"content": "hi"}, format="json").status_code == 201
+    sent = api.get(f"/api/v1/chats/{chat_id}/context/").json()["messages"]
+    agent_message = next(m for m in sent if m["content"].startswith("Pending proposal"))
+    assert count_tokens(agent_message["content"]) <= settings.AGENT_CONTEXT_MAX_TOKENS
+
+
+# ---------------------------------------------------------------------------------------------
 # turn-digest
 
 
@@ -544,103 +640,7 @@ def test_plain_turn_digest_turns_get_summaries_without_agent_context(  # type: i
 
 
 # ---------------------------------------------------------------------------------------------
-# Off the request path
-
-
-@pytest.fixture
-def queued_agent_tasks(settings, monkeypatch) -> list[tuple]:  # type: ignore[no-untyped-def]
-    """Celery dispatch on, with the agent-state task's messages kept here instead of sent."""
-    from memory_worker import agent_summaries
-
-    queued: list[tuple] = []
-    monkeypatch.setattr(
-        agent_summaries.SUMMARIZE_AGENT_TURNS,
-        "apply_async",
-        lambda args, **options: queued.append(args),
-    )
-    settings.MEMORY_DISPATCH = "celery"
-    return queued
-
-
-def test_the_turn_hands_the_work_to_the_dispatcher_after_commit(  # type: ignore[no-untyped-def]
-    api, queued_agent_tasks, django_capture_on_commit_callbacks
-) -> None:
-    from memory_worker import tasks
-
-    queued = queued_agent_tasks
-    plain_chat = new_chat(api)
-    agent_chat = new_chat(api)
-    digest_chat = new_chat(api, policy="turn-digest")
-    with django_capture_on_commit_callbacks(execute=True):
-        assert turn(api, plain_chat, "hello").status_code == 201
-        assert turn(api, agent_chat, "hi", {"decision": "plan_direct"}).status_code == 201
-        assert turn(api, digest_chat, "hey").status_code == 201
-    assert queued == [(agent_chat, 1), (digest_chat, 1)]
-    assert AgentState.objects.count() == 0  # nothing ran on the request path
-    # The task itself (what the worker runs), twice: the second delivery finds nothing to do.
-    assert tasks.summarize_agent_turns(agent_chat, 1) == 1
-    assert tasks.summarize_agent_turns(agent_chat, 1) == 0
-    assert AgentState.objects.get(chat_id=agent_chat).turns == 1
-    # Once a chat has agent state, its plain turns are followed too (pending GC keeps time).
-    queued.clear()
-    with django_capture_on_commit_callbacks(execute=True):
-        assert turn(api, agent_chat, "plain").status_code == 201
-    assert queued == [(agent_chat, 3)]
-
-
-def test_openai_compatible_turns_hand_the_work_over_too(  # type: ignore[no-untyped-def]
-    user, settings, queued_agent_tasks, django_capture_on_commit_callbacks
-) -> None:
-    """/v1 turns queued only the fold check: a turn-digest chat used through them never got
-    its response summaries, and its folds sent the full replies."""
-    from rest_framework.authtoken.models import Token
-    from rest_framework.test import APIClient
-
-    settings.MEMORY_POLICY = "turn-digest"
-    client = APIClient()
-    client.credentials(HTTP_AUTHORIZATION=f"Bearer {Token.objects.get_or_create(user=user)[0].key}")
-    body = {"model": "default", "user": "digest", "messages": [{"role": "user", "content": "hey"}]}
-    with django_capture_on_commit_callbacks(execute=True):
-        assert client.post("/v1/chat/completions", body, format="json").status_code == 200
-    chat = Chat.objects.get(external_id="digest")
-    assert queued_agent_tasks == [(chat.pk, 1)]
-
-
-def test_a_stale_run_is_superseded_and_applies_nothing(api) -> None:  # type: ignore[no-untyped-def]
-    from memory_worker import agent_summaries as service
-
-    chat_id = new_chat(api)
-    response = turn(api, chat_id, "x", {"decision": "clarify", "clarification_questions": ["?"]})
-    assert response.status_code == 201, response.content
-    stale = service._state_for(chat_id, 1)
-    assert stale is not None
-    turns = service.pending_turns(chat_id, stale.processed_seq)
-    assert summarize_turns(chat_id) == 1
-    draft = service.compute(stale, turns, service.limits())
-    assert service.commit(stale, turns, draft) is False
-    assert ResponseSummary.objects.filter(chat_id=chat_id).count() == 1
-    assert AgentState.objects.get(chat_id=chat_id).turns == 1
-
-
-def test_a_later_turns_task_running_first_does_not_skip_the_first_agent_turn(api) -> None:  # type: ignore[no-untyped-def]
-    """Two workers (or a lost enqueue) can run turn B's task before turn A's: the state used to
-    start at B's turn, and A's entities never reached it."""
-    chat_id = new_chat(api)
-    assert turn(api, chat_id, "plain, before any agent turn").status_code == 201
-    recipe = entity("r1", "Spicy Rice Bowl", "generate", state="PENDING")
-    first = turn(
-        api,
-        chat_id,
-        "A",
-        {"decision": "propose", "proposal_message": "Rice bowl?", "entities": [recipe]},
-    )
-    assert first.status_code == 201
-    second = turn(api, chat_id, "B", {"decision": "plan_direct"})
-    assert second.status_code == 201
-    assert summarize_turns(chat_id, from_seq=second.json()["user_message"]["seq"]) == 2
-    saved = AgentState.objects.get(chat_id=chat_id)
-    assert saved.processed_seq == 6 and saved.turns == 2  # from turn A (seq 3), not B (seq 5)
-    assert "r1" in saved.entity_registry  # turn A's entity
+# The state endpoint, the admin, a streamed turn
 
 
 def test_state_endpoint_is_scoped_and_empty_before_any_agent_turn(api, other_api) -> None:  # type: ignore[no-untyped-def]
@@ -687,23 +687,3 @@ def test_a_streamed_turn_stores_its_agent_context(api) -> None:  # type: ignore[
     assert refused.status_code == 400
     assert "clarification_questions" in refused.json()["agent"]
     assert Message.objects.filter(chat_id=chat_id).count() == 2
-
-
-def test_turns_are_applied_in_order_across_batches(api, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    from memory_worker import agent_summaries as service
-
-    monkeypatch.setattr(service, "BATCH_MESSAGES", 3)  # a turn is cut at every batch edge
-    chat_id = new_chat(api)
-    for number, decision in enumerate(["clarify", "propose", "plan_direct"]):
-        agent: dict[str, Any] = {"decision": decision, "step_results": [f"step {number}"]}
-        if decision == "clarify":
-            agent["clarification_questions"] = ["?"]
-        if decision == "propose":
-            agent["proposal_message"] = "ok?"
-        assert turn(api, chat_id, f"turn {number}", agent).status_code == 201
-    assert summarize_turns(chat_id, 1) == 3
-    body = state(api, chat_id)
-    assert (body["processed_seq"], body["turns"]) == (6, 3)
-    assert [s["seq"] for s in body["response_summaries"]] == [2, 4]
-    assert body["pending_clarification"] is None  # plan_direct came last
-    assert [s["result"] for s in body["recent_steps"]] == ["step 0", "step 1", "step 2"]

@@ -1,18 +1,22 @@
 """The fold service, called directly as a worker would (Zulip-style consume tests): the first
-working sliding-window fold, fencing, failures, and the post-commit enqueue."""
+working sliding-window fold, fencing, failures, the post-commit enqueue, the brief and ledger
+rows a fold writes (the summarizer calls included), and a task's reruns."""
 
 import itertools
 import time
 from datetime import datetime, timedelta
+from types import SimpleNamespace
+from typing import Any, cast
 
 import pytest
 from django.utils import timezone
 
 from conversations.models import Brief, Chat, Consolidation, Message
-from memory_worker import fold_commit, folds, runs, sweep
+from memory_worker import fold_commit, folds, runs
+from memory_worker.chat_summarizer import ChatCompletionsSummarizer
 from memory_worker.dispatch import RequestTrigger
 from memory_worker.state import load_snapshot
-from tests.conftest import require
+from tests.conftest import contract_chat_after_turns, require
 
 pytestmark = pytest.mark.django_db
 
@@ -349,108 +353,6 @@ def test_flush_hooks_run_after_a_committed_fold(api, settings, transactional_db)
     assert len(FLUSHED) == 1
 
 
-def test_sweep_finds_cooled_due_and_stranded_chats(api, settings) -> None:  # type: ignore[no-untyped-def]
-    from datetime import timedelta
-
-    from memory_worker.locks import LocalChatLock
-
-    lock = LocalChatLock(ttl_seconds=30)
-    now = timezone.now()
-    cooled = new_chat(api)  # sliding-window: 42 messages = backlog 2, cooldown 900 s
-    turns(api, cooled, 21)
-    quiet = new_chat(api)  # 4 messages: nothing beyond the 40-message tail
-    turns(api, quiet, 2)
-    failing = new_chat(api)
-    Brief.objects.filter(chat_id=failing).update(next_attempt_at=now - timedelta(seconds=1))
-    stranded = new_chat(api)
-    lock.mark_pending(stranded)  # its run died after marking a rerun
-    Chat.objects.filter(pk=cooled).update(created_at=now - timedelta(seconds=901))
-    found = sweep.sweep_candidates(now, lock, limit=100)
-    assert sorted(found) == sorted([cooled, failing, stranded])
-    # Not yet cooled down: not a candidate.
-    Chat.objects.filter(pk=cooled).update(created_at=now - timedelta(seconds=899))
-    assert cooled not in sweep.sweep_candidates(now, lock, limit=100)
-
-
-def test_the_sweep_reaches_every_chat_however_many_have_nothing_due(api) -> None:  # type: ignore[no-untyped-def]
-    """Chats with unfolded messages and nothing due (most chats: a tail not yet full) used to
-    fill every sweep's batch, never-folded ones first, so a chat whose fold fell due after its
-    turns (a failed enqueue, a cooldown) was never reached."""
-    from datetime import timedelta
-
-    from django.core.cache import cache
-
-    from memory_worker.locks import LocalChatLock
-
-    cache.delete(sweep.SWEEP_CURSOR_KEY)
-    lock = LocalChatLock(ttl_seconds=30)
-    now = timezone.now()
-    idle = []
-    for _ in range(12):
-        idle.append(new_chat(api))
-        turns(api, idle[-1], 1)  # 2 messages: nothing due, never folded
-    due = new_chat(api)  # the highest id: the rotation reaches it last
-    turns(api, due, 21)  # 42 messages: the cooldown fold is due once 900 s have passed
-    long_ago = now - timedelta(seconds=1000)
-    Chat.objects.filter(pk=due).update(created_at=long_ago)
-    Brief.objects.filter(chat_id=due).update(last_consolidated_at=long_ago)
-    sweeps = [sweep.sweep_candidates(now, lock, limit=5) for _ in range(3)]
-    assert sweeps[:2] == [[], []]
-    assert sweeps[2] == [due]
-    # The third sweep wrapped around to the two lowest ids: the next goes on from there.
-    assert sweep.next_cooled_candidates(now, 5) == idle[2:7]
-    # Chats whose retry is due take the batch first; the rotation judges only what fits after
-    # them (a due chat judged and cut off would wait a whole round), and stays where it was.
-    Brief.objects.filter(chat_id__in=idle[:4]).update(next_attempt_at=now - timedelta(seconds=1))
-    assert sorted(sweep.sweep_candidates(now, lock, limit=5)) == sorted(idle[:4])
-    Brief.objects.filter(chat_id__in=idle[:5]).update(next_attempt_at=now - timedelta(seconds=1))
-    assert sorted(sweep.sweep_candidates(now, lock, limit=5)) == sorted(idle[:5])
-    assert sweep.next_cooled_candidates(now, 5) == [*idle[8:12], due]
-
-
-def test_abandoned_running_rows_are_marked_failed(api, settings) -> None:  # type: ignore[no-untyped-def]
-    from datetime import timedelta
-
-    chat_id = new_chat(api)
-    old = Consolidation.objects.create(
-        chat_id=chat_id, trigger="turn", from_seq=1, to_seq=2, base_version=0
-    )
-    fresh = Consolidation.objects.create(
-        chat_id=chat_id, trigger="turn", from_seq=1, to_seq=2, base_version=0
-    )
-    Consolidation.objects.filter(pk=old.pk).update(
-        started_at=timezone.now() - timedelta(seconds=settings.MEMORY_LOCK_TTL_SECONDS + 1)
-    )
-    now = timezone.now()
-    assert sweep.abandon_stale_runs(now) == 1
-    old.refresh_from_db()
-    fresh.refresh_from_db()
-    assert (old.status, fresh.status) == ("failed", "running")
-    assert "abandoned" in old.error
-    # Counted on the brief like a crash: a fold that kills its worker every time backs off and
-    # degrades instead of being retried every lock TTL for ever.
-    brief = Brief.objects.get(chat_id=chat_id)
-    assert (brief.consecutive_failures, brief.last_error) == (1, old.error)
-    assert brief.next_attempt_at is not None and brief.next_attempt_at > now
-    # A synchronous fold dies with its web process: no reason to hold background folds back.
-    killed_turn = Consolidation.objects.create(
-        chat_id=chat_id,
-        trigger="hard_bound",
-        from_seq=1,
-        to_seq=2,
-        base_version=0,
-        synchronous=True,
-    )
-    Consolidation.objects.filter(pk=killed_turn.pk).update(started_at=old.started_at)
-    assert sweep.abandon_stale_runs(timezone.now()) == 1
-    assert Brief.objects.get(chat_id=chat_id).consecutive_failures == 1
-    # A run that read an older version than the brief's is old news for the brief.
-    Brief.objects.filter(chat_id=chat_id).update(version=5)
-    Consolidation.objects.filter(pk=fresh.pk).update(started_at=old.started_at)
-    assert sweep.abandon_stale_runs(timezone.now()) == 1
-    assert Brief.objects.get(chat_id=chat_id).consecutive_failures == 1
-
-
 def committed_rows(chat_id: int) -> tuple[dict[str, object], list[dict[str, object]]]:
     """The brief and the ledger rows a fold wrote, without ids and wall-clock times."""
     clock = {"updated_at", "last_consolidated_at", "started_at", "finished_at", "duration_ms"}
@@ -493,6 +395,36 @@ def test_both_commit_paths_write_the_same(api, monkeypatch) -> None:  # type: ig
         ("superseded", 0),
     ]
     assert fold_twice_with(api, in_transaction, monkeypatch) == (brief, ledger)
+
+
+LONG = "## Facts / Constraints\n" + "\n".join(f"- fact number {n} is here" for n in range(20))
+SHORT = "## Facts / Constraints\n- fact\n## Goals / Preferences\n- None\n## Decisions\n- None"
+
+
+def test_the_ledger_counts_the_stricter_retry_of_an_over_cap_summary(api, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A fold whose first summary is over the cap makes a second, stricter call, and both are
+    paid for: the ledger row counts two summarizer calls and both calls' tokens."""
+    chat_id = contract_chat_after_turns(api, 6)
+    replies = iter([(LONG, 100, 90), (SHORT, 200, 10)])
+
+    def create_chat_completion(client, body, timeout):  # type: ignore[no-untyped-def]
+        text, prompt, completion = next(replies)
+        message = SimpleNamespace(content=text, refusal=None)
+        return SimpleNamespace(
+            choices=[SimpleNamespace(message=message, finish_reason="stop")],
+            usage=SimpleNamespace(prompt_tokens=prompt, completion_tokens=completion),
+        )
+
+    monkeypatch.setattr(
+        "memory_worker.chat_summarizer.create_chat_completion", create_chat_completion
+    )
+    summarizer = ChatCompletionsSummarizer(cast(Any, None), "gpt-test", cap_tokens=40)
+    monkeypatch.setattr(folds, "get_summarizer", lambda cap=None: summarizer)
+    outcome = folds.consolidate_once(chat_id, RequestTrigger.MANUAL)
+    assert outcome.status == "succeeded" and outcome.ledger_id is not None, outcome
+    row = Consolidation.objects.get(pk=outcome.ledger_id)
+    assert (row.summarizer_calls, row.input_tokens, row.output_tokens) == (2, 300, 100)
+    assert Brief.objects.get(chat_id=chat_id).summary == SHORT
 
 
 # --- A task's reruns: judged on the state the fold committed, a fresh read only when needed ---

@@ -1,6 +1,7 @@
-"""The probes (conversations.health's /readyz, and /metrics) as an orchestrator and Prometheus
-reach them: inside the compose network, by the container's address or service name, over plain
-HTTP. Readiness is decided by the database; the broker is reported."""
+"""The probes (conversations.health's /healthz and /readyz, and /metrics) as an orchestrator and
+Prometheus reach them: inside the compose network, by the container's address or service name,
+over plain HTTP, whatever the Host header. Readiness is decided by the database; the broker is
+reported."""
 
 from __future__ import annotations
 
@@ -26,6 +27,21 @@ def _migration_state_forgotten() -> Iterator[None]:
     yield
     if remembered is not None:
         remembered.clear()
+
+
+# --- /healthz and /readyz: answered whatever the Host header -----------------------------------
+
+
+def test_probes_answer_whatever_the_host_header(client, settings) -> None:  # type: ignore[no-untyped-def]
+    """docker-compose's healthcheck calls http://127.0.0.1:8000/readyz; a production
+    ALLOWED_HOSTS leaves that address out, and a 400 there would mean never healthy."""
+    settings.ALLOWED_HOSTS = ["chat.example.com"]
+    for path in ("/healthz", "/readyz"):
+        response = client.get(path, HTTP_HOST="127.0.0.1:8000")
+        assert response.status_code == 200, (path, response.content)
+    # Everything else still checks the host.
+    assert client.get("/api/v1/policies/", HTTP_HOST="127.0.0.1:8000").status_code == 400
+    assert client.get("/api/v1/policies/", HTTP_HOST="chat.example.com").status_code == 401
 
 
 # --- /metrics: host check and HTTPS redirect, like the probes ----------------------------------
@@ -73,6 +89,15 @@ def test_a_dead_broker_is_reported_but_the_web_stays_ready(client: Any, settings
     body = response.json()
     assert body["status"] == "ready" and body["database"] == "ok"
     assert body["broker"].startswith("error")
+
+
+def test_readyz_reports_a_dead_broker(client, settings) -> None:  # type: ignore[no-untyped-def]
+    """Reported, but ready: turns do not need the broker (DESIGN promise 5)."""
+    settings.REDIS_URL = "redis://127.0.0.1:1/0"
+    response = client.get("/readyz")
+    assert response.status_code == 200
+    body = response.json()
+    assert body["database"] == "ok" and body["broker"].startswith("error")
 
 
 def test_a_database_missing_migrations_is_not_ready(client: Any) -> None:

@@ -1,7 +1,8 @@
 """The retry policy of failed folds (DESIGN §6): transient model errors are retried with
 exponential backoff and jitter, by the worker itself until the chat is degraded; an exhausted
-quota, other rejected requests and unusable output are never retried fast. The summarizer's
-client never retries on its own: our code owns retries and deadlines."""
+quota, other rejected requests and unusable output are never retried fast. Every failure counts
+on the brief, concurrent failures of the same version each. The summarizer's client never
+retries on its own: our code owns retries and deadlines."""
 
 import typing
 from datetime import timedelta
@@ -230,6 +231,38 @@ def test_a_manual_fold_waits_for_a_run_holding_the_chat(api, settings, monkeypat
     assert len(published) == 1
     lock.release(chat_id, "another-run")
     lock.clear_pending(chat_id)
+
+
+def new_chat(api, **body: typing.Any) -> int:  # type: ignore[no-untyped-def]
+    response = api.post("/api/v1/chats/", body, format="json")
+    assert response.status_code == 201, response.content
+    return int(response.json()["id"])
+
+
+@pytest.mark.django_db
+def test_two_failures_of_the_same_version_count_two(api, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Two failures of the same version (a crash and the sweep's abandonment, two workers)
+    count two: fail_brief increments the count in the database, so a second failure landing
+    between one's read and its write is not lost."""
+    chat_id = new_chat(api)
+    now = timezone.now()
+    ledger = Consolidation(chat_id=chat_id, trigger="turn", from_seq=1, to_seq=2)
+    real = retries.retry_plan
+    nested: list[int] = []
+
+    def retry_plan(kind: str, failures: int) -> retries.RetryPlan:
+        if not nested:  # the other failure lands between this one's read and its write
+            nested.append(failures)
+            retries.fail_brief(ledger, 0, "second", "timeout", now)
+        return real(kind, failures)
+
+    monkeypatch.setattr(retries, "retry_plan", retry_plan)
+    retries.fail_brief(ledger, 0, "first", "timeout", now)
+    brief = Brief.objects.get(chat_id=chat_id)
+    assert brief.consecutive_failures == 2
+    # The backoff is the second failure's (30 s x 2, +-20 %), not overwritten by the first's.
+    assert brief.next_attempt_at is not None
+    assert 48 <= (brief.next_attempt_at - now).total_seconds() <= 72
 
 
 # --------------------------------------------------------------------------------------------

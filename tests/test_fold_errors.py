@@ -103,8 +103,9 @@ def test_key_shaped_strings_are_redacted(key: str) -> None:
 def test_a_failed_response_shows_its_code_only(
     server: ScriptedServer, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """The Responses backend's failed status carried the provider's words into the error the
-    chat's owner reads (a rate limit names the operator's organisation)."""
+    """A Responses backend's failed status carries the provider's words (a rate limit names the
+    operator's organisation): the error the chat's owner reads keeps its code only, the log the
+    words."""
     failed = responses_reply(None, status="failed")
     assert failed.body is not None
     failed.body["error"] = {

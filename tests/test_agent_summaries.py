@@ -1,7 +1,11 @@
-"""Seed 004's agent state (docs/agent-state.md) against the review's findings: tool loops through
-/v1 (the final reply is summarised, the state does not depend on when the worker runs, a long
-loop does not stall it), a backlog under the task's time limit, and the token bound of the
-agent-state block."""
+"""Seed 004's agent state off the request path (memory_worker/agent_summaries.py, the run;
+memory_worker/agent_turns.py, what one turn applies; docs/agent-state.md): a turn hands the work
+to the dispatcher after commit, each turn is applied once and in order (a stale run is
+superseded, a later turn's task may run first, a turn may span batches), a /v1 tool loop is one
+turn summarised by its final reply whenever the worker runs and however long the loop, and a
+backlog is committed turn by turn under the task's time limit, the rest handed on.
+
+The run is called the way a worker calls it (``summarize_turns``): dispatch is off in unit tests."""
 
 from types import SimpleNamespace
 from typing import Any
@@ -16,9 +20,144 @@ from conversations.models import AgentState, Chat, ResponseSummary
 from conversations.services import agent_state as service
 from memory_worker import agent_summaries
 from memory_worker.agent_summaries import summarize_turns
-from memory_worker.tokens import count_tokens
+from tests.test_agent_state import entity, new_chat, state, turn
 
 pytestmark = pytest.mark.django_db
+
+# ---------------------------------------------------------------------------------------------
+# Handed off after the turn
+
+
+@pytest.fixture
+def queued_agent_tasks(settings, monkeypatch) -> list[tuple]:  # type: ignore[no-untyped-def]
+    """Celery dispatch on, with the agent-state task's messages kept here instead of sent."""
+    queued: list[tuple] = []
+    monkeypatch.setattr(
+        agent_summaries.SUMMARIZE_AGENT_TURNS,
+        "apply_async",
+        lambda args, **options: queued.append(args),
+    )
+    settings.MEMORY_DISPATCH = "celery"
+    return queued
+
+
+def test_the_turn_hands_the_work_to_the_dispatcher_after_commit(  # type: ignore[no-untyped-def]
+    api, queued_agent_tasks, django_capture_on_commit_callbacks
+) -> None:
+    from memory_worker import tasks
+
+    queued = queued_agent_tasks
+    plain_chat = new_chat(api)
+    agent_chat = new_chat(api)
+    digest_chat = new_chat(api, policy="turn-digest")
+    with django_capture_on_commit_callbacks(execute=True):
+        assert turn(api, plain_chat, "hello").status_code == 201
+        assert turn(api, agent_chat, "hi", {"decision": "plan_direct"}).status_code == 201
+        assert turn(api, digest_chat, "hey").status_code == 201
+    assert queued == [(agent_chat, 1), (digest_chat, 1)]
+    assert AgentState.objects.count() == 0  # nothing ran on the request path
+    # The task itself (what the worker runs), twice: the second delivery finds nothing to do.
+    assert tasks.summarize_agent_turns(agent_chat, 1) == 1
+    assert tasks.summarize_agent_turns(agent_chat, 1) == 0
+    assert AgentState.objects.get(chat_id=agent_chat).turns == 1
+    # Once a chat has agent state, its plain turns are followed too (pending GC keeps time).
+    queued.clear()
+    with django_capture_on_commit_callbacks(execute=True):
+        assert turn(api, agent_chat, "plain").status_code == 201
+    assert queued == [(agent_chat, 3)]
+
+
+def test_openai_compatible_turns_hand_the_work_over_too(  # type: ignore[no-untyped-def]
+    user, settings, queued_agent_tasks, django_capture_on_commit_callbacks
+) -> None:
+    """/v1 turns queue the agent-state task as REST turns do, not only the fold check: a
+    turn-digest chat used through them gets its response summaries, so its folds do not send
+    the full replies."""
+    settings.MEMORY_POLICY = "turn-digest"
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {Token.objects.get_or_create(user=user)[0].key}")
+    body = {"model": "default", "user": "digest", "messages": [{"role": "user", "content": "hey"}]}
+    with django_capture_on_commit_callbacks(execute=True):
+        assert client.post("/v1/chat/completions", body, format="json").status_code == 200
+    chat = Chat.objects.get(external_id="digest")
+    assert queued_agent_tasks == [(chat.pk, 1)]
+
+
+def test_the_task_passes_its_start_to_the_service(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from memory_worker import tasks
+
+    seen: list[tuple[int, int | None, float | None]] = []
+
+    def summarize_turns(
+        chat_id: int, from_seq: int | None = None, started: float | None = None
+    ) -> int:
+        seen.append((chat_id, from_seq, started))
+        return 0
+
+    monkeypatch.setattr(agent_summaries, "summarize_turns", summarize_turns)
+    tasks.summarize_agent_turns(7, 3)
+    assert seen and seen[0][:2] == (7, 3) and seen[0][2] is not None
+
+
+# ---------------------------------------------------------------------------------------------
+# Each turn applied once, in order
+
+
+def test_a_stale_run_is_superseded_and_applies_nothing(api) -> None:  # type: ignore[no-untyped-def]
+    chat_id = new_chat(api)
+    response = turn(api, chat_id, "x", {"decision": "clarify", "clarification_questions": ["?"]})
+    assert response.status_code == 201, response.content
+    stale = agent_summaries._state_for(chat_id, 1)
+    assert stale is not None
+    turns = agent_summaries.pending_turns(chat_id, stale.processed_seq)
+    assert summarize_turns(chat_id) == 1
+    draft = agent_summaries.compute(stale, turns, agent_summaries.limits())
+    assert agent_summaries.commit(stale, turns, draft) is False
+    assert ResponseSummary.objects.filter(chat_id=chat_id).count() == 1
+    assert AgentState.objects.get(chat_id=chat_id).turns == 1
+
+
+def test_a_later_turns_task_running_first_does_not_skip_the_first_agent_turn(api) -> None:  # type: ignore[no-untyped-def]
+    """Two workers (or a lost enqueue) can run turn B's task before turn A's: the state starts
+    at the chat's first agent turn (A), not at B's, so A's entities reach it."""
+    chat_id = new_chat(api)
+    assert turn(api, chat_id, "plain, before any agent turn").status_code == 201
+    recipe = entity("r1", "Spicy Rice Bowl", "generate", state="PENDING")
+    first = turn(
+        api,
+        chat_id,
+        "A",
+        {"decision": "propose", "proposal_message": "Rice bowl?", "entities": [recipe]},
+    )
+    assert first.status_code == 201
+    second = turn(api, chat_id, "B", {"decision": "plan_direct"})
+    assert second.status_code == 201
+    assert summarize_turns(chat_id, from_seq=second.json()["user_message"]["seq"]) == 2
+    saved = AgentState.objects.get(chat_id=chat_id)
+    assert saved.processed_seq == 6 and saved.turns == 2  # from turn A (seq 3), not B (seq 5)
+    assert "r1" in saved.entity_registry  # turn A's entity
+
+
+def test_turns_are_applied_in_order_across_batches(api, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setattr(agent_summaries, "BATCH_MESSAGES", 3)  # a turn is cut at every batch edge
+    chat_id = new_chat(api)
+    for number, decision in enumerate(["clarify", "propose", "plan_direct"]):
+        agent: dict[str, Any] = {"decision": decision, "step_results": [f"step {number}"]}
+        if decision == "clarify":
+            agent["clarification_questions"] = ["?"]
+        if decision == "propose":
+            agent["proposal_message"] = "ok?"
+        assert turn(api, chat_id, f"turn {number}", agent).status_code == 201
+    assert summarize_turns(chat_id, 1) == 3
+    body = state(api, chat_id)
+    assert (body["processed_seq"], body["turns"]) == (6, 3)
+    assert [s["seq"] for s in body["response_summaries"]] == [2, 4]
+    assert body["pending_clarification"] is None  # plan_direct came last
+    assert [s["result"] for s in body["recent_steps"]] == ["step 0", "step 1", "step 2"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Tool loops through /v1
 
 FINAL = "Done! I saved the recipes Spicy Rice Bowl and Miso Salmon Bowl to your cookbook. " + (
     "More details about the cookbook follow here. " * 12
@@ -65,10 +204,6 @@ def agent_state_of(chat_id: int) -> dict[str, Any]:
     }
 
 
-# ---------------------------------------------------------------------------------------------
-# Tool loops (findings 1 and 2)
-
-
 def tool_round(client: APIClient, name: str, run_worker_between: bool) -> int:
     """One /v1 tool round: the user's request answered by a tool call, then the tool result
     answered by the final reply, in two requests; the worker runs after each request, or only
@@ -85,8 +220,9 @@ def tool_round(client: APIClient, name: str, run_worker_between: bool) -> int:
 
 
 def test_a_v1_tool_round_is_summarised_by_its_final_reply_whenever_the_worker_runs(v1) -> None:  # type: ignore[no-untyped-def]
-    """The turn closed at the tool call: when the worker ran between the two requests, the
-    final reply (seq 4) was never summarised and the watermark stayed at the tool call."""
+    """A reply that calls a tool does not close the turn: a worker running between the two
+    requests leaves the watermark before the tool call, and the final reply (seq 4) is the one
+    summarised, as when the worker runs only after the last request."""
     prompt = tool_round(v1, "worker-prompt", run_worker_between=True)
     late = tool_round(v1, "worker-late", run_worker_between=False)
     expected = [(4, offline_response_summary(FINAL, []), "offline")]
@@ -137,9 +273,9 @@ def run_tool_loop(client: APIClient, name: str, run_worker_each_time: bool) -> i
 
 
 def test_a_thirty_round_tool_loop_does_not_stall_the_agent_state(v1, long_tool_loop) -> None:  # type: ignore[no-untyped-def]
-    """Once the first exchange was applied, the loop's 62 later messages had no user message:
-    a batch of 60 of them held no complete turn, nothing was applied, and the watermark never
-    moved again, even after new turns."""
+    """Once the first exchange is applied, the loop's 62 later messages have no user message:
+    a batch of 60 of them holds no complete turn, and is applied as far as it goes so that the
+    watermark keeps moving, through the loop and the turns after it."""
     chat_id = run_tool_loop(v1, "long-loop", run_worker_each_time=True)
     last_seq = Chat.objects.get(pk=chat_id).last_seq
     assert last_seq == 64  # the user's message, 31 tool calls and their results, the final reply
@@ -162,16 +298,16 @@ def test_a_long_tool_loop_gives_the_same_state_whenever_the_worker_runs(v1, long
 
 
 # ---------------------------------------------------------------------------------------------
-# The task's time limit (finding 3)
+# The task's time limit
 
 
 def test_a_backlog_is_committed_turn_by_turn_and_the_rest_handed_on(  # type: ignore[no-untyped-def]
     api, use_fake_openai, settings, monkeypatch
 ) -> None:
     """A backlog of long replies, each one model call, under a soft time limit that fits about
-    three calls: the whole batch was committed at the end, so the limit lost all of it and
-    every later task redid the same calls. Now each turn commits, no call starts that cannot
-    finish before the deadline, and the rest is handed to a fresh task."""
+    three calls: each turn commits on its own (a batch committed at the end would lose all of
+    it to the limit, and every later task would redo the same calls), no call starts that
+    cannot finish before the deadline, and the rest is handed to a fresh task."""
     use_fake_openai.reply_fn = lambda body: "Here is the full plan for the week. " * 20
     chat_id = api.post("/api/v1/chats/", {"policy": "turn-digest"}, format="json").json()["id"]
     for number in range(8):
@@ -215,111 +351,3 @@ def test_a_backlog_is_committed_turn_by_turn_and_the_rest_handed_on(  # type: ig
     assert summarize_turns(chat_id, 1, started=clock["now"]) == 4
     assert AgentState.objects.get(chat_id=chat_id).processed_seq == 16
     assert len(use_fake_openai.requests) - calls_before == 8
-
-
-def test_the_task_passes_its_start_to_the_service(monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    from memory_worker import tasks
-
-    seen: list[tuple[int, int | None, float | None]] = []
-
-    def summarize_turns(
-        chat_id: int, from_seq: int | None = None, started: float | None = None
-    ) -> int:
-        seen.append((chat_id, from_seq, started))
-        return 0
-
-    monkeypatch.setattr(agent_summaries, "summarize_turns", summarize_turns)
-    tasks.summarize_agent_turns(7, 3)
-    assert seen and seen[0][:2] == (7, 3) and seen[0][2] is not None
-
-
-# ---------------------------------------------------------------------------------------------
-# The token bound of the block (finding 4)
-
-ZH = "请确认这个方案中的每一个细节以及相关的假设条件和约束"
-
-
-def huge_agent() -> dict[str, Any]:
-    """The largest agent object validation accepts, in ordinary Chinese text."""
-    return {
-        "decision": "propose",
-        "goal": (ZH * 30)[:500],
-        "proposal_message": (ZH * 200)[:4000],
-        "assumptions": [(ZH * 30)[:500] for _ in range(20)],
-        "entities": [
-            {
-                "id": f"r{i}",
-                "type": "recipe",
-                "label": (ZH * 10)[:200],
-                "state": "ACTIVE",
-                "source": "db_read",
-            }
-            for i in range(20)
-        ],
-    }
-
-
-def test_a_valid_agent_object_cannot_make_the_chat_unusable(api, settings) -> None:  # type: ignore[no-untyped-def]
-    """The block rendered 17,451 tokens, counted with the system prompt that folding cannot
-    shrink: with an 8k model every later turn was a 503, even the one clearing the proposal."""
-    settings.CHAT_MODEL_CONTEXT_TOKENS = 8192
-    chat_id = api.post("/api/v1/chats/", {}, format="json").json()["id"]
-    url = f"/api/v1/chats/{chat_id}/turns/"
-    response = api.post(url, {"content": "plan it", "agent": huge_agent()}, format="json")
-    assert response.status_code == 201, response.content
-    summarize_turns(chat_id)
-    stored = AgentState.objects.get(chat_id=chat_id)
-    assert 0 < stored.context_tokens <= settings.AGENT_CONTEXT_MAX_TOKENS == 1000
-    assert stored.context_tokens == count_tokens(stored.context_block)
-    # What matters most for the next turn survives: the pending proposal and its goal.
-    assert "Pending proposal" in stored.context_block and "- Goal: " in stored.context_block
-    assert api.post(url, {"content": "yes"}, format="json").status_code == 201
-    clear = {"content": "go ahead", "agent": {"decision": "plan_direct"}}
-    assert api.post(url, clear, format="json").status_code == 201
-
-
-def test_the_bound_drops_the_least_important_parts_first() -> None:
-    from conversations import agent_state as rules
-
-    def words(text: str) -> int:
-        return len(text.split())
-
-    entities = [
-        {"id": f"r{i}", "type": "recipe", "label": f"Bowl {i}", "source": "db_read"}
-        for i in range(5)
-    ]
-    pending = {
-        "decision": "propose",
-        "goal": "meal prep",
-        "proposal_message": "Save five bowls?",
-        "assumptions": ["serves two", "no nuts"],
-    }
-    full = rules.render_context("Planning meals.", entities, pending)
-    assert rules.render_context("Planning meals.", entities, pending, 1000, words) == full
-    # Without both assumptions (4 words each) it is still one word over: one entity line goes.
-    bound = words(full) - 9
-    bounded = rules.render_context("Planning meals.", entities, pending, bound, words)
-    assert words(bounded) <= bound
-    assert "Assumption" not in bounded  # the assumptions went first
-    assert "Bowl 3" in bounded and "Bowl 4" not in bounded  # then the least recent entity
-    assert "Proposal: Save five bowls?" in bounded and "Session theme" in bounded
-    tiny = rules.render_context("Planning meals.", entities, pending, 5, words)
-    assert 0 < words(tiny) <= 5
-    assert rules.render_context("Planning meals.", entities, pending, 0, words) == ""
-
-
-def test_a_block_stored_before_the_bound_is_cut_when_the_context_is_built(api, settings) -> None:  # type: ignore[no-untyped-def]
-    """A chat whose oversized block was stored before AGENT_CONTEXT_MAX_TOKENS existed answered
-    every turn with a 503 storing nothing, so no agent-state run came to render it again."""
-    settings.CHAT_MODEL_CONTEXT_TOKENS = 8192
-    chat_id = api.post("/api/v1/chats/", {}, format="json").json()["id"]
-    block = "Pending proposal: " + "梨子和苹果。" * 6000
-    AgentState.objects.create(
-        chat_id=chat_id, context_block=block, context_tokens=count_tokens(block)
-    )
-    assert count_tokens(block) > 8192
-    url = f"/api/v1/chats/{chat_id}/turns/"
-    assert api.post(url, {"content": "hi"}, format="json").status_code == 201
-    sent = api.get(f"/api/v1/chats/{chat_id}/context/").json()["messages"]
-    agent_message = next(m for m in sent if m["content"].startswith("Pending proposal"))
-    assert count_tokens(agent_message["content"]) <= settings.AGENT_CONTEXT_MAX_TOKENS

@@ -1,6 +1,7 @@
-"""Review of the beat sweep and the fold's bookkeeping: a chat deleted (or failing) while the
-sweep judges it, the sweep's own queue, the failure count under concurrent failures, and the
-summarizer calls a fold's ledger row records."""
+"""The beat sweep (memory_worker/sweep.py and the sweep task): the chats it queues (retries due,
+cooled chats with a fold due, chats marked pending whose run died), its rotation through every
+chat, the runs a killed worker left "running", one chat unable to cancel the sweep (deleted or
+failing while judged), and the sweep's own queue, which memory workers consume."""
 
 import json
 import logging
@@ -9,7 +10,7 @@ import shlex
 from collections.abc import Iterator
 from datetime import timedelta
 from types import SimpleNamespace
-from typing import Any, cast
+from typing import Any
 
 import pytest
 from django.core.cache import cache
@@ -17,10 +18,7 @@ from django.utils import timezone
 
 from conversations.models import Brief, Chat, Consolidation
 from memory_worker import folds, retries, sweep, tasks
-from memory_worker.chat_summarizer import ChatCompletionsSummarizer
-from memory_worker.dispatch import RequestTrigger
 from memory_worker.locks import LocalChatLock
-from tests.conftest import contract_chat_after_turns
 from tests.workers import ROOT, Worker, point_celery_at, wait_until
 
 
@@ -33,6 +31,16 @@ def new_chat(api, **body: Any) -> int:  # type: ignore[no-untyped-def]
 def turn(api, chat_id: int) -> None:  # type: ignore[no-untyped-def]
     response = api.post(f"/api/v1/chats/{chat_id}/turns/", {"content": "hi"}, format="json")
     assert response.status_code == 201, response.content
+
+
+def turns(api, chat_id, count, start=0):  # type: ignore[no-untyped-def]
+    for number in range(start, start + count):
+        response = api.post(
+            f"/api/v1/chats/{chat_id}/turns/",
+            {"content": f"I decided to use tool {number}."},
+            format="json",
+        )
+        assert response.status_code == 201, response.content
 
 
 def cooled_due_chat(api, now):  # type: ignore[no-untyped-def]
@@ -62,13 +70,113 @@ def sweep_recorder(monkeypatch) -> Iterator[dict[str, list[Any]]]:  # type: igno
     cache.delete(sweep.SWEEP_CURSOR_KEY)
 
 
-# --- 1. one chat cannot cancel the sweep ------------------------------------------------------
+# --- The chats it queues ------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_sweep_finds_cooled_due_and_stranded_chats(api, settings) -> None:  # type: ignore[no-untyped-def]
+    lock = LocalChatLock(ttl_seconds=30)
+    now = timezone.now()
+    cooled = new_chat(api)  # sliding-window: 42 messages = backlog 2, cooldown 900 s
+    turns(api, cooled, 21)
+    quiet = new_chat(api)  # 4 messages: nothing beyond the 40-message tail
+    turns(api, quiet, 2)
+    failing = new_chat(api)
+    Brief.objects.filter(chat_id=failing).update(next_attempt_at=now - timedelta(seconds=1))
+    stranded = new_chat(api)
+    lock.mark_pending(stranded)  # its run died after marking a rerun
+    Chat.objects.filter(pk=cooled).update(created_at=now - timedelta(seconds=901))
+    found = sweep.sweep_candidates(now, lock, limit=100)
+    assert sorted(found) == sorted([cooled, failing, stranded])
+    # Not yet cooled down: not a candidate.
+    Chat.objects.filter(pk=cooled).update(created_at=now - timedelta(seconds=899))
+    assert cooled not in sweep.sweep_candidates(now, lock, limit=100)
+
+
+@pytest.mark.django_db
+def test_the_sweep_reaches_every_chat_however_many_have_nothing_due(api) -> None:  # type: ignore[no-untyped-def]
+    """Chats with unfolded messages and nothing due (most chats: a tail not yet full) do not
+    fill every sweep's batch, never-folded ones first: the sweep rotates through the chats, so
+    a chat whose fold fell due after its turns (a failed enqueue, a cooldown) is reached."""
+    cache.delete(sweep.SWEEP_CURSOR_KEY)
+    lock = LocalChatLock(ttl_seconds=30)
+    now = timezone.now()
+    idle = []
+    for _ in range(12):
+        idle.append(new_chat(api))
+        turns(api, idle[-1], 1)  # 2 messages: nothing due, never folded
+    due = new_chat(api)  # the highest id: the rotation reaches it last
+    turns(api, due, 21)  # 42 messages: the cooldown fold is due once 900 s have passed
+    long_ago = now - timedelta(seconds=1000)
+    Chat.objects.filter(pk=due).update(created_at=long_ago)
+    Brief.objects.filter(chat_id=due).update(last_consolidated_at=long_ago)
+    sweeps = [sweep.sweep_candidates(now, lock, limit=5) for _ in range(3)]
+    assert sweeps[:2] == [[], []]
+    assert sweeps[2] == [due]
+    # The third sweep wrapped around to the two lowest ids: the next goes on from there.
+    assert sweep.next_cooled_candidates(now, 5) == idle[2:7]
+    # Chats whose retry is due take the batch first; the rotation judges only what fits after
+    # them (a due chat judged and cut off would wait a whole round), and stays where it was.
+    Brief.objects.filter(chat_id__in=idle[:4]).update(next_attempt_at=now - timedelta(seconds=1))
+    assert sorted(sweep.sweep_candidates(now, lock, limit=5)) == sorted(idle[:4])
+    Brief.objects.filter(chat_id__in=idle[:5]).update(next_attempt_at=now - timedelta(seconds=1))
+    assert sorted(sweep.sweep_candidates(now, lock, limit=5)) == sorted(idle[:5])
+    assert sweep.next_cooled_candidates(now, 5) == [*idle[8:12], due]
+
+
+# --- Runs a killed worker left running ---------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_abandoned_running_rows_are_marked_failed(api, settings) -> None:  # type: ignore[no-untyped-def]
+    chat_id = new_chat(api)
+    old = Consolidation.objects.create(
+        chat_id=chat_id, trigger="turn", from_seq=1, to_seq=2, base_version=0
+    )
+    fresh = Consolidation.objects.create(
+        chat_id=chat_id, trigger="turn", from_seq=1, to_seq=2, base_version=0
+    )
+    Consolidation.objects.filter(pk=old.pk).update(
+        started_at=timezone.now() - timedelta(seconds=settings.MEMORY_LOCK_TTL_SECONDS + 1)
+    )
+    now = timezone.now()
+    assert sweep.abandon_stale_runs(now) == 1
+    old.refresh_from_db()
+    fresh.refresh_from_db()
+    assert (old.status, fresh.status) == ("failed", "running")
+    assert "abandoned" in old.error
+    # Counted on the brief like a crash: a fold that kills its worker every time backs off and
+    # degrades instead of being retried every lock TTL for ever.
+    brief = Brief.objects.get(chat_id=chat_id)
+    assert (brief.consecutive_failures, brief.last_error) == (1, old.error)
+    assert brief.next_attempt_at is not None and brief.next_attempt_at > now
+    # A synchronous fold dies with its web process: no reason to hold background folds back.
+    killed_turn = Consolidation.objects.create(
+        chat_id=chat_id,
+        trigger="hard_bound",
+        from_seq=1,
+        to_seq=2,
+        base_version=0,
+        synchronous=True,
+    )
+    Consolidation.objects.filter(pk=killed_turn.pk).update(started_at=old.started_at)
+    assert sweep.abandon_stale_runs(timezone.now()) == 1
+    assert Brief.objects.get(chat_id=chat_id).consecutive_failures == 1
+    # A run that read an older version than the brief's is old news for the brief.
+    Brief.objects.filter(chat_id=chat_id).update(version=5)
+    Consolidation.objects.filter(pk=fresh.pk).update(started_at=old.started_at)
+    assert sweep.abandon_stale_runs(timezone.now()) == 1
+    assert Brief.objects.get(chat_id=chat_id).consecutive_failures == 1
+
+
+# --- One chat cannot cancel the sweep ----------------------------------------------------
 
 
 @pytest.mark.django_db
 def test_a_chat_deleted_while_the_sweep_judges_it_is_skipped(api, monkeypatch, sweep_recorder):  # type: ignore[no-untyped-def]
-    """It raised Chat.DoesNotExist out of the sweep: the retry-due and pending chats already
-    chosen were never queued and the daily-notes replay was skipped."""
+    """A Chat.DoesNotExist raised out of the sweep would leave the retry-due and pending chats
+    already chosen unqueued and skip the daily-notes replay: the deleted chat is skipped, the
+    rest queued."""
     now = timezone.now()
     failing = new_chat(api)  # its retry is due
     Brief.objects.filter(chat_id=failing).update(next_attempt_at=now - timedelta(seconds=1))
@@ -148,7 +256,7 @@ def test_an_error_abandoning_one_run_does_not_cancel_the_sweep(  # type: ignore[
     assert len(sweep_recorder["replayed"]) == 1
 
 
-# --- 2. the sweep's own queue -----------------------------------------------------------------
+# --- The sweep's own queue ---------------------------------------------------------------
 
 
 def test_the_sweep_is_routed_to_its_own_queue_which_memory_workers_consume() -> None:
@@ -206,9 +314,9 @@ def received_task_names(worker: Worker) -> list[str]:
 def test_a_worker_reaches_the_sweep_before_draining_the_fold_backlog(  # type: ignore[no-untyped-def]
     require_postgres, celery_broker
 ):
-    """Beat's sweep used to join the FIFO memory queue behind every fold task: behind more than
-    one interval of backlog it expired before a worker reached it, every minute, exactly while
-    the workers were catching up. On its own queue, a worker (as tests/workers.py and
+    """On the FIFO memory queue, beat's sweep would wait behind every fold task: behind more
+    than one interval of backlog it would expire before a worker reached it, every minute,
+    exactly while the workers catch up. On its own queue, a worker (as tests/workers.py and
     docker-compose.yml start it: `-Q memory`) takes it after at most one fold task."""
     from chatmem_project.celery import app
 
@@ -227,64 +335,3 @@ def test_a_worker_reaches_the_sweep_before_draining_the_fold_backlog(  # type: i
         ), worker.log()
     finally:
         worker.stop()
-
-
-# --- 3. the failure count ---------------------------------------------------------------------
-
-
-@pytest.mark.django_db
-def test_two_failures_of_the_same_version_count_two(api, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    """fail_brief read the count, then wrote read + 1: a second failure of the same version
-    landing in between (a crash and the sweep's abandonment, two workers) wrote the same N + 1."""
-    chat_id = new_chat(api)
-    now = timezone.now()
-    ledger = Consolidation(chat_id=chat_id, trigger="turn", from_seq=1, to_seq=2)
-    real = retries.retry_plan
-    nested: list[int] = []
-
-    def retry_plan(kind: str, failures: int) -> retries.RetryPlan:
-        if not nested:  # the other failure lands between this one's read and its write
-            nested.append(failures)
-            retries.fail_brief(ledger, 0, "second", "timeout", now)
-        return real(kind, failures)
-
-    monkeypatch.setattr(retries, "retry_plan", retry_plan)
-    retries.fail_brief(ledger, 0, "first", "timeout", now)
-    brief = Brief.objects.get(chat_id=chat_id)
-    assert brief.consecutive_failures == 2
-    # The backoff is the second failure's (30 s x 2, +-20 %), not overwritten by the first's.
-    assert brief.next_attempt_at is not None
-    assert 48 <= (brief.next_attempt_at - now).total_seconds() <= 72
-
-
-# --- 4. summarizer calls on the ledger --------------------------------------------------------
-
-LONG = "## Facts / Constraints\n" + "\n".join(f"- fact number {n} is here" for n in range(20))
-SHORT = "## Facts / Constraints\n- fact\n## Goals / Preferences\n- None\n## Decisions\n- None"
-
-
-@pytest.mark.django_db
-def test_the_ledger_counts_the_stricter_retry_of_an_over_cap_summary(api, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    """The ledger always said one summarizer call, and a fold whose first summary was over the
-    cap made two (both paid for)."""
-    chat_id = contract_chat_after_turns(api, 6)
-    replies = iter([(LONG, 100, 90), (SHORT, 200, 10)])
-
-    def create_chat_completion(client, body, timeout):  # type: ignore[no-untyped-def]
-        text, prompt, completion = next(replies)
-        message = SimpleNamespace(content=text, refusal=None)
-        return SimpleNamespace(
-            choices=[SimpleNamespace(message=message, finish_reason="stop")],
-            usage=SimpleNamespace(prompt_tokens=prompt, completion_tokens=completion),
-        )
-
-    monkeypatch.setattr(
-        "memory_worker.chat_summarizer.create_chat_completion", create_chat_completion
-    )
-    summarizer = ChatCompletionsSummarizer(cast(Any, None), "gpt-test", cap_tokens=40)
-    monkeypatch.setattr(folds, "get_summarizer", lambda cap=None: summarizer)
-    outcome = folds.consolidate_once(chat_id, RequestTrigger.MANUAL)
-    assert outcome.status == "succeeded" and outcome.ledger_id is not None, outcome
-    row = Consolidation.objects.get(pk=outcome.ledger_id)
-    assert (row.summarizer_calls, row.input_tokens, row.output_tokens) == (2, 300, 100)
-    assert Brief.objects.get(chat_id=chat_id).summary == SHORT
