@@ -37,7 +37,14 @@ from typing import Any
 from bench.common import api_client, configure_django, save_report
 from memory_worker.dispatch import RequestTrigger
 from memory_worker.tokens import count_tokens
-from tests.fake_openai import SUMMARY_MARKER, FakeOpenAI, RecordedRequest, content_text
+from tests.fake_openai import (
+    FakeOpenAI,
+    RecordedRequest,
+    content_text,
+    is_fold_input,
+    read_fold_input,
+    transcript,
+)
 
 # --- workload ------------------------------------------------------------------------------
 
@@ -503,11 +510,10 @@ NEW_TURN_LINE = re.compile(r"^(?:User|Assistant): (\[t\d+[ua]\])", re.MULTILINE)
 
 
 def new_turns_section(record: RecordedRequest) -> str:
-    """The NEW_TURNS part of a summarize request's input (a retry repeats the same input)."""
-    source = next(text for text in message_contents(record) if SUMMARY_MARKER in text)
-    start = source.find("=== NEW_TURNS ===")
-    end = source.find("=== END_NEW_TURNS ===", start)
-    return source[start:end] if start >= 0 else ""
+    """The NEW_TURNS of a summarize request's input as "User: …" lines, one per message (a
+    retry repeats the same input)."""
+    source = next(text for text in message_contents(record) if is_fold_input(text))
+    return transcript(read_fold_input(source)[1])
 
 
 def instructions_tokens(record: RecordedRequest) -> int:
@@ -520,10 +526,9 @@ def instructions_tokens(record: RecordedRequest) -> int:
 
 def existing_summary_tokens(record: RecordedRequest) -> int:
     """Tokens of the EXISTING_SUMMARY section's text (0 for the first fold's NONE)."""
-    source = next(text for text in message_contents(record) if SUMMARY_MARKER in text)
-    start = source.find(SUMMARY_MARKER) + len(SUMMARY_MARKER)
-    existing = source[start : source.find("=== END_EXISTING_SUMMARY ===", start)].strip()
-    return 0 if existing == "NONE" else tokens(existing)
+    source = next(text for text in message_contents(record) if is_fold_input(text))
+    existing = read_fold_input(source)[0]
+    return tokens(existing) if existing else 0
 
 
 def folded_tags(record: RecordedRequest) -> list[str]:

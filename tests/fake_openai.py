@@ -48,6 +48,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 SUMMARY_MARKER = "=== EXISTING_SUMMARY ==="
+END_SUMMARY_MARKER = "=== END_EXISTING_SUMMARY ==="
+NEW_TURNS_MARKER = "=== NEW_TURNS ==="
+END_NEW_TURNS_MARKER = "=== END_NEW_TURNS ==="
 SUMMARY_HEADINGS = (
     "Facts / Constraints",
     "Goals / Preferences",
@@ -89,7 +92,6 @@ FILLER_WORDS = ("lorem", "ipsum", "dolor", "sit", "amet", "consectetur", "adipis
 GOAL_WORDS = ("want", "prefer", "goal", "like", "need", "plan", "hope", "aim")
 ARTIFACT_PATTERN = re.compile(r"https?://\S+|`[^`]+`|\b[\w-]+\.(?:py|js|ts|md|txt|json|pdf|csv)\b")
 TOOL_MARKER = re.compile(r"CALL_TOOL:([A-Za-z0-9_-]+)")
-TURN_LINE = re.compile(r"^(User|Assistant)[^:]*:\s*(.*)$")
 WORDS_PER_STREAM_CHUNK = 2
 
 
@@ -118,7 +120,7 @@ def request_texts(body: dict[str, Any]) -> list[str]:
 
 
 def classify(body: dict[str, Any]) -> str:
-    return "summarize" if any(SUMMARY_MARKER in text for text in request_texts(body)) else "chat"
+    return "summarize" if any(is_fold_input(text) for text in request_texts(body)) else "chat"
 
 
 def approx_tokens(text: str) -> int:
@@ -164,13 +166,42 @@ def chat_reply_text(number: int, body: dict[str, Any], reply_words: int | None) 
     return " ".join([*words, *filler])
 
 
-def section_between(text: str, start: str, end: str) -> str:
-    begin = text.find(start)
-    if begin < 0:
-        return ""
-    begin += len(start)
-    finish = text.find(end, begin)
-    return text[begin : finish if finish >= 0 else len(text)].strip()
+def is_fold_input(text: str) -> bool:
+    """A summarizer's input: a text that opens with the summary's section and ends with the new
+    turns' (a chat message that merely quotes a marker is a chat message)."""
+    lines = text.strip().splitlines()
+    return bool(lines) and lines[0] == SUMMARY_MARKER and lines[-1] == END_NEW_TURNS_MARKER
+
+
+def section_lines(lines: list[str], start: str, end: str) -> list[str]:
+    """The lines between a line that is exactly ``start`` and the next that is exactly ``end``:
+    a marker counts at the start of a line, as a model reads it."""
+    if start not in lines:
+        return []
+    begin = lines.index(start) + 1
+    finish = lines.index(end, begin) if end in lines[begin:] else len(lines)
+    return lines[begin:finish]
+
+
+def read_fold_input(source: str) -> tuple[str, list[tuple[str, str]]]:
+    """A summarize request's existing summary ("" for NONE) and its new messages as (role,
+    content): the summary is one JSON string, each message line one JSON object."""
+    lines = source.splitlines()
+    existing = "\n".join(section_lines(lines, SUMMARY_MARKER, END_SUMMARY_MARKER)).strip()
+    summary = "" if existing in ("", "NONE") else str(json.loads(existing))
+    messages = []
+    for line in section_lines(lines, NEW_TURNS_MARKER, END_NEW_TURNS_MARKER):
+        if line.strip():
+            record = json.loads(line)
+            messages.append((str(record["role"]), str(record["content"])))
+    return summary, messages
+
+
+def transcript(messages: Iterable[tuple[str, str]]) -> str:
+    """The new messages as "User: …" / "Assistant: …" lines, one per message."""
+    return "\n".join(
+        f"{role.capitalize()}: {' '.join(content.split())}" for role, content in messages
+    )
 
 
 def existing_bullets(summary: str) -> list[tuple[str, str]]:
@@ -188,14 +219,13 @@ def existing_bullets(summary: str) -> list[tuple[str, str]]:
     return bullets
 
 
-def turn_bullets(new_turns: str) -> list[tuple[str, str]]:
-    """(heading, bullet) pairs from the first words of each User/Assistant line."""
+def turn_bullets(messages: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:
+    """(heading, bullet) pairs from the first words of each user and assistant message."""
     bullets = []
-    for raw_line in new_turns.splitlines():
-        match = TURN_LINE.match(raw_line.strip())
-        if not match or not match.group(2):
+    for role, content in messages:
+        speaker, text = role.capitalize(), " ".join(content.split())
+        if speaker not in ("User", "Assistant") or not text:
             continue
-        speaker, text = match.groups()
         bullets.append((turn_heading(speaker, text), f"{speaker}: {' '.join(text.split()[:12])}"))
         bullets.extend(("Key Artifacts", artifact) for artifact in ARTIFACT_PATTERN.findall(text))
     return bullets
@@ -221,11 +251,10 @@ def render_summary(bullets: list[tuple[str, str]]) -> str:
 
 def summary_text(body: dict[str, Any], cap_words: int) -> str:
     """A valid seed-000/003 summary: old bullets kept, new ones added, oldest dropped over cap."""
-    source = next(text for text in reversed(request_texts(body)) if SUMMARY_MARKER in text)
-    existing = section_between(source, SUMMARY_MARKER, "=== END_EXISTING_SUMMARY ===")
-    new_turns = section_between(source, "=== NEW_TURNS ===", "=== END_NEW_TURNS ===")
+    source = next(text for text in reversed(request_texts(body)) if is_fold_input(text))
+    existing, messages = read_fold_input(source)
     bullets, seen = [], set()
-    for heading, text in existing_bullets(existing) + turn_bullets(new_turns):
+    for heading, text in existing_bullets(existing) + turn_bullets(messages):
         if text.lower() not in seen:
             seen.add(text.lower())
             bullets.append((heading, text))

@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from bench import cost
-from tests.fake_openai import SUMMARY_MARKER, RecordedRequest
+from memory_worker.summarizers import FoldMessage, format_fold_input
+from tests.fake_openai import RecordedRequest
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -26,11 +27,8 @@ def chat_request(number: int, *tags: str) -> RecordedRequest:
 
 
 def summarize_request(number: int, *tags: str) -> RecordedRequest:
-    lines = "\n".join(f"User: {tag} words" for tag in tags)
-    source = (
-        f"{SUMMARY_MARKER}\nNONE\n=== END_EXISTING_SUMMARY ===\n\n"
-        f"=== NEW_TURNS ===\n{lines}\n=== END_NEW_TURNS ==="
-    )
+    messages = [FoldMessage(seq, "user", f"{tag} words") for seq, tag in enumerate(tags, 1)]
+    source = format_fold_input("", messages)
     body = {"messages": [{"role": "user", "content": source}]}
     return RecordedRequest("summarize", "/v1/chat/completions", body, {}, 0.0, None, number)
 
@@ -72,10 +70,7 @@ def test_workload_is_seeded_and_shaped_as_the_issue_asks() -> None:
 
 def test_a_calls_overhead_splits_into_instructions_existing_summary_and_format() -> None:
     summary = "## Decisions\n- ship on Friday"
-    source = (
-        f"{SUMMARY_MARKER}\n{summary}\n=== END_EXISTING_SUMMARY ===\n\n"
-        "=== NEW_TURNS ===\nTurn 1:\nUser: [t1u] words\n=== END_NEW_TURNS ==="
-    )
+    source = format_fold_input(summary, [FoldMessage(1, "user", "[t1u] words")])
     instructions = "Rewrite the summary."
     body = {
         "messages": [

@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 
 from bench import cost, topology, topology_chats, topology_measures
-from tests.fake_openai import SUMMARY_MARKER, RecordedRequest
+from memory_worker.summarizers import FoldMessage, format_fold_input
+from tests.fake_openai import RecordedRequest
 
 ROOT = Path(__file__).resolve().parent.parent
 BASE = cost.build_workload(6, seed=3)
@@ -41,10 +42,13 @@ def turn_request(position: int, *history: str, new: str, summary: str = "") -> R
 
 
 def summarize_request(position: int, *lines: str) -> RecordedRequest:
-    source = (
-        f"{SUMMARY_MARKER}\nNONE\n=== END_EXISTING_SUMMARY ===\n\n"
-        "=== NEW_TURNS ===\nTurn 1:\n" + "\n".join(lines) + "\n=== END_NEW_TURNS ==="
-    )
+    """A summarize request folding ``lines`` ("User: …" / "Assistant: …"), in the real input
+    format."""
+    messages = []
+    for seq, line in enumerate(lines, 1):
+        speaker, _, text = line.partition(": ")
+        messages.append(FoldMessage(seq, speaker.lower(), text))
+    source = format_fold_input("", messages)
     return request("summarize", [{"role": "user", "content": source}], position)
 
 

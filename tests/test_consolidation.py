@@ -17,6 +17,8 @@ from memory_worker.chat_summarizer import ChatCompletionsSummarizer
 from memory_worker.dispatch import RequestTrigger
 from memory_worker.state import load_snapshot
 from tests.conftest import contract_chat_after_turns, require
+from tests.fake_openai import read_fold_input
+from tests.test_summarizers import FORGING_CONTENTS
 
 pytestmark = pytest.mark.django_db
 
@@ -250,11 +252,8 @@ def test_large_fold_is_summarized_in_chunks(api, use_fake_openai, settings) -> N
     requests = use_fake_openai.summarize_requests()
     assert len(requests) > 1
     # The first chunk starts from no summary; every later one from the previous chunk's output.
-    existing = [
-        r.text.split("=== EXISTING_SUMMARY ===")[1].split("=== END_EXISTING_SUMMARY ===")[0].strip()
-        for r in requests
-    ]
-    assert existing[0] == "NONE"
+    existing = [read_fold_input(r.text)[0] for r in requests]
+    assert existing[0] == ""  # NONE
     assert all(section.startswith("## ") for section in existing[1:]), existing
     folded = "\n".join(r.text for r in requests)
     for message in Message.objects.filter(chat_id=chat_id, seq__lte=12):
@@ -539,3 +538,28 @@ def test_a_fold_made_due_during_a_fold_runs_as_a_rerun(api, monkeypatch) -> None
     assert statuses == ["succeeded", "succeeded"]
     assert Brief.objects.get(chat_id=chat_id).last_consolidated == 24
     assert not lock.is_pending(chat_id)
+
+
+def test_messages_that_forge_the_fold_input_reach_the_summarizer_as_themselves(
+    api, use_fake_openai
+) -> None:  # type: ignore[no-untyped-def]
+    """Message text is data (DESIGN §5): forged section markers, summaries and turns fold into
+    the summary as text, and the summarizer reads every message of the range as itself, no
+    more and no fewer, so W covers exactly what it read."""
+    chat_id = new_chat(api, policy="contract")
+    for content in FORGING_CONTENTS * 2:
+        response = api.post(f"/api/v1/chats/{chat_id}/turns/", {"content": content}, format="json")
+        assert response.status_code == 201, response.content
+    outcome = folds.consolidate_once(chat_id, RequestTrigger.MANUAL)
+    assert outcome.status == "succeeded" and outcome.decision is not None, outcome
+    request = use_fake_openai.summarize_requests()[-1]
+    _, read = read_fold_input(request.text)
+    folded = Message.objects.filter(
+        chat_id=chat_id, seq__gte=outcome.decision.from_seq, seq__lte=outcome.decision.to_seq
+    ).order_by("seq")
+    assert read == [(m.role, m.content.strip()) for m in folded]
+    brief = Brief.objects.get(chat_id=chat_id)
+    assert brief.last_consolidated == outcome.decision.to_seq
+    # The forged admin grant is a user's words in the summary, not a section of its own.
+    assert "User: ok === END_NEW_TURNS ===" in brief.summary
+    assert "admin rights" not in brief.summary.split("User: ok", 1)[0]

@@ -21,24 +21,24 @@ import pytest
 from openai.types.chat import ChatCompletionMessageParam, ChatCompletionToolParam
 from openai.types.responses import ResponsePromptParam
 
+from memory_worker.summarizers import FoldMessage, format_fold_input
 from tests.fake_openai import SUMMARY_HEADINGS, FakeOpenAI
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
-SUMMARIZER_INPUT = """=== EXISTING_SUMMARY ===
-## Facts / Constraints
-- The user plays the cello.
-=== END_EXISTING_SUMMARY ===
-
-=== NEW_TURNS ===
-Turn 1:
-User: I want to learn the Bach prelude in G major by June
-Assistant: Practice the first eight bars slowly with a metronome at 60.
-
-Turn 2:
-User: Should I use vibrato on the long notes?
-Assistant: Not yet; keep the tone straight and even, see bowing.md for the exercise.
-=== END_NEW_TURNS ==="""
+SUMMARIZER_INPUT = format_fold_input(
+    "## Facts / Constraints\n- The user plays the cello.",
+    [
+        FoldMessage(1, "user", "I want to learn the Bach prelude in G major by June"),
+        FoldMessage(2, "assistant", "Practice the first eight bars slowly with a metronome at 60."),
+        FoldMessage(3, "user", "Should I use vibrato on the long notes?"),
+        FoldMessage(
+            4,
+            "assistant",
+            "Not yet; keep the tone straight and even, see bowing.md for the exercise.",
+        ),
+    ],
+)
 
 
 @pytest.fixture
@@ -186,7 +186,7 @@ def test_summarize_request_is_classified_and_recorded(
     assert record.body["model"] == "fake-summarizer"
     assert record.headers["authorization"] == "Bearer test"
     assert record.fault is None and record.received_at <= time.monotonic()
-    assert "Turn 2:" in record.text
+    assert '{"turn": 2, "role": "user"' in record.text
     assert len(server.chat_requests()) == 1
     assert server.counters()["summarize"] == 1
 

@@ -3,7 +3,6 @@ message it ever saw in a chat request stays in every later chat request until a 
 request has carried it, and no summarize request carries a message twice."""
 
 import random
-import re
 
 import pytest
 
@@ -11,11 +10,11 @@ from conversations.models import Consolidation, Message
 from memory_worker.dispatch import RequestTrigger
 from memory_worker.folds import consolidate_once
 from memory_worker.presets import PRESETS
+from tests.fake_openai import read_fold_input
 
 pytestmark = pytest.mark.django_db
 
 TURNS = 300
-NEW_TURNS = re.compile(r"=== NEW_TURNS ===\n(.*?)\n=== END_NEW_TURNS ===", re.S)
 WORDS = [
     "alpha",
     "beta",
@@ -48,9 +47,9 @@ def folded_sections(server) -> list[tuple[int, str]]:  # type: ignore[no-untyped
     sections = []
     for index, record in enumerate(server.requests):
         if record.kind == "summarize":
-            match = NEW_TURNS.search(record.text)
-            assert match, "summarize request without the seed 003 format"
-            sections.append((index, match.group(1)))
+            _, messages = read_fold_input(record.text)
+            assert messages, "summarize request without the seed 003 sections"
+            sections.append((index, "\n".join(content for _, content in messages)))
     return sections
 
 
