@@ -297,7 +297,8 @@ def test_the_operators_own_knobs_are_not_refused_at_chat_creation(api, settings)
 def test_a_chat_with_no_room_left_in_its_models_window_is_refused(  # type: ignore[no-untyped-def]
     api, settings, window, body
 ) -> None:
-    """Accepted, every turn of it that had to fold was a 503 for good."""
+    """Refused at creation: accepted, every turn of it that had to fold would be a 503 for
+    good."""
     from conversations.variants import _parse_variants
 
     settings.CHAT_MODEL_CONTEXT_TOKENS = window
@@ -314,7 +315,7 @@ def test_a_chat_with_no_room_left_in_its_models_window_is_refused(  # type: igno
 
 
 def test_no_room_in_the_window_is_a_400_on_v1_too(user, settings) -> None:  # type: ignore[no-untyped-def]
-    """A new /v1 conversation's system messages: it was a 500."""
+    """A new /v1 conversation's system messages leaving no room: a 400, not a 500."""
     from conversations.variants import _parse_variants
     from tests.test_bad_input import bearer
 

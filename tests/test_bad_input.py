@@ -1,5 +1,5 @@
 """Bad input is the client's 400 (or 404) with a JSON body saying what is wrong, and stores
-nothing: inputs that used to reach the database or the model and fail there as a 500."""
+nothing: inputs that would otherwise reach the database or the model and fail there as a 500."""
 
 from __future__ import annotations
 
@@ -291,7 +291,7 @@ def test_good_sampling_parameters_reach_the_model(user: Any, use_fake_openai: Fa
 def test_text_parts_must_hold_text(
     user: Any, use_fake_openai: FakeOpenAI, content: Any, says: str
 ) -> None:
-    """A null text part was stored and sent as the word "None"."""
+    """A null text part is refused, not stored and sent as the word "None"."""
     response = completion(bearer(user), messages=[{"role": "user", "content": content}])
     assert response.status_code == 400, response.content
     assert says in response.json()["error"]["message"]
@@ -423,8 +423,8 @@ def test_a_turn_that_outlived_its_slot_stores_without_freeing_the_next_turns(
     api: APIClient, user: Any
 ) -> None:
     """A turn slower than TURN_SLOT_STALE_SECONDS (a long stream) loses its slot to the next
-    request. Its store used to free the slot whoever held it, so a third request could start
-    while the second ran; now it frees only its own, and still stores its reply."""
+    request. Its store frees only its own slot (freeing whoever holds it would let a third
+    request start while the second runs), and still stores its reply."""
     from datetime import timedelta
 
     from django.utils import timezone

@@ -143,8 +143,8 @@ def test_an_unknown_extractor_is_a_startup_error(settings: Any) -> None:
 
 @pytest.mark.django_db
 def test_a_failing_hook_is_retried_and_the_range_lands_once(api: Any, monkeypatch: Any) -> None:
-    """The task used to be acknowledged and gone after one failure (a 429 from the extraction
-    model): that fold range never reached the note."""
+    """A hook task that fails once (a 429 from the extraction model) is retried, not
+    acknowledged and gone: its fold range reaches the note, once."""
     from memory_worker import tasks
 
     chat_id = new_chat(api)

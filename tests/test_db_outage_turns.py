@@ -142,8 +142,8 @@ def caused_by(cause: BaseException) -> OperationalError:
     ],
 )
 def test_only_an_unreachable_database_is_an_outage(cause: BaseException, unreachable: bool) -> None:
-    """Every OperationalError was a 503 "retry shortly": a deadlock, a statement timeout or an
-    unmigrated database too, hiding the bug behind a retry."""
+    """Only an unreachable database is a 503 "retry shortly": a deadlock, a statement timeout or
+    an unmigrated database is a bug a retry would hide."""
     assert database_unreachable(caused_by(cause)) is unreachable
 
 
@@ -159,8 +159,8 @@ def test_a_database_error_that_is_no_outage_stays_a_500(api: Any, monkeypatch: A
 
 def test_a_turn_lost_after_its_store_is_not_to_be_resent(api: Any, monkeypatch: Any) -> None:
     """The store committed, then the connection broke before its answer: a 503 that invites a
-    retry stored the turn twice (the OpenAI SDKs retry by themselves). The store had freed the
-    slot, so the release finds it no longer held: the turn may have been stored."""
+    retry would store the turn twice (the OpenAI SDKs retry by themselves). The store frees the
+    slot, so a release that finds it not held says the turn may have been stored."""
     from conversations.services import turns
 
     chat_id = api.post("/api/v1/chats/", {}, format="json").json()["id"]

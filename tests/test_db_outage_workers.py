@@ -1,4 +1,4 @@
-"""PostgreSQL outages (the h13 review): the connection pool's wait is bounded by
+"""PostgreSQL outages: the connection pool's wait is bounded by
 DB_CONNECT_TIMEOUT, not psycopg_pool's 30 s; pooled connections are checked before use, so a
 restart fails no request; a fold whose database fails under it is retried by its task and does
 not leave its ledger row "running"; a not-ready probe is a WARNING, not one ERROR per probe."""
@@ -79,8 +79,8 @@ print(json.dumps({"status": response.status_code, "body": response.json(), "elap
 
 
 def test_with_a_pool_readyz_gives_up_after_the_connect_timeout() -> None:
-    """Nothing listens on port 1: the pool's workers keep failing to connect, and /readyz waited
-    30 s for them (h13 E: 30.07 s)."""
+    """Nothing listens on port 1: the pool's workers keep failing to connect, and /readyz must
+    not wait psycopg_pool's 30 s for them."""
     env = {
         "DATABASE_URL": "postgres://u@127.0.0.1:1/x",
         "DB_POOL_MAX_SIZE": "2",
@@ -115,8 +115,8 @@ print(json.dumps({"before": before, "after": after}))
 
 
 def test_a_pooled_connection_postgresql_dropped_fails_no_request(require_postgres: None) -> None:
-    """After a PostgreSQL restart every idle pooled connection is dead; unchecked, each failed
-    the request the pool handed it to (h13 B)."""
+    """After a PostgreSQL restart every idle pooled connection is dead; unchecked, each would
+    fail the request the pool hands it to."""
     db = connection.settings_dict
     url = f"postgres://{db['USER']}:{db['PASSWORD']}@{db['HOST']}:{db['PORT']}/{db['NAME']}"
     env = {"DATABASE_URL": url, "DB_POOL_MAX_SIZE": "1", "DB_POOL_MIN_SIZE": "1"}
@@ -155,8 +155,8 @@ def ladder(settings: Any) -> Any:
 def test_a_fold_whose_commit_fails_on_the_database_is_retried(
     api: Any, ladder: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """h13 F: the task failed and was acknowledged, the manual request was lost and the ledger
-    row stayed "running" until the sweep abandoned it a lock TTL later."""
+    """The task retries itself: failing and being acknowledged would lose the manual request
+    and leave the ledger row "running" until the sweep abandons it a lock TTL later."""
     published = queued_retries(monkeypatch)
     chat_id = contract_chat_after_turns(api, 6)  # 12 unfolded messages: a fold is due
 

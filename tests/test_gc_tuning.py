@@ -61,8 +61,8 @@ def run(case: str, tmp_path: Path) -> dict:
 def test_start_up_objects_are_frozen_after_the_lazy_imports(case: str, tmp_path: Path) -> None:
     report = run(case, tmp_path)
     assert report["loaded"] == ["conversations.api.views", "memory_worker.summarizers"]
-    # Tens of thousands of objects from Django, DRF and the openai SDK: frozen, no longer
-    # among what a collection walks.
+    # Tens of thousands of objects from Django, DRF and the openai SDK: frozen, out of what a
+    # collection walks.
     assert report["frozen"] > 50_000
     assert report["tracked"] < report["frozen"] / 5
 

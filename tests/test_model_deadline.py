@@ -40,7 +40,7 @@ def model(server: ScriptedServer) -> OpenAIChatModel:
 
 def test_a_slow_first_byte_counts_against_the_deadline(server: ScriptedServer) -> None:
     """Headers after 1 s, the rest 1.4 s later: each wait is within the 2 s read timeout, the
-    whole reply is not. The deadline used to start at the headers, so this was a reply."""
+    whole reply is not: the deadline starts with the request, not at the headers."""
     server.script(
         Reply(delay=1.0, events=[chunk("Once"), 1.4, chunk(" upon"), chunk(finish_reason="stop")])
     )

@@ -208,7 +208,8 @@ def test_fast_retries_stop_at_the_degraded_limit(api, use_fake_openai, ladder, m
 @pytest.mark.django_db
 def test_a_manual_fold_waits_for_a_run_holding_the_chat(api, settings, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """The holder's reruns judge by the policy's triggers, and here none is due: a manual request
-    that only marked the chat pending was lost. It now comes back when the lock may be free."""
+    that only marked the chat pending would be lost, so it comes back when the lock may be
+    free."""
     from memory_worker.runtime import chat_lock
 
     published = queued_retries(monkeypatch)

@@ -203,8 +203,8 @@ def test_start_up_logs_check_warnings_and_still_refuses_errors(
 def test_celery_refuses_to_start_misconfigured(
     redis_url: str, tmp_path: Path, command: str
 ) -> None:
-    """Celery catches what a signal receiver raises and only logs it: the worker used to run
-    on with misordered deadlines."""
+    """Celery catches what a signal receiver raises and only logs it: the worker must exit
+    rather than run on with misordered deadlines."""
     extra = (
         ["-Q", "memory", "--pool", "solo"]
         if command == "worker"
