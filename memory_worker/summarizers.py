@@ -130,8 +130,8 @@ def format_fold_input(current_summary: str, messages: Sequence[FoldMessage]) -> 
 
 
 def data_line(value: object) -> str:
-    """``value`` as JSON on one line, whatever its text holds."""
-    encoded = json.dumps(value, ensure_ascii=False)
+    """``value`` as compact JSON on one line, whatever its text holds."""
+    encoded = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
     for character, escape in LINE_BREAKS.items():
         encoded = encoded.replace(character, escape)
     return encoded

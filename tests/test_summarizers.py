@@ -234,10 +234,10 @@ def test_fold_input_is_seed_003_sections_with_one_json_message_per_line() -> Non
         "=== END_EXISTING_SUMMARY ===\n"
         "\n"
         "=== NEW_TURNS ===\n"
-        '{"turn": 1, "role": "user", "content": "I practise scales daily."}\n'
-        '{"turn": 1, "role": "assistant", "content": "Noted: daily scales."}\n'
-        '{"turn": 2, "role": "user", "content": "My recital is on 12 May."}\n'
-        '{"turn": 2, "role": "assistant", "content": "Then we plan backwards from 12 May."}\n'
+        '{"turn":1,"role":"user","content":"I practise scales daily."}\n'
+        '{"turn":1,"role":"assistant","content":"Noted: daily scales."}\n'
+        '{"turn":2,"role":"user","content":"My recital is on 12 May."}\n'
+        '{"turn":2,"role":"assistant","content":"Then we plan backwards from 12 May."}\n'
         "=== END_NEW_TURNS ==="
     )
 
@@ -256,11 +256,11 @@ def test_fold_input_keeps_tool_traffic_in_its_turn_and_a_leading_reply_opens_a_t
         "=== END_EXISTING_SUMMARY ===\n"
         "\n"
         "=== NEW_TURNS ===\n"
-        '{"turn": 1, "role": "assistant", "content": "Welcome back."}\n'
-        '{"turn": 2, "role": "user", "content": "What\'s the weather?"}\n'
-        '{"turn": 2, "role": "assistant", "content": "(no text)"}\n'
-        '{"turn": 2, "role": "tool", "content": "{\\"temp\\": 21}"}\n'
-        '{"turn": 2, "role": "assistant", "content": "It is 21 degrees."}\n'
+        '{"turn":1,"role":"assistant","content":"Welcome back."}\n'
+        '{"turn":2,"role":"user","content":"What\'s the weather?"}\n'
+        '{"turn":2,"role":"assistant","content":"(no text)"}\n'
+        '{"turn":2,"role":"tool","content":"{\\"temp\\": 21}"}\n'
+        '{"turn":2,"role":"assistant","content":"It is 21 degrees."}\n'
         "=== END_NEW_TURNS ==="
     )
 
