@@ -13,14 +13,10 @@ import importlib
 
 from django.urls import get_resolver
 
-# What a request or a fold imports lazily, beyond the URLconf: loaded before the freeze so that
-# their module-level objects are frozen with the rest.
-LAZY_MODULES = (
-    "conversations.services.turns",
-    "memory_worker.runs",
-    "memory_worker.summarizers",
-    "memory_worker.tasks",
-)
+# What a process may import after start, beyond the URLconf (the Celery tasks, which the app's
+# autodiscovery loads when it is finalized): loaded before the freeze so that their module-level
+# objects are frozen with the rest.
+LAZY_MODULES = ("memory_worker.tasks",)
 
 
 def freeze_startup_objects() -> int:

@@ -95,7 +95,7 @@ class MemoryStateCollector(Collector):
             return
         yield GaugeMetricFamily(
             "chatmem_unfolded_messages",
-            "Messages not yet folded into a summary, all chats together (the backlog).",
+            "Messages not yet folded into a summary, all chats together (unfolded).",
             value=totals["unfolded"],
         )
         yield GaugeMetricFamily(

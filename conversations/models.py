@@ -224,12 +224,12 @@ class ResponseSummary(models.Model):
 def lock_chat_being_deleted(sender: type[Chat], instance: Chat, **kwargs: object) -> None:
     """Django deletes a chat's rows table by table (messages, brief, ledger, notes...) and the
     chat row last, and the foreign keys are checked at commit: a message, ledger row or note
-    committed for the chat between its table's DELETE and the chat's made the whole deletion
-    fail at commit (a 500, nothing deleted), from the API, the admin or a user's deletion. Sent
-    inside the deletion's transaction, before any row goes: with the chat row locked, a turn's
-    append waits and then finds no chat (its 404), a fold's ledger row waits and then fails its
-    own foreign key (the fold ends: the chat is gone), a note's hook attempt fails and its retry
-    finds no messages, and an agent state commit holds the chat before its rows
-    (agent_state.hold_chat), so the two cannot wait for each other. SQLite: no row locks, and
-    a deletion holds the database's one write lock anyway."""
+    committed for the chat between its table's DELETE and the chat's would make the whole
+    deletion fail at commit (a 500, nothing deleted), from the API, the admin or a user's
+    deletion. Sent inside the deletion's transaction, before any row goes: with the chat row
+    locked, a turn's append waits and then finds no chat (its 404), a fold's ledger row waits
+    and then fails its own foreign key (the fold ends: the chat is gone), a note's hook attempt
+    fails and its retry finds no messages, and an agent state commit holds the chat before its
+    rows (memory_worker.agent_summaries.hold_chat), so the two cannot wait for each other.
+    SQLite: no row locks, and a deletion holds the database's one write lock anyway."""
     Chat.objects.select_for_update().filter(pk=instance.pk).values_list("pk").first()

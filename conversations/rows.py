@@ -252,6 +252,11 @@ def field_converters(fields: Sequence[Field]) -> list[tuple[int, Any, Converter]
     return converters
 
 
+# Errors of the database itself, not of what was asked of it: a lost or refused connection, a
+# restart, a cancelled statement, a deadlock. Retrying later may work (a fold's task retries
+# them); of these, only database_unreachable's are an outage a client is told to retry.
+DATABASE_ERRORS = (OperationalError, InterfaceError)
+
 # SQLSTATEs of a database that is not there to answer: class 08 (connection exceptions), and
 # 57P01-57P03 (shutting down, crashed, not yet accepting connections).
 UNREACHABLE_SQLSTATES = ("57P01", "57P02", "57P03")

@@ -26,8 +26,8 @@ from memory_worker.agent_turns import (
     ends_with_final_reply,
     turn_of,
 )
+from memory_worker.deadlines import task_deadline
 from memory_worker.dispatch import TaskByName, hand_off
-from memory_worker.folds import task_deadline
 from memory_worker.tokens import count_tokens
 from memory_worker.turn_groups import turns_of
 
@@ -112,7 +112,7 @@ def summarize_turns(chat_id: int, from_seq: int | None = None, started: float | 
 
 
 def agent_task_deadline(started: float | None) -> float:
-    """The fold's deadline (folds.task_deadline), made strict enough that
+    """The fold's deadline (deadlines.task_deadline), made strict enough that
     ``time_for_a_chunk`` (which allows one MEMORY_LLM_TIMEOUT_SECONDS) also fits one agent
     summary call, which is bounded by the chat model's LLM_TIMEOUT_SECONDS."""
     longer_call = max(settings.LLM_TIMEOUT_SECONDS - settings.MEMORY_LLM_TIMEOUT_SECONDS, 0)
@@ -188,7 +188,7 @@ def pending_turns(chat_id: int, after_seq: int) -> list[Turn]:
     A turn is complete when a later user message exists, or when its last message is an
     assistant reply without tool calls. A reply that calls tools is not the end: with /v1 the
     tool result and the final reply come in later requests, and closing the turn at the tool
-    call lost the final reply (and made the state depend on when the worker ran). Messages
+    call would lose the final reply (and make the state depend on when the worker runs). Messages
     before the batch's first user message carry on the turn already applied (a continuation).
     A batch that is one incomplete run (a turn, or a continuation, longer than a batch: a long
     tool loop) is applied as far as it goes, so the watermark always moves."""

@@ -9,7 +9,7 @@ from typing import Any, Protocol
 
 from conversations import agent_state as rules
 from conversations.models import AgentState, Message, ResponseSummary, Role
-from memory_worker.folds import time_for_a_chunk
+from memory_worker.deadlines import time_for_a_chunk
 
 log = logging.getLogger("chatmem.agent_state")
 

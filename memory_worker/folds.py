@@ -1,7 +1,7 @@
 """Executing a fold (DESIGN §6): read a snapshot (brief and unfolded messages), let the pure
 engine decide, call the summarizer with no transaction open, then commit chunk by chunk
-(memory_worker.fold_commit). Called by the run loop (memory_worker.runs), the turn's
-synchronous fold and the admin."""
+(memory_worker.fold_commit). Called by the run loop (memory_worker.runs) and the turn's
+synchronous fold (memory_worker.turn_fold)."""
 
 import logging
 import time
@@ -9,13 +9,15 @@ from dataclasses import replace
 from datetime import datetime
 
 from django.conf import settings
-from django.db import IntegrityError, InterfaceError, OperationalError
+from django.db import IntegrityError
 from django.utils import timezone
 
 from conversations.models import Chat, Consolidation, Message
+from conversations.rows import DATABASE_ERRORS
 from memory_worker import policy as engine
 from memory_worker.backends import get_summarizer
 from memory_worker.chat_policy import policy_for_chat, variant_context_tokens
+from memory_worker.deadlines import time_for_a_chunk
 from memory_worker.dispatch import RequestTrigger
 from memory_worker.engine_state import Msg
 from memory_worker.fold_commit import commit_fold
@@ -124,22 +126,6 @@ def still_due(chat: Chat, folded: MemorySnapshot, now: datetime) -> bool:
     return decide_for_chat(chat, folded, now) is not None
 
 
-def time_for_a_chunk(deadline: float | None) -> bool:
-    """Whether one more summarizer call, at its slowest (MEMORY_LLM_TIMEOUT_SECONDS), still ends
-    before ``deadline``. A rare stricter retry after an over-cap summary can still outrun it;
-    the soft time limit then fails that one chunk, and the chunks before it stay committed."""
-    if deadline is None:
-        return True
-    return time.monotonic() + settings.MEMORY_LLM_TIMEOUT_SECONDS <= deadline
-
-
-def task_deadline(started: float) -> float:
-    """When a task that started at ``started`` (``time.monotonic()``) stops starting summarizer
-    calls: its soft time limit, less a tenth for the commit and the hand-off (Celery's limit
-    counts from the task's start, before the lock was even asked for)."""
-    return started + 0.9 * settings.MEMORY_TASK_SOFT_TIME_LIMIT
-
-
 def fold_chunk(
     chat: Chat,
     snapshot: MemorySnapshot,
@@ -186,11 +172,6 @@ def fold_chunk(
         # now; the caller retries (tasks.consolidate_chat).
         record_interrupted(ledger, error, started)
         raise
-
-
-# Errors of the database itself, not of what was asked of it: a lost or refused connection, a
-# restart, a cancelled statement, a deadlock. Retrying later may work (tasks.consolidate_chat).
-DATABASE_ERRORS = (OperationalError, InterfaceError)
 
 
 def summarize_and_commit(

@@ -1,6 +1,7 @@
-"""The one client of OpenAI-compatible endpoints, for the chat turn and the summarizers alike:
+"""The OpenAI SDK's side of every model call, for the chat turn and the summarizers alike:
 client construction, the Chat Completions requests, the one mapping of openai errors and HTTP
-statuses to error kinds, and the redaction of key-shaped strings from what is shown or logged.
+statuses to error kinds, and the redaction of key-shaped strings from what is shown or logged
+(conversations.model_http sends the turn's plain request and uses the same two).
 
 Plain Python (no Django).
 """

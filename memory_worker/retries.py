@@ -36,8 +36,9 @@ def _jittered(seconds: float) -> timedelta:
 
 
 # What retrying can achieve decides how a failure is retried (DESIGN §6: backoff retries only
-# for transient errors). Anything not raised by the summarizer (a crash, the soft time limit,
-# a database error) counts as transient: it says nothing about the request itself.
+# for transient errors). Anything not raised by the summarizer (a crash, the soft time limit)
+# counts as transient: it says nothing about the request itself. Database errors never get here:
+# the task retries them (tasks.consolidate_chat).
 CRASH_KIND = "crash"
 
 
@@ -125,7 +126,7 @@ MANUAL_WAIT_SECONDS = 5.0
 
 
 def manual_wait_delay(
-    chat_id: int, trigger: str, outcomes: list[FoldOutcome], waited: float
+    chat_id: int, trigger: RequestTrigger, outcomes: list[FoldOutcome], waited: float
 ) -> float | None:
     """Seconds after which a manual request that met a held lock (no outcome) asks again, or
     None: not such a request, or it has waited as long as a lock can be held."""
@@ -223,3 +224,21 @@ def clear_failure_state(chat_id: int, next_attempt_at: datetime) -> None:
 
 def in_backoff(snapshot: MemorySnapshot, now: datetime) -> bool:
     return snapshot.next_attempt_at is not None and snapshot.next_attempt_at > now
+
+
+# A database error under a fold (PostgreSQL restarting or failing over, the connection killed
+# while the summarizer answered) is retried by the task itself: a delayed task of its own with
+# the same trigger (a manual request stays manual) after MEMORY_FAILURE_BACKOFF_SECONDS, doubling
+# (with the default settings 30, 60, 120, 240, 480 s, ±20 %), at most DATABASE_ERROR_RETRIES
+# times. The count travels with the task, not on the brief: the database may be down, and the
+# chat's folds are not what fails. Past the last retry (or a delay past half the visibility
+# timeout) the task fails with the error, and the sweep, then turns, find the chat again once
+# the database is up.
+DATABASE_ERROR_RETRIES = 5
+
+
+def database_retry_delay(db_retries: int) -> float | None:
+    """Seconds until the task that met a database error runs again, or None: no retry left."""
+    if db_retries >= DATABASE_ERROR_RETRIES:
+        return None
+    return within_visibility(failure_backoff(db_retries + 1).total_seconds())

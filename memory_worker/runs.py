@@ -11,8 +11,9 @@ from datetime import datetime
 
 from django.conf import settings
 
+from memory_worker.deadlines import task_deadline, time_for_a_chunk
 from memory_worker.dispatch import RequestTrigger, TaskByName, clear_queued, hand_off, mark_queued
-from memory_worker.folds import consolidate_once, task_deadline, time_for_a_chunk
+from memory_worker.folds import consolidate_once
 from memory_worker.locks import ChatLock, Release
 from memory_worker.outcomes import FoldOutcome
 from memory_worker.runtime import chat_lock

@@ -90,7 +90,7 @@ class Summarizer(Protocol):
 
 
 def error_from_openai(error: openai.OpenAIError) -> SummarizerError:
-    """Classify an openai exception so Celery retries only what may succeed later. The
+    """Classify an openai exception, so the retry plan retries only what may succeed later. The
     provider's message reaches the error (shown to the chat's owner) only for a refused
     request; the log has it always, redacted."""
     kind = error_kind(error)

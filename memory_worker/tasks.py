@@ -10,9 +10,9 @@ from celery import shared_task
 from django.conf import settings
 from django.utils import timezone
 
+from conversations.rows import DATABASE_ERRORS
 from memory_worker import agent_summaries, hooks, retries
 from memory_worker.dispatch import RequestTrigger, clear_queued
-from memory_worker.folds import DATABASE_ERRORS
 from memory_worker.outcomes import FoldResult
 from memory_worker.runs import CONSOLIDATE_CHAT, consolidate_with_lock, request_consolidation
 from memory_worker.runtime import chat_lock
@@ -30,7 +30,7 @@ log = logging.getLogger("chatmem.tasks")
 )
 def consolidate_chat(
     chat_id: int,
-    trigger: str = "turn",
+    trigger: str = RequestTrigger.TURN,  # a string in the message: converted below
     due_at: float | None = None,
     waited: float = 0.0,
     db_retries: int = 0,
@@ -51,11 +51,11 @@ def consolidate_chat(
     except DATABASE_ERRORS as error:
         # The lock is already released (consolidate_with_lock) and the ledger row marked failed
         # if the database let it be (fold_ledger.record_interrupted).
-        if not _retry_after_database_error(chat_id, trigger, due_at, waited, db_retries, error):
+        if not _retry_after_database_error(chat_id, requested, due_at, waited, db_retries, error):
             raise
         return [FoldResult.DATABASE_ERROR]
     # The policy lives in the service; the task only queues what it says.
-    wait = retries.manual_wait_delay(chat_id, trigger, outcomes, waited)
+    wait = retries.manual_wait_delay(chat_id, requested, outcomes, waited)
     if wait is not None:
         _queue_again(chat_id, RequestTrigger.MANUAL, wait, {"waited": waited + wait})
     delay = retries.fast_retry_delay(outcomes)
@@ -64,19 +64,9 @@ def consolidate_chat(
     return [outcome.status for outcome in outcomes]
 
 
-# A database error under a fold (PostgreSQL restarting or failing over, the connection killed
-# while the summarizer answered) is retried by the task itself: a delayed task of its own with
-# the same trigger (a manual request stays manual) after MEMORY_FAILURE_BACKOFF_SECONDS, doubling
-# (30, 60, 120, 240, 480 s by default, ±20 %), at most DATABASE_ERROR_RETRIES times. The count
-# travels with the task, not on the brief: the database may be down, and the chat's folds are
-# not what fails. Past the last retry (or a delay past half the visibility timeout) the task
-# fails with the error, and the sweep, then turns, find the chat again once the database is up.
-DATABASE_ERROR_RETRIES = 5
-
-
 def _retry_after_database_error(
     chat_id: int,
-    trigger: str,
+    trigger: RequestTrigger,
     due_at: float | None,
     waited: float,
     db_retries: int,
@@ -84,10 +74,7 @@ def _retry_after_database_error(
 ) -> bool:
     """Whether a retry was asked for (queued, or its publish failed and was logged)."""
     context = {"chat_id": chat_id, "trigger": trigger, "db_retries": db_retries}
-    delay = None
-    if db_retries < DATABASE_ERROR_RETRIES:
-        backoff = retries.failure_backoff(db_retries + 1).total_seconds()
-        delay = retries.within_visibility(backoff)
+    delay = retries.database_retry_delay(db_retries)
     if delay is None:
         # The task then fails with the error: Celery logs it, with its traceback.
         log.warning("database error; no retry left", extra=context)
@@ -108,7 +95,7 @@ def _retry_after_database_error(
 
 
 def _queue_again(
-    chat_id: int, trigger: str, delay: float, kwargs: dict[str, float] | None = None
+    chat_id: int, trigger: RequestTrigger, delay: float, kwargs: dict[str, float] | None = None
 ) -> None:
     # A new delayed task rather than Celery's retry(): the attempt is already recorded, so this
     # one ends cleanly. If the broker refuses, the sweep retries a failed fold once

@@ -28,12 +28,11 @@ from memory_worker.state import MemorySnapshot, load_snapshot
 
 log = logging.getLogger("chatmem.fold")
 
-# How often a waiting turn looks again: a fold commits in tens of milliseconds on a fast
-# summarizer, and each look is a primary-key read and a Redis call or two, so the pause
-# doubles up to a quarter second for a slow one.
+# How often a waiting turn looks again: a fold on a fast summarizer commits soon, and each look
+# is a primary-key read and a Redis call or two, so the pause doubles up to a quarter second
+# for a slow one.
 POLL_SECONDS = 0.02
 MAX_POLL_SECONDS = 0.25
-WAITED = FoldResult.WAITED
 
 
 class Wait(Enum):
@@ -52,8 +51,8 @@ def fold_before_turn(
     before_fold: Callable[[], None],
     lock: ChatLock | None = None,
 ) -> FoldOutcome:
-    """This turn's fold of ``decision`` under the chat's lock, or FoldOutcome(WAITED) when
-    another fold committed since ``snapshot`` or ended while the turn waited: the caller then
+    """This turn's fold of ``decision`` under the chat's lock, or a WAITED outcome when another
+    fold committed since ``snapshot`` or ended while the turn waited: the caller then
     re-reads and judges again. A fold in flight is waited for until ``wait_deadline``
     (``time.monotonic()``). ``before_fold`` runs before the turn's own fold (the caller renews
     its turn slot: a wait and a fold together can outlast it). ``prompt_tokens``: the prompt
@@ -144,7 +143,7 @@ def _fold_or_fall_back(
     turn's fold, what is left of its range is folded with the offline summarizer (its ledger
     trigger says so); the next model fold rewrites that summary with the model."""
     outcome = _fold(chat, snapshot, decision, prompt_tokens)
-    if outcome.status != "failed" or summarizer_backend_name() == "offline":
+    if outcome.status != FoldResult.FAILED or summarizer_backend_name() == "offline":
         return outcome
     log.warning(
         "the summarizer failed a turn's fold; folding with the offline summarizer",
@@ -153,7 +152,7 @@ def _fold_or_fall_back(
     # Chunks before the failed one committed: fold from where they left off.
     current = load_snapshot(chat.pk)
     if current.last_consolidated >= decision.to_seq:
-        return FoldOutcome(WAITED)
+        return FoldOutcome(FoldResult.WAITED)
     rest = engine.Decision(
         engine.Trigger.HARD_BOUND_FALLBACK, current.last_consolidated + 1, decision.to_seq
     )
@@ -193,4 +192,4 @@ def _waited(chat_id: int, started: float) -> FoldOutcome:
             "waited_ms": round((time.monotonic() - started) * 1000),
         },
     )
-    return FoldOutcome(WAITED)
+    return FoldOutcome(FoldResult.WAITED)

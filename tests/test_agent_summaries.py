@@ -319,7 +319,7 @@ def test_a_backlog_is_committed_turn_by_turn_and_the_rest_handed_on(  # type: ig
     # The task's clock only (the module-level name): the HTTP client keeps the real one.
     fake_time = SimpleNamespace(monotonic=lambda: clock["now"])
     monkeypatch.setattr(agent_summaries, "time", fake_time)
-    monkeypatch.setattr("memory_worker.folds.time", fake_time)
+    monkeypatch.setattr("memory_worker.deadlines.time", fake_time)
     settings.LLM_TIMEOUT_SECONDS = settings.MEMORY_LLM_TIMEOUT_SECONDS = 10.0
     settings.MEMORY_TASK_SOFT_TIME_LIMIT = 50  # the deadline: 45 s after the start
     complete = service.get_chat_model().__class__.complete

@@ -43,7 +43,7 @@ def test_a_terminal_conversation_is_stored_and_inspectable() -> None:
     assert stored[0] == ("user", "My name is Ada.")
     assert [role for role, _ in stored] == ["user", "assistant"]
     assert f"assistant> {stored[1][1]}" in output
-    assert "folded up to seq 0" in output and "2 unfolded" in output
+    assert "last consolidated seq 0" in output and "2 unfolded" in output
     context = json.loads(output[output.index("[\n") : output.rindex("]") + 1])
     assert context[-1] == {"role": "assistant", "content": stored[1][1]}
     assert "unknown command /nope" in output

@@ -236,8 +236,8 @@ def test_a_hook_the_broker_refused_is_replayed_by_the_sweep_once(
 def test_a_note_is_filed_under_the_operators_days(
     api: Any, settings: Any, zone: str, day: date
 ) -> None:
-    """TIME_ZONE was fixed at UTC: a user eight hours west had their evening filed under the
-    next day's note."""
+    """A note's day is the operator's TIME_ZONE, not UTC: a user eight hours west has their
+    evening filed under that evening's note, not the next day's."""
     from datetime import UTC, datetime
 
     settings.TIME_ZONE = zone

@@ -21,7 +21,7 @@ from django.db import OperationalError, connection
 
 from conversations import health
 from conversations.models import Brief, Consolidation
-from memory_worker import fold_commit, folds, tasks
+from memory_worker import fold_commit, folds, retries, tasks
 from memory_worker.runtime import chat_lock
 from tests.conftest import contract_chat_after_turns
 
@@ -185,7 +185,7 @@ def test_a_fold_whose_commit_fails_on_the_database_is_retried(
     assert published[1]["kwargs"] == {"db_retries": 2}
     assert 0.8 * 60 <= published[1]["countdown"] <= 1.2 * 60
     with pytest.raises(OperationalError):
-        tasks.consolidate_chat(chat_id, "manual", db_retries=tasks.DATABASE_ERROR_RETRIES)
+        tasks.consolidate_chat(chat_id, "manual", db_retries=retries.DATABASE_ERROR_RETRIES)
     assert len(published) == 2
     assert lock_is_free(chat_id)
 

@@ -18,7 +18,7 @@ from conversations.models import Chat, Consolidation, Message
 from conversations.offline_chat_model import OfflineChatModel
 from memory_worker import folds
 from tests.conftest import client_for
-from tests.test_consolidation import chat_with_a_fold_due
+from tests.test_folds import chat_with_a_fold_due
 from tests.workers import wait_until
 
 DEADLINE = 15.0

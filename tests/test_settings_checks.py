@@ -151,9 +151,10 @@ def test_numbers_are_read_as_written_or_refused_by_name() -> None:
 
 
 def test_an_empty_setting_means_its_default() -> None:
-    """django-environ reads an empty boolean as false and an empty string as itself: a chat
-    model named "", a preset named "" (every process refused to start), default-on settings off.
-    Where empty means something, it still does (TURN_RATE_LIMIT: no limit)."""
+    """An empty setting is its default: django-environ alone would read an empty boolean as
+    false and an empty string as itself (a chat model named "", a preset named "" that stops
+    every process, default-on settings off). Where empty means something, it still does
+    (TURN_RATE_LIMIT: no limit)."""
     empty = ("CHAT_DIRECT_HTTP", "CHAT_MODEL", "MEMORY_POLICY", "LOG_LEVEL", "ALLOWED_HOSTS")
     env = {name: "" for name in (*empty, "TURN_RATE_LIMIT")} | {"MEMORY_DAILY_NOTES": "false"}
     found = settings_in(env, *empty, "TURN_RATE_LIMIT", "MEMORY_DAILY_NOTES")

@@ -14,8 +14,9 @@ from conversations.variants import ModelVariant
 from memory_worker import policy as engine
 from memory_worker.chat_policy import policy_for_chat
 from memory_worker.engine_state import prompt_tokens
+from memory_worker.outcomes import FoldResult
 from memory_worker.state import MemorySnapshot, engine_state, load_snapshot
-from memory_worker.turn_fold import WAITED, fold_before_turn
+from memory_worker.turn_fold import fold_before_turn
 
 SYNC_FOLD_ATTEMPTS = 3
 
@@ -58,12 +59,12 @@ def bounded_snapshot(
             wait_deadline=wait_deadline,
             before_fold=partial(renew_turn_slot, chat, token),
         )
-        if outcome.status == "failed":
+        if outcome.status == FoldResult.FAILED:
             raise ContextOverBound(
                 "Memory consolidation is needed before this turn and it failed "
                 f"({outcome.error}); nothing was stored, retry later."
             )
-        folds += outcome.status != WAITED
+        folds += outcome.status != FoldResult.WAITED
         # succeeded, superseded, or waited for a fold in flight: re-read and check again
         renew_turn_slot(chat, token)
         snapshot = snapshot_of_live_chat(chat)

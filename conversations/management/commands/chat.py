@@ -154,7 +154,7 @@ class Command(BaseCommand):
         view = chat_service.memory_view(chat)
         snapshot = view.snapshot
         self.stdout.write(
-            f"folded up to seq {snapshot.last_consolidated} (version {snapshot.version}), "
+            f"last consolidated seq {snapshot.last_consolidated} (version {snapshot.version}), "
             f"{view.unfolded} unfolded, fold due: {view.pending}"
         )
         self.stdout.write(snapshot.summary or "(no summary yet)")

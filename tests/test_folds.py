@@ -1,6 +1,7 @@
-"""The fold service, called directly as a worker would (Zulip-style consume tests): the first
-working sliding-window fold, fencing, failures, the post-commit enqueue, the brief and ledger
-rows a fold writes (the summarizer calls included), and a task's reruns."""
+"""Folds, called directly as a worker would (Zulip-style consume tests): a sliding-window fold,
+fencing, failures, the post-commit enqueue, the brief and ledger rows a fold writes (the
+summarizer calls included), what the summarizer reads of the folded messages, and a task's
+reruns (memory_worker.folds, fold_commit, runs)."""
 
 import itertools
 import time
@@ -332,7 +333,7 @@ def test_flush_hooks_run_after_a_committed_fold(api, settings, transactional_db)
     try:
         chat_id = new_chat(api)
         turns(api, chat_id, 26)
-        settings.MEMORY_FLUSH_HOOKS = ["tests.test_consolidation.record_flush"]
+        settings.MEMORY_FLUSH_HOOKS = ["tests.test_folds.record_flush"]
         settings.MEMORY_DISPATCH = "inline"
         stale = load_snapshot(chat_id)
         assert folds.consolidate_once(chat_id, RequestTrigger.MANUAL).status == "succeeded"

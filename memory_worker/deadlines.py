@@ -1,0 +1,22 @@
+"""When a memory task stops starting summarizer calls: its soft time limit, less room for the
+commit and the hand-off of what is left to a fresh task."""
+
+import time
+
+from django.conf import settings
+
+
+def time_for_a_chunk(deadline: float | None) -> bool:
+    """Whether one more summarizer call, at its slowest (MEMORY_LLM_TIMEOUT_SECONDS), still ends
+    before ``deadline``. A rare stricter retry after an over-cap summary can still outrun it;
+    the soft time limit then fails that one chunk, and the chunks before it stay committed."""
+    if deadline is None:
+        return True
+    return time.monotonic() + settings.MEMORY_LLM_TIMEOUT_SECONDS <= deadline
+
+
+def task_deadline(started: float) -> float:
+    """When a task that started at ``started`` (``time.monotonic()``) stops starting summarizer
+    calls: its soft time limit, less a tenth for the commit and the hand-off (Celery's limit
+    counts from the task's start, before the lock was even asked for)."""
+    return started + 0.9 * settings.MEMORY_TASK_SOFT_TIME_LIMIT
