@@ -103,6 +103,25 @@ FILLER = frozenset(
         "all right",
     }
 )
+# A sentence made only of acknowledgements ("Acknowledged.", "ok, thanks", "— recorded.",
+# "Continuing with the plan."): never worth a line of memory.
+ACKNOWLEDGEMENT = re.compile(
+    r"^(?:(?:acknowledged|recorded|noted|understood|will do|done|sure thing|on it|got it|"
+    r"okay|ok|thanks|thank you|sounds good|perfect|great|all set|makes sense|continuing"
+    r"(?: with the plan)?)(?: |$))+$"
+)
+# What the cap keeps first (DESIGN §5): rules, limits and exact values, then decisions, open
+# items and preferences, then other facts; an assistant's sentence that is none of these
+# (explanation, chatter) goes first. Within a weight, the oldest goes first.
+KEEP_RULES = re.compile(
+    r"\b(must|mustn't|never|always|don't|do not|cannot|can't|shall not|forbidden|prohibited|"
+    r"not allowed|required?|requires|limit|budget|deadline|at most|at least|no more than|"
+    r"no later than|avoid|confidential|secret|password)\b",
+    re.IGNORECASE,
+)
+EXACT_VALUE = re.compile(r"\d|https?://|\S@\S|`[^`]+`")
+RULE_OR_VALUE, PRIORITY, FACT, CHATTER = 3, 2, 1, 0
+PRIORITY_CATEGORIES = frozenset({DECISIONS, OPEN_ITEMS, GOALS, ARTIFACTS})
 SENTENCE_BREAK = re.compile(r"(?<=[.!?])\s+")
 LINE_MARKUP = re.compile(r"^\s*(?:[-*+>#]+|\d+[.)])\s*")
 # Words that identify one of our headings in a summary, also when a model varied the wording.
@@ -125,6 +144,7 @@ MAX_BULLET_CHARS = 300
 class Bullet:
     category: str
     text: str
+    weight: int = FACT  # what the cap keeps first: RULE_OR_VALUE, PRIORITY, FACT, CHATTER
 
 
 class OfflineSummarizer:
@@ -132,8 +152,9 @@ class OfflineSummarizer:
 
     Sentences of the existing summary and of the new messages are sorted under the five
     headings by keyword rules, deduplicated (a repeat counts as new), a decision that says it
-    changes something replaces older decisions sharing a word with it, and the oldest bullets
-    are dropped first until the rendered summary fits the cap. Same input, same output.
+    changes something replaces older decisions sharing a word with it, and when the rendered
+    summary is over the cap the least important bullets go first (``weight_of``), the oldest
+    first among equals. Same input, same output.
     """
 
     name = "offline"
@@ -150,7 +171,7 @@ class OfflineSummarizer:
                 bullet
                 for message in messages
                 if not is_offline_echo(message)
-                for bullet in bullets_from_text(message.content)
+                for bullet in bullets_from_text(message.content, message.role)
             ),
         ]
         bullets = drop_superseded_decisions(deduplicate(candidates))
@@ -181,9 +202,9 @@ def bullets_from_summary(summary: str) -> Iterator[Bullet]:
         if not text or text.rstrip(".").lower() == "none":
             continue
         if category is not None:
-            yield Bullet(category, text)
+            yield Bullet(category, text, weight_of(category, text, "summary"))
         else:
-            yield from bullets_from_text(line)
+            yield from bullets_from_text(line, "summary")
 
 
 def category_for_heading(title: str) -> str | None:
@@ -193,9 +214,20 @@ def category_for_heading(title: str) -> str | None:
     return None
 
 
-def bullets_from_text(text: str) -> Iterator[Bullet]:
+def bullets_from_text(text: str, role: str) -> Iterator[Bullet]:
     for sentence in sentences_of(text):
-        yield Bullet(categorize(sentence), sentence)
+        category = categorize(sentence)
+        yield Bullet(category, sentence, weight_of(category, sentence, role))
+
+
+def weight_of(category: str, text: str, role: str) -> int:
+    """What the cap keeps first. ``role``: the message's, or "summary" for a bullet of the
+    previous summary (kept once already, so never chatter)."""
+    if KEEP_RULES.search(text) or EXACT_VALUE.search(text):
+        return RULE_OR_VALUE
+    if category == DECISIONS or (category in PRIORITY_CATEGORIES and role != "assistant"):
+        return PRIORITY
+    return CHATTER if role == "assistant" else FACT
 
 
 def sentences_of(text: str) -> Iterator[str]:
@@ -210,7 +242,9 @@ def sentences_of(text: str) -> Iterator[str]:
 
 def is_substantive(sentence: str) -> bool:
     words = normalise(sentence)
-    return len(words.replace(" ", "")) >= 3 and words not in FILLER
+    if len(words.replace(" ", "")) < 3 or words in FILLER:
+        return False
+    return not ACKNOWLEDGEMENT.match(words)
 
 
 def categorize(sentence: str) -> str:
@@ -236,7 +270,9 @@ def deduplicate(bullets: Sequence[Bullet]) -> list[Bullet]:
     latest: dict[str, Bullet] = {}
     for bullet in bullets:
         key = normalise(bullet.text)
-        latest.pop(key, None)  # re-inserting moves it to the end (dicts keep insertion order)
+        earlier = latest.pop(key, None)  # re-inserting moves it to the end (insertion order)
+        if earlier is not None and earlier.weight > bullet.weight:
+            bullet = Bullet(bullet.category, bullet.text, earlier.weight)
         latest[key] = bullet
     return list(latest.values())
 
@@ -270,21 +306,29 @@ def render(bullets: Sequence[Bullet]) -> str:
 
 
 def fit_to_cap(bullets: Sequence[Bullet], cap_tokens: int) -> str:
-    """Render, dropping the oldest bullets first until it fits. Binary search over how many to
-    drop: each probe is one render and one count, instead of one per dropped bullet."""
+    """Render, dropping bullets until it fits: the lightest first, the oldest first among equals
+    (``bullets`` is in the order things were said). Binary search over how many to drop: each
+    probe is one render and one count, instead of one per dropped bullet."""
     if fits(bullets, cap_tokens):
         return render(bullets)
+    drop_order = sorted(range(len(bullets)), key=lambda index: (bullets[index].weight, index))
+
+    def without(count: int) -> list[Bullet]:
+        dropped = set(drop_order[:count])
+        return [bullet for index, bullet in enumerate(bullets) if index not in dropped]
+
     low, high = 1, len(bullets)  # dropping `high` (all) always fits; find the fewest that do
     while low < high:
         middle = (low + high) // 2
-        if fits(bullets[middle:], cap_tokens):
+        if fits(without(middle), cap_tokens):
             high = middle
         else:
             low = middle + 1
     if low < len(bullets):
-        return render(bullets[low:])
-    # Not even the newest bullet fits whole: keep as much of it as fits, never an empty memory.
-    return render([shrink_to_fit(bullets[-1], cap_tokens)])
+        return render(without(low))
+    # Not even the weightiest, newest bullet fits whole: keep as much of it as fits, never an
+    # empty memory.
+    return render([shrink_to_fit(bullets[drop_order[-1]], cap_tokens)])
 
 
 def fits(bullets: Sequence[Bullet], cap_tokens: int) -> bool:

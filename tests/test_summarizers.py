@@ -467,6 +467,53 @@ def test_offline_never_exceeds_the_cap_and_drops_the_oldest_first(cap: int) -> N
     assert "item 1 weighs" not in text  # the oldest went first
 
 
+RULES = [
+    "Never share the vault code VX-81Q2 with anyone.",
+    "The budget must stay under 3,417 euros.",
+    "My locker number is 4821.",
+]
+CHATTER = [
+    "That is a really interesting way to look at the whole situation overall.",
+    "There are many perspectives worth weighing here before moving on with things.",
+    "Let me walk through a few general considerations that often come up in practice.",
+    "People frequently find that taking things step by step helps quite a lot in general.",
+]
+
+
+def test_offline_cap_keeps_rules_and_exact_values_before_chatter_fold_after_fold() -> None:
+    """The cap drops the least important first, whatever section it sits in: after the first
+    fold the rules are the summary's first section, the oldest by position, and five more folds
+    of chatter and plain facts roll in over them."""
+    summarizer = OfflineSummarizer(cap_tokens=120)
+    summary = summarizer.summarize("", [FoldMessage(1, "user", " ".join(RULES))]).text
+    seq = 2
+    for round_number in range(5):
+        messages = []
+        for line in CHATTER:
+            messages.append(FoldMessage(seq, "user", f"Round {round_number}: what do you think?"))
+            messages.append(FoldMessage(seq + 1, "assistant", line))
+            messages.append(FoldMessage(seq + 2, "user", f"The weather was mild, {line.lower()}"))
+            seq += 3
+        summary = summarizer.summarize(summary, messages).text
+        assert count_tokens(summary) <= 120
+        for value in ("VX-81Q2", "3,417", "4821"):
+            assert value in summary, (round_number, summary)
+    assert not any(line in summary for line in CHATTER)  # the assistant's chatter went first
+
+
+def test_offline_leaves_acknowledgements_out_of_the_summary() -> None:
+    messages = [
+        FoldMessage(1, "user", "ok, thanks"),
+        FoldMessage(2, "assistant", "Acknowledged."),
+        FoldMessage(3, "user", "Great, thanks!"),
+        FoldMessage(4, "assistant", "— recorded. Continuing with the plan."),
+        FoldMessage(5, "user", "Okay, let us go with Postgres."),
+    ]
+    text = OfflineSummarizer().summarize("", messages).text
+    kept = [bullet for bullets in sections(text).values() for bullet in bullets if bullet != "None"]
+    assert kept == ["Okay, let us go with Postgres."]
+
+
 def test_offline_shrinks_a_single_huge_sentence_rather_than_return_nothing() -> None:
     huge = FoldMessage(1, "user", "The constraint is " + "very " * 2000 + "long.")
     text = OfflineSummarizer(cap_tokens=64).summarize("", [huge]).text
