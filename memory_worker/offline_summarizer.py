@@ -1,6 +1,7 @@
 """The offline summarizer: deterministic and extractive, no network (the embedded default and
 the tests). Plain Python (no Django)."""
 
+import itertools
 import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -119,7 +120,10 @@ KEEP_RULES = re.compile(
     r"no later than|avoid|confidential|secret|password)\b",
     re.IGNORECASE,
 )
-EXACT_VALUE = re.compile(r"\d|https?://|\S@\S|`[^`]+`")
+# An exact value: a number of three digits or more, a formatted one (3,417; 12:30; 2032-01-01),
+# a code (VX-81Q2, R5539, v2), a URL, an e-mail address, a code span. Not any digit: small talk
+# ("we were 12 at lunch") must not outrank a rule.
+EXACT_VALUE = re.compile(r"\d{3,}|\d[,.:/-]\d|[A-Za-z]-?\d|\d[A-Za-z]|https?://|\S@\S|`[^`]+`")
 RULE_OR_VALUE, PRIORITY, FACT, CHATTER = 3, 2, 1, 0
 PRIORITY_CATEGORIES = frozenset({DECISIONS, OPEN_ITEMS, GOALS, ARTIFACTS})
 SENTENCE_BREAK = re.compile(r"(?<=[.!?])\s+")
@@ -166,7 +170,7 @@ class OfflineSummarizer:
 
     def summarize(self, current_summary: str, messages: Sequence[FoldMessage]) -> SummaryResult:
         candidates = [
-            *bullets_from_summary(current_summary),
+            *oldest_first(list(bullets_from_summary(current_summary))),
             *(
                 bullet
                 for message in messages
@@ -205,6 +209,17 @@ def bullets_from_summary(summary: str) -> Iterator[Bullet]:
             yield Bullet(category, text, weight_of(category, text, "summary"))
         else:
             yield from bullets_from_text(line, "summary")
+
+
+def oldest_first(bullets: Sequence[Bullet]) -> list[Bullet]:
+    """A summary's bullets in the order they were most likely said: each section lists its own
+    oldest first, so the first of every section come before the second of any. In heading
+    order, the first section would all count as older than everything under later headings."""
+    by_section: dict[str, list[Bullet]] = {}
+    for bullet in bullets:
+        by_section.setdefault(bullet.category, []).append(bullet)
+    rows = itertools.zip_longest(*by_section.values())
+    return [bullet for row in rows for bullet in row if bullet is not None]
 
 
 def category_for_heading(title: str) -> str | None:

@@ -17,10 +17,16 @@ from typing import Any
 import pytest
 
 from memory_worker.chat_summarizer import ChatCompletionsSummarizer
-from memory_worker.offline_summarizer import OfflineSummarizer
+from memory_worker.offline_summarizer import (
+    OfflineSummarizer,
+    bullets_from_summary,
+    oldest_first,
+    weight_of,
+)
 from memory_worker.openai_transport import make_openai_client
 from memory_worker.responses_summarizer import ResponsesSummarizer
 from memory_worker.summarizers import (
+    FACTS,
     HEADINGS,
     FoldMessage,
     SummarizerError,
@@ -499,6 +505,17 @@ def test_offline_cap_keeps_rules_and_exact_values_before_chatter_fold_after_fold
         for value in ("VX-81Q2", "3,417", "4821"):
             assert value in summary, (round_number, summary)
     assert not any(line in summary for line in CHATTER)  # the assistant's chatter went first
+
+
+def test_offline_small_talk_numbers_do_not_outrank_a_rule_and_sections_age_together() -> None:
+    """A digit alone is no exact value ("12 people"); a summary's bullets come back oldest
+    first across its sections, so a constraint is not older than a goal for its heading."""
+    assert weight_of(FACTS, "We had 12 people at lunch today.", "user") == 1
+    for valued in ("Budget 3,417 euros.", "Code VX-81Q2.", "Locker 4821.", "Due 2032-01-01."):
+        assert weight_of(FACTS, valued, "user") == 3, valued
+    summary = "## Facts / Constraints\n- f1\n- f2\n## Goals / Preferences\n- g1\n- g2"
+    bullets = oldest_first(list(bullets_from_summary(summary)))
+    assert [bullet.text for bullet in bullets] == ["f1", "g1", "f2", "g2"]
 
 
 def test_offline_leaves_acknowledgements_out_of_the_summary() -> None:
