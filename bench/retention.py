@@ -1,0 +1,678 @@
+"""Retention benchmark: what the rolling summary keeps of the things a user said that matter.
+
+Each session plants typed canaries (safety rules, hard constraints, facts, goal state, user
+preferences), each carrying an unguessable value such as ``VX-81Q2``, early in a long
+conversation of chit-chat, sent through the real turn API (DRF, in process) with the offline
+chat model and the offline summarizer, on a fresh SQLite database. After every turn the script
+plays the Celery worker (``consolidate_once`` until "nothing" or "deferred").
+
+    python -m bench.retention [--seeds 12] [--rounds 5] [--presets all|name,...]
+                              [--out bench/results/retention.json]
+
+Round 1 ends when every message sent up to the last canary has been folded; each further round
+ends when everything that was verbatim at its start has been folded too, so every round rolls
+the previous verbatim tail into the summary. After each round a canary survives if its value is
+in what the model would receive for the next turn (``GET /chats/{id}/context/``: the summary
+and every verbatim message). See ``docs/benchmarks.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import random
+import re
+import shlex
+import string
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from bench.common import api_client, configure_django, save_report
+from memory_worker.dispatch import RequestTrigger
+from memory_worker.presets import DEFAULT_PRESET, PRESETS
+
+DEFAULT_SEEDS = 12
+DEFAULT_ROUNDS = 5
+CANARIES_PER_TYPE = 3
+# The canaries go into the first turns, one every PLANT_EVERY turns, between chit-chat.
+PLANT_EVERY = 2
+WORKER_PASSES = 5
+# A round that has not folded its start's verbatim tail after this many turns is reported as
+# incomplete instead of running on (a policy that never folds would otherwise never end).
+MAX_ROUND_TURNS = 600
+GOAL_KEPT = 0.95
+ROOT = Path(__file__).resolve().parent.parent
+
+# --- configurations ------------------------------------------------------------------------
+
+# The bound the peers were measured at (bench/cost.py): 4,000 verbatim tokens beside a
+# 500-token summary, every token fold going down to the newest turn.
+PEER_OVERRIDES = {
+    "max_tokens": 5000,
+    "max_summary_tokens": 500,
+    "max_memory_tokens": 4500,
+    "fold_target_tokens": 0,
+}
+PEER_NAME = "token-budget@4000+500/target=0"
+
+
+@dataclass(frozen=True)
+class Config:
+    name: str
+    preset: str
+    overrides: dict[str, int] = field(default_factory=dict)
+
+
+ALL_CONFIGS = (
+    *(Config(name, name) for name in PRESETS),
+    Config(PEER_NAME, "token-budget", dict(PEER_OVERRIDES)),
+)
+# The goal holds at the preset a chat gets when it names none, and at the peers' bound.
+GOAL_CONFIGS = (DEFAULT_PRESET, PEER_NAME)
+
+
+def select_configs(spec: str) -> list[Config]:
+    """``all``, or comma-separated configuration names (a preset's name is its defaults)."""
+    if spec == "all":
+        return list(ALL_CONFIGS)
+    wanted = [part.strip() for part in spec.split(",") if part.strip()]
+    unknown = [name for name in wanted if not any(c.name == name for c in ALL_CONFIGS)]
+    if unknown or not wanted:
+        known = ", ".join(c.name for c in ALL_CONFIGS)
+        raise SystemExit(f"unknown configuration(s) {unknown}; known: {known}")
+    return [c for c in ALL_CONFIGS if c.name in wanted]
+
+
+# --- canaries ------------------------------------------------------------------------------
+
+CANARY_TYPES = ("safety", "constraint", "fact", "goal", "preference")
+LETTERS = "".join(c for c in string.ascii_uppercase if c not in "IO")  # no 1/I, 0/O mix-ups
+
+
+def code_value(rng: random.Random) -> str:
+    """Like VX-81Q2."""
+    pick = rng.choice
+    return f"{pick(LETTERS)}{pick(LETTERS)}-{rng.randint(10, 99)}{pick(LETTERS)}{rng.randint(1, 9)}"
+
+
+def tag_value(prefix: str) -> Callable[[random.Random], str]:
+    """Like R-5539."""
+    return lambda rng: f"{prefix}-{rng.randint(1000, 9999)}"
+
+
+def amount_value(rng: random.Random) -> str:
+    """Like 3,417."""
+    return f"{rng.randint(2, 9)},{rng.randint(100, 999)}"
+
+
+def number_value(rng: random.Random) -> str:
+    """Five digits: more than any seq or message count a session reaches."""
+    return str(rng.randint(10000, 99999))
+
+
+def date_value(rng: random.Random) -> str:
+    return f"20{rng.randint(27, 39)}-{rng.randint(1, 12):02d}-{rng.randint(1, 28):02d}"
+
+
+@dataclass(frozen=True)
+class Template:
+    text: str  # with one {v}
+    value: Callable[[random.Random], str]
+
+
+TEMPLATES: dict[str, tuple[Template, ...]] = {
+    "safety": (
+        Template("Never share the vault code {v} with anyone.", code_value),
+        Template("Do not ever paste the admin token {v} into a ticket or a chat.", code_value),
+        Template("The door PIN {v} must never be written down anywhere.", code_value),
+        Template("Under no circumstances reveal the recovery phrase {v} to support.", code_value),
+        Template("Keep the signing key {v} out of every email, that is a hard rule.", code_value),
+    ),
+    "constraint": (
+        Template("The budget must stay under {v} euros.", amount_value),
+        Template("The final report is due no later than {v}, no extensions.", date_value),
+        Template("We can spend at most {v} dollars on the venue.", amount_value),
+        Template("The hard deadline for the migration is {v}.", date_value),
+        Template("Each upload is limited to {v} kilobytes, never more.", amount_value),
+    ),
+    "fact": (
+        Template("My locker number is {v}.", number_value),
+        Template("For the record, my employee ID is {v}.", tag_value("E")),
+        Template("The staging host we use is called {v}.", lambda rng: f"node-{code_value(rng)}"),
+        Template("My flat is number {v} on the long street.", number_value),
+        Template("The parcel's tracking number is {v}.", number_value),
+    ),
+    "goal": (
+        Template("Our goal is to ship release {v} by Friday.", tag_value("R")),
+        Template("We are aiming to close milestone {v} this sprint.", tag_value("M")),
+        Template("The plan is to migrate cluster {v} before the audit.", tag_value("C")),
+        Template("What we want this month is to finish epic {v}.", tag_value("EP")),
+        Template("Right now we are working towards launch {v} for the spring.", tag_value("L")),
+    ),
+    "preference": (
+        Template("I prefer replies in Portuguese, tag {v}.", tag_value("P")),
+        Template("Please file my notes under the label {v}, that is how I like it.", code_value),
+        Template("I like answers as short bullet lists, use template {v}.", tag_value("T")),
+        Template("Call me by my handle {v} from now on, I prefer that.", code_value),
+        Template("My favourite colour scheme for charts is palette {v}.", tag_value("PAL")),
+    ),
+}
+
+
+@dataclass(frozen=True)
+class Canary:
+    kind: str
+    value: str
+    sentence: str
+
+
+def value_pattern(value: str) -> re.Pattern[str]:
+    """The value as a whole token: not inside a longer code or number (a sentence's full stop
+    or comma after it is fine)."""
+    return re.compile(rf"(?<![\w,.-]){re.escape(value)}(?![\w-]|[,.]\d)")
+
+
+def make_canaries(rng: random.Random, per_type: int = CANARIES_PER_TYPE) -> list[Canary]:
+    """``per_type`` canaries of each type, each with its own template while they last, and a
+    value that appears nowhere else in the session, in a shuffled order."""
+    canaries: list[Canary] = []
+    taken: set[str] = set()
+    for kind in CANARY_TYPES:
+        templates = list(TEMPLATES[kind])
+        rng.shuffle(templates)
+        for index in range(per_type):
+            template = templates[index % len(templates)]
+            value = template.value(rng)
+            while value in taken or any(value_pattern(value).search(t) for t in taken):
+                value = template.value(rng)
+            taken.add(value)
+            canaries.append(Canary(kind, value, template.text.format(v=value)))
+    rng.shuffle(canaries)
+    return canaries
+
+
+def survives(canary: Canary, texts: Iterable[str]) -> bool:
+    pattern = value_pattern(canary.value)
+    return any(pattern.search(text) for text in texts)
+
+
+# --- chit-chat -----------------------------------------------------------------------------
+
+ACKNOWLEDGEMENTS = (
+    "ok thanks",
+    "Acknowledged.",
+    "Continuing with the plan.",
+    "Got it, thanks!",
+    "Sounds good.",
+    "Okay.",
+    "Thanks, that helps.",
+    "Noted.",
+    "Perfect, thank you.",
+    "Makes sense.",
+)
+TOPICS = (
+    "sourdough baking",
+    "the new coffee place",
+    "remote work",
+    "mechanical keyboards",
+    "the football match",
+    "houseplants",
+    "board games",
+    "the train strike",
+    "podcasts about history",
+    "learning the guitar",
+    "cheap flights",
+    "the weather lately",
+    "running shoes",
+    "tea versus coffee",
+    "the office move",
+    "spreadsheet formulas",
+)
+QUESTIONS = (
+    "What do you think about {topic}?",
+    "Could you tell me a bit more about {topic}?",
+    "Have you heard anything interesting about {topic} recently?",
+    "Is {topic} worth the hype, in your opinion?",
+    "How would you explain {topic} to a friend?",
+    "Any quick tips on {topic}?",
+)
+SMALL_TALK = (
+    "I spent the morning reading about {topic}.",
+    "My neighbour keeps talking about {topic}.",
+    "Honestly, {topic} has been on my mind all week.",
+    "I walked {n} kilometres this morning before work.",
+    "The meeting ran {n} minutes over again, as usual.",
+    "We had {n} people at lunch today, it was loud.",
+    "It rained for {n} hours straight yesterday.",
+    "I tried a new recipe last night and it turned out fine.",
+    "The coffee machine on our floor is broken again.",
+    "My cat knocked a plant off the shelf this morning.",
+    "I think the weekend went by far too quickly.",
+    "The train was late, so I listened to a podcast on the way.",
+)
+CONNECTORS = ("Anyway,", "By the way,", "Also,", "Oh, and", "Quick one:", "Unrelated, but")
+
+
+def chit_chat(rng: random.Random) -> str:
+    """One user message of filler: an acknowledgement, or one to four sentences of small talk
+    and questions (numbers only of one or two digits, so no filler looks like a canary)."""
+    if rng.random() < 0.25:
+        return rng.choice(ACKNOWLEDGEMENTS)
+    sentences: list[str] = []
+    for _ in range(rng.randint(1, 4)):
+        pool = QUESTIONS if rng.random() < 0.35 else SMALL_TALK
+        sentence = rng.choice(pool).format(topic=rng.choice(TOPICS), n=rng.randint(2, 95))
+        if sentences and rng.random() < 0.3:
+            first, rest = sentence.split(" ", 1)
+            first = first if first == "I" else first.lower()
+            sentence = f"{rng.choice(CONNECTORS)} {first} {rest}"
+        sentences.append(sentence)
+    return " ".join(sentences)
+
+
+def planting_message(canary: Canary, rng: random.Random) -> str:
+    """The canary on its own, or between sentences of chit-chat."""
+    shape = rng.random()
+    if shape < 0.4:
+        return canary.sentence
+    before = chit_chat(rng) if shape < 0.8 else ""
+    after = chit_chat(rng) if shape >= 0.6 else ""
+    return " ".join(part for part in (before, canary.sentence, after) if part)
+
+
+# --- one session ---------------------------------------------------------------------------
+
+
+@dataclass
+class Session:
+    config: str
+    seed: int
+    canaries: list[Canary]
+    # kept[round - 1][i]: where canary i was after that round ("summary", "verbatim", "both",
+    # or "" when lost).
+    kept: list[list[str]] = field(default_factory=list)
+    round_turns: list[int] = field(default_factory=list)
+    complete_rounds: int = 0
+    turns: int = 0
+    failed_turns: int = 0
+    folds: int = 0
+    final_summary_tokens: int = 0
+    seconds: float = 0.0
+
+
+def create_chat(client: Any, config: Config) -> int:
+    response = client.post(
+        "/api/v1/chats/",
+        {"title": config.name, "policy": config.preset, "policy_overrides": config.overrides},
+        format="json",
+    )
+    if response.status_code != 201:
+        raise SystemExit(f"{config.name}: creating the chat failed: {response.json()}")
+    return int(response.json()["id"])
+
+
+def play_worker(chat_id: int) -> None:
+    """What a Celery worker does after a turn: judge and fold until nothing more is due."""
+    from memory_worker.folds import consolidate_once
+
+    for _ in range(WORKER_PASSES):
+        if consolidate_once(chat_id, RequestTrigger.TURN).status in ("nothing", "deferred"):
+            return
+
+
+class Chat:
+    """One chat driven through the API, one turn at a time."""
+
+    def __init__(self, client: Any, config: Config) -> None:
+        self.client = client
+        self.chat_id = create_chat(client, config)
+        self.turns = 0
+        self.failed = 0
+
+    def send(self, content: str) -> None:
+        response = self.client.post(
+            f"/api/v1/chats/{self.chat_id}/turns/", {"content": content}, format="json"
+        )
+        self.turns += 1
+        if response.status_code != 201:
+            self.failed += 1
+            if self.failed <= 3:
+                detail = response.json().get("detail", "")
+                print(f"  turn {self.turns}: HTTP {response.status_code} {detail}", file=sys.stderr)
+        play_worker(self.chat_id)
+
+    def brief(self) -> dict[str, Any]:
+        brief: dict[str, Any] = self.client.get(f"/api/v1/chats/{self.chat_id}/brief/").json()
+        return brief
+
+    def last_seq(self) -> int:
+        brief = self.brief()
+        # The unfolded messages are exactly those after the watermark.
+        return int(brief["last_consolidated"]) + int(brief["unfolded"])
+
+    def watermark(self) -> int:
+        """The brief's last_consolidated, read directly: the brief endpoint also judges whether
+        a fold is due, which after every turn of a session costs more than the turn."""
+        from conversations.models import Brief
+
+        return int(Brief.objects.values_list("last_consolidated", flat=True).get(chat=self.chat_id))
+
+    def context(self) -> tuple[str, list[str]]:
+        """What the model would receive for the next turn: the summary's system message, and
+        the contents of the other messages (the system prompt and every verbatim message)."""
+        from conversations.services.context import SUMMARY_HEADER
+
+        messages = self.client.get(f"/api/v1/chats/{self.chat_id}/context/").json()["messages"]
+        summary, others = "", []
+        for message in messages:
+            content = str(message.get("content") or "")
+            if message["role"] == "system" and content.startswith(SUMMARY_HEADER):
+                summary = content
+            else:
+                others.append(content)
+        return summary, others
+
+    def folds(self) -> int:
+        from conversations.models import Consolidation, ConsolidationStatus
+
+        succeeded = ConsolidationStatus.SUCCEEDED
+        return Consolidation.objects.filter(chat_id=self.chat_id, status=succeeded).count()
+
+
+def where_kept(canary: Canary, summary: str, others: Sequence[str]) -> str:
+    in_summary = survives(canary, [summary])
+    in_verbatim = survives(canary, others)
+    if in_summary and in_verbatim:
+        return "both"
+    return "summary" if in_summary else "verbatim" if in_verbatim else ""
+
+
+def run_session(client: Any, config: Config, seed: int, rounds: int) -> Session:
+    rng = random.Random(f"retention-{seed}")
+    canaries = make_canaries(rng)
+    session = Session(config.name, seed, canaries)
+    started = time.monotonic()
+    chat = Chat(client, config)
+    for canary in canaries:
+        for _ in range(PLANT_EVERY - 1):
+            chat.send(chit_chat(rng))
+        chat.send(planting_message(canary, rng))
+    for _ in range(rounds):
+        mark = chat.last_seq()
+        round_start = chat.turns
+        done = False
+        while chat.turns - round_start < MAX_ROUND_TURNS:
+            chat.send(chit_chat(rng))
+            if chat.watermark() >= mark:
+                done = True
+                break
+        session.round_turns.append(chat.turns - round_start)
+        summary, others = chat.context()
+        session.kept.append([where_kept(c, summary, others) for c in canaries])
+        if not done:
+            break  # the policy stopped folding: later rounds would measure nothing new
+        session.complete_rounds += 1
+    session.turns, session.failed_turns = chat.turns, chat.failed
+    session.folds = chat.folds()
+    session.final_summary_tokens = int(chat.brief()["summary_tokens"])
+    session.seconds = time.monotonic() - started
+    return session
+
+
+# --- results -------------------------------------------------------------------------------
+
+
+def kept_fractions(sessions: Sequence[Session], rounds: int) -> dict[str, list[float | None]]:
+    """Per canary type, the share kept after each round over every session and canary (None:
+    no session reached that round)."""
+    fractions: dict[str, list[float | None]] = {}
+    for kind in CANARY_TYPES:
+        row: list[float | None] = []
+        for index in range(rounds):
+            outcomes = [
+                bool(where)
+                for session in sessions
+                if index < len(session.kept)
+                for canary, where in zip(session.canaries, session.kept[index], strict=True)
+                if canary.kind == kind
+            ]
+            row.append(sum(outcomes) / len(outcomes) if outcomes else None)
+        fractions[kind] = row
+    return fractions
+
+
+def where_counts(sessions: Sequence[Session], round_index: int) -> dict[str, int]:
+    counts = {"summary": 0, "verbatim": 0, "both": 0, "lost": 0}
+    for session in sessions:
+        if round_index < len(session.kept):
+            for where in session.kept[round_index]:
+                counts[where or "lost"] += 1
+    return counts
+
+
+def config_result(config: Config, sessions: Sequence[Session], rounds: int) -> dict[str, Any]:
+    return {
+        "config": config.name,
+        "preset": config.preset,
+        "overrides": config.overrides,
+        "kept": kept_fractions(sessions, rounds),
+        "where_after_last_round": where_counts(sessions, rounds - 1),
+        "incomplete_sessions": sum(1 for s in sessions if s.complete_rounds < rounds),
+        "turns_mean": round(sum(s.turns for s in sessions) / len(sessions), 1),
+        "failed_turns": sum(s.failed_turns for s in sessions),
+        "folds_mean": round(sum(s.folds for s in sessions) / len(sessions), 1),
+        "seconds": round(sum(s.seconds for s in sessions), 1),
+        "sessions": [session_record(s) for s in sessions],
+    }
+
+
+def session_record(session: Session) -> dict[str, Any]:
+    return {
+        "seed": session.seed,
+        "turns": session.turns,
+        "round_turns": session.round_turns,
+        "complete_rounds": session.complete_rounds,
+        "failed_turns": session.failed_turns,
+        "folds": session.folds,
+        "final_summary_tokens": session.final_summary_tokens,
+        "canaries": [
+            {**asdict(canary), "kept": [kept[i] for kept in session.kept]}
+            for i, canary in enumerate(session.canaries)
+        ],
+    }
+
+
+def percent(value: float | None) -> str:
+    return "n/a" if value is None else f"{100 * value:.0f} %"
+
+
+def last_known(row: Sequence[float | None]) -> float | None:
+    return row[-1] if row else None
+
+
+def markdown_table(results: Sequence[dict[str, Any]]) -> str:
+    header = ["configuration", *CANARY_TYPES]
+    lines = [
+        "| " + " | ".join(header) + " |",
+        "|" + "|".join(["---"] + ["---:"] * len(CANARY_TYPES)) + "|",
+    ]
+    for result in results:
+        cells = [
+            f"{percent(result['kept'][kind][0])} → {percent(last_known(result['kept'][kind]))}"
+            for kind in CANARY_TYPES
+        ]
+        lines.append("| " + " | ".join([f"`{result['config']}`", *cells]) + " |")
+    return "\n".join(lines)
+
+
+def check_goals(results: Sequence[dict[str, Any]], rounds: int) -> list[dict[str, Any]]:
+    """Every type at least GOAL_KEPT after the last round, at each goal configuration run."""
+    goals = []
+    for result in results:
+        if result["config"] not in GOAL_CONFIGS:
+            continue
+        final = {kind: last_known(result["kept"][kind]) for kind in CANARY_TYPES}
+        worst = min((v for v in final.values() if v is not None), default=0.0)
+        met = (
+            all(v is not None and v >= GOAL_KEPT for v in final.values())
+            and result["incomplete_sessions"] == 0
+        )
+        goals.append(
+            {
+                "config": result["config"],
+                "goal": f"every type ≥ {GOAL_KEPT:.0%} after {rounds} rounds",
+                "worst": worst,
+                "met": met,
+            }
+        )
+    return goals
+
+
+def goal_lines(goals: Sequence[dict[str, Any]]) -> list[str]:
+    if not goals:
+        return ["(no goal configuration selected)"]
+    return [
+        f"{'✓' if goal['met'] else '✗'} `{goal['config']}`: {goal['goal']} "
+        f"(lowest {percent(goal['worst'])})"
+        for goal in goals
+    ]
+
+
+# --- setup ---------------------------------------------------------------------------------
+
+
+def configure_offline(database_url: str) -> str:
+    return configure_django(
+        database_url,
+        {
+            "MEMORY_DISPATCH": "off",
+            "CHAT_BACKEND": "offline",
+            "MEMORY_SUMMARIZER_BACKEND": "offline",
+            "OPENAI_API_KEY": "",
+            "TURN_RATE_LIMIT": "",  # one user sends hundreds of turns a minute here
+        },
+    )
+
+
+def code_state() -> dict[str, Any]:
+    """Which code was measured: the commit, and the files changed in the work tree since (a run
+    on uncommitted code says so)."""
+
+    def git(*args: str) -> str:
+        try:
+            done = subprocess.run(
+                ["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=30
+            )
+        except OSError:
+            return ""
+        return done.stdout.strip() if done.returncode == 0 else ""
+
+    # Status lines as git prints them ("M path", "?? path"); no optional locks, so a run never
+    # writes to the index of a checkout someone is working in.
+    status = git("--no-optional-locks", "status", "--porcelain")
+    changed = [line.strip() for line in status.splitlines() if line.strip()]
+    return {"commit": git("rev-parse", "--short", "HEAD"), "uncommitted": changed}
+
+
+def code_line(code: dict[str, Any]) -> str:
+    changed = ", ".join(code["uncommitted"])
+    return f"code:    {code['commit']}" + (f", uncommitted: {changed}" if changed else "")
+
+
+def machine_info() -> dict[str, Any]:
+    return {
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "python": sys.version.split()[0],
+    }
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.retention", description=(__doc__ or "").split("\n")[0]
+    )
+    parser.add_argument("--seeds", type=int, default=DEFAULT_SEEDS, help="sessions per config")
+    parser.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS)
+    parser.add_argument(
+        "--presets", default="all", help="all, or comma-separated configuration names"
+    )
+    parser.add_argument("--out", default="bench/results/retention.json")
+    args = parser.parse_args(argv)
+    if args.seeds < 1 or args.rounds < 1:
+        parser.error("--seeds and --rounds must be at least 1")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    configs = select_configs(args.presets)
+    arguments = sys.argv[1:] if argv is None else list(argv)
+    command = shlex.join(["python", "-m", "bench.retention", *arguments])
+    date = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+    info = machine_info()
+    code = code_state()
+    started = time.monotonic()
+    results = []
+    with tempfile.TemporaryDirectory(prefix="chatmem-retention-") as tmpdir:
+        vendor = configure_offline(f"sqlite:///{tmpdir}/bench.sqlite3")
+        client = api_client()
+        for config in configs:
+            sessions = [run_session(client, config, s, args.rounds) for s in range(args.seeds)]
+            result = config_result(config, sessions, args.rounds)
+            results.append(result)
+            print(f"  {config.name}: {result['seconds']:.1f} s", file=sys.stderr, flush=True)
+    wall = time.monotonic() - started
+    goals = check_goals(results, args.rounds)
+    print(
+        "\n".join(
+            [
+                f"command: {command}",
+                f"date:    {date}",
+                f"machine: {info['platform']}, {info['cpu_count']} CPUs, Python {info['python']}",
+                f"database: {vendor}",
+                code_line(code),
+                f"seeds: {args.seeds}, rounds: {args.rounds}, canaries per type per session: "
+                f"{CANARIES_PER_TYPE}; wall time: {wall:.1f} s",
+                "",
+                f"kept after round 1 → after round {args.rounds}:",
+                "",
+                markdown_table(results),
+                "",
+                *goal_lines(goals),
+            ]
+        )
+    )
+    for result in results:
+        if result["incomplete_sessions"] or result["failed_turns"]:
+            print(
+                f"note: {result['config']}: {result['incomplete_sessions']} session(s) stopped "
+                f"before the last round, {result['failed_turns']} failed turn(s)"
+            )
+    report = {
+        "command": command,
+        "date": date,
+        "machine": info,
+        "database": vendor,
+        "code": code,
+        "seeds": args.seeds,
+        "rounds": args.rounds,
+        "canaries_per_type": CANARIES_PER_TYPE,
+        "wall_seconds": round(wall, 1),
+        "results": results,
+        "goals": goals,
+    }
+    print(f"\nwrote {save_report(report, args.out)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
