@@ -65,6 +65,18 @@ def api_client() -> Any:
     return client
 
 
+def create_chat(client: Any, name: str, preset: str, overrides: Mapping[str, Any]) -> int:
+    """A chat through the API (``api_client``'s client); exits with the API's answer if refused."""
+    response = client.post(
+        "/api/v1/chats/",
+        {"title": name, "policy": preset, "policy_overrides": dict(overrides)},
+        format="json",
+    )
+    if response.status_code != 201:
+        raise SystemExit(f"{name}: creating the chat failed: {response.json()}")
+    return int(response.json()["id"])
+
+
 def machine_line() -> str:
     return f"{platform.platform()}, {os.cpu_count()} CPUs, Python {sys.version.split()[0]}"
 

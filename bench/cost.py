@@ -34,7 +34,7 @@ from datetime import UTC, datetime
 from functools import cache
 from typing import Any
 
-from bench.common import api_client, configure_django, save_report
+from bench.common import api_client, configure_django, create_chat, save_report
 from memory_worker.dispatch import RequestTrigger
 from memory_worker.tokens import count_tokens
 from tests.fake_openai import (
@@ -434,17 +434,6 @@ class Run:
     seconds: float
 
 
-def create_chat(client: Any, config: BenchConfig) -> int:
-    response = client.post(
-        "/api/v1/chats/",
-        {"title": config.name, "policy": config.preset, "policy_overrides": config.overrides},
-        format="json",
-    )
-    if response.status_code != 201:
-        raise SystemExit(f"{config.name}: creating the chat failed: {response.json()}")
-    return int(response.json()["id"])
-
-
 def post_turn(client: Any, chat_id: int, turn: Turn, *, verbose: bool) -> bool:
     response = client.post(f"/api/v1/chats/{chat_id}/turns/", {"content": turn.user}, format="json")
     if response.status_code == 201:
@@ -480,7 +469,7 @@ def run_config(
 ) -> Run:
     server.reset()
     script.reset()
-    chat_id = create_chat(client, config)
+    chat_id = create_chat(client, config.name, config.preset, config.overrides)
     started = time.monotonic()
     failed: list[int] = []
     for turn in workload:

@@ -35,7 +35,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bench.common import api_client, configure_django, save_report
+from bench.common import api_client, configure_django, create_chat, save_report
 from memory_worker.dispatch import RequestTrigger
 from memory_worker.presets import DEFAULT_PRESET, PRESETS
 
@@ -308,17 +308,6 @@ class Session:
     seconds: float = 0.0
 
 
-def create_chat(client: Any, config: Config) -> int:
-    response = client.post(
-        "/api/v1/chats/",
-        {"title": config.name, "policy": config.preset, "policy_overrides": config.overrides},
-        format="json",
-    )
-    if response.status_code != 201:
-        raise SystemExit(f"{config.name}: creating the chat failed: {response.json()}")
-    return int(response.json()["id"])
-
-
 def play_worker(chat_id: int) -> None:
     """What a Celery worker does after a turn: judge and fold until nothing more is due."""
     from memory_worker.folds import consolidate_once
@@ -333,7 +322,7 @@ class Chat:
 
     def __init__(self, client: Any, config: Config) -> None:
         self.client = client
-        self.chat_id = create_chat(client, config)
+        self.chat_id = create_chat(client, config.name, config.preset, config.overrides)
         self.turns = 0
         self.failed = 0
 
