@@ -19,28 +19,13 @@ from django.utils import timezone
 from conversations.models import Brief, Chat, Consolidation
 from memory_worker import folds, retries, sweep, tasks
 from memory_worker.locks import LocalChatLock
+from tests.test_folds import new_chat, turns
 from tests.workers import ROOT, Worker, point_celery_at, wait_until
-
-
-def new_chat(api, **body: Any) -> int:  # type: ignore[no-untyped-def]
-    response = api.post("/api/v1/chats/", body, format="json")
-    assert response.status_code == 201, response.content
-    return int(response.json()["id"])
 
 
 def turn(api, chat_id: int) -> None:  # type: ignore[no-untyped-def]
     response = api.post(f"/api/v1/chats/{chat_id}/turns/", {"content": "hi"}, format="json")
     assert response.status_code == 201, response.content
-
-
-def turns(api, chat_id, count, start=0):  # type: ignore[no-untyped-def]
-    for number in range(start, start + count):
-        response = api.post(
-            f"/api/v1/chats/{chat_id}/turns/",
-            {"content": f"I decided to use tool {number}."},
-            format="json",
-        )
-        assert response.status_code == 201, response.content
 
 
 def cooled_due_chat(api, now):  # type: ignore[no-untyped-def]
