@@ -29,6 +29,7 @@ from memory_worker.openai_transport import (
     error_kind,
     shows_provider_message,
 )
+from memory_worker.turn_groups import turns_of
 
 log = logging.getLogger(__name__)
 
@@ -120,7 +121,7 @@ def format_fold_input(current_summary: str, messages: Sequence[FoldMessage]) -> 
     summary = current_summary.strip()
     lines = [EXISTING_SUMMARY, data_line(summary) if summary else "NONE", END_EXISTING_SUMMARY]
     lines += ["", NEW_TURNS]
-    for number, turn in enumerate(group_turns(messages), start=1):
+    for number, turn in enumerate(turns_of(messages), start=1):
         lines.extend(
             data_line({"turn": number, "role": message.role, "content": message_text(message)})
             for message in turn
@@ -135,18 +136,6 @@ def data_line(value: object) -> str:
     for character, escape in LINE_BREAKS.items():
         encoded = encoded.replace(character, escape)
     return encoded
-
-
-def group_turns(messages: Sequence[FoldMessage]) -> list[list[FoldMessage]]:
-    """Each user message opens a turn; assistant replies, tool calls and tool results belong to
-    the turn they follow. Messages before the first user message form a turn of their own."""
-    turns: list[list[FoldMessage]] = []
-    for message in messages:
-        if message.role == "user" or not turns:
-            turns.append([message])
-        else:
-            turns[-1].append(message)
-    return turns
 
 
 def message_text(message: FoldMessage) -> str:
