@@ -67,6 +67,11 @@ if HAVE_LANGGRAPH:
             return ChatResult(generations=[ChatGeneration(message=AIMessage(text))])
 
         @property
+        def inputs(self) -> list[str]:
+            """Each fold's input: the last message of its prompt."""
+            return [str(prompt[-1].content) for prompt in self.prompts]
+
+        @property
         def _llm_type(self) -> str:
             return "recording-summarizer"
 
@@ -83,23 +88,6 @@ if HAVE_LANGGRAPH:
         @property
         def _llm_type(self) -> str:
             return "echo"
-
-    class FoldInputSummarizer(BaseChatModel):
-        """Answers every fold with a short valid summary and keeps each fold's input."""
-
-        inputs: list[str] = []
-
-        def _generate(self, messages: list[BaseMessage], *args: Any, **kwargs: Any) -> ChatResult:
-            self.inputs.append(str(messages[-1].content))
-            text = (
-                f"## Facts / Constraints\n- fold {len(self.inputs)}\n"
-                "## Goals / Preferences\n- None\n## Decisions\n- None"
-            )
-            return ChatResult(generations=[ChatGeneration(message=AIMessage(text))])
-
-        @property
-        def _llm_type(self) -> str:
-            return "fold-input-summarizer"
 
     class State(TypedDict, total=False):
         messages: Annotated[list[AnyMessage], add_messages]
@@ -379,19 +367,19 @@ def test_a_tool_loop_over_the_bound_is_refused_not_returned_over_it() -> None:
     and the turn in progress cannot be split, so nothing can fit: rather than return a history
     over the bound, the node raises the service's context_over_bound counterpart, before any
     summarizer call."""
-    summarizer = FoldInputSummarizer(inputs=[])
+    summarizer = RecordingSummarizer(prompts=[])
     node = SummarizationNode(model=summarizer, policy="token-budget", overrides=SMALL_BUDGET)
     assert "ContextOverBound" in graph_node.__all__
     with pytest.raises(graph_node.ContextOverBound, match="turn in progress"):
         node.invoke({"messages": react_turn(12), "context": {}})
-    assert summarizer.inputs == []
+    assert summarizer.prompts == []
 
 
 def test_a_tool_loop_folds_the_turns_before_it_synchronously() -> None:
     """sliding-window keeps a 40-message tail, so no background fold is due; the hard bound
     (max_memory_tokens 300) is over. The synchronous fold takes the earlier turn only: the turn
     in progress (human message, call) stays whole before its new tool result."""
-    summarizer = FoldInputSummarizer(inputs=[])
+    summarizer = RecordingSummarizer(prompts=[])
     node = SummarizationNode(
         model=summarizer,
         policy="sliding-window",
@@ -415,7 +403,7 @@ def test_a_tool_loop_folds_the_turns_before_it_synchronously() -> None:
 
 def test_a_new_message_over_the_bound_folds_the_whole_history_before_it() -> None:
     """A human message opens a turn: everything before it may be folded, as a REST turn does."""
-    summarizer = FoldInputSummarizer(inputs=[])
+    summarizer = RecordingSummarizer(prompts=[])
     node = tight_window_node(summarizer)
     messages = long_turns(3)
     messages.append(HumanMessage("[u4] and now?", id="h4"))
@@ -436,7 +424,7 @@ def test_a_new_message_over_the_bound_folds_the_whole_history_before_it() -> Non
 
 def test_a_message_too_large_for_the_prompt_is_refused() -> None:
     node = SummarizationNode(
-        model=FoldInputSummarizer(inputs=[]), policy="token-budget", model_context_tokens=200
+        model=RecordingSummarizer(prompts=[]), policy="token-budget", model_context_tokens=200
     )
     with pytest.raises(graph_node.ContextOverBound, match="newest message does not fit"):
         node.invoke({"messages": [HumanMessage("word " * 300, id="h1")], "context": {}})
@@ -447,7 +435,7 @@ def test_a_backlog_over_ten_folds_still_ends_within_context_size() -> None:
     backlog would stay over context_size 24. Past its bound's threshold the overflow fold is not
     paced by max_fold_turns: one fold takes the backlog down to the policy's full-detail turns
     (the new one and two before it)."""
-    summarizer = FoldInputSummarizer(inputs=[])
+    summarizer = RecordingSummarizer(prompts=[])
     node = SummarizationNode(model=summarizer, policy="turn-digest")
     policy = resolve_policy("turn-digest", {})
     assert policy.context_size is not None
@@ -472,7 +460,7 @@ def test_a_backlog_over_ten_folds_still_ends_within_context_size() -> None:
 def test_a_duplicated_id_is_refused_before_anything_is_folded() -> None:
     """The id of the summary's last message reappears earlier in the list: with the first of
     the two as the watermark, messages would be folded a second time and shown verbatim too."""
-    summarizer = FoldInputSummarizer(inputs=[])
+    summarizer = RecordingSummarizer(prompts=[])
     node = SummarizationNode(model=summarizer, policy="token-budget", overrides=SMALL_BUDGET)
     messages: list[Any] = []
     for number in range(6):
@@ -495,7 +483,7 @@ def test_a_duplicated_id_is_refused_before_anything_is_folded() -> None:
 def test_a_duplicated_id_is_refused_in_equal_keys_mode_too() -> None:
     """add_messages would merge the two: one of them would leave the state unfolded."""
     node = SummarizationNode(
-        model=FoldInputSummarizer(inputs=[]), policy="token-budget", output_messages_key="messages"
+        model=RecordingSummarizer(prompts=[]), policy="token-budget", output_messages_key="messages"
     )
     messages = [HumanMessage("one", id="x"), AIMessage("two", id="y"), HumanMessage("3", id="x")]
     with pytest.raises(ValueError, match="message id 'x' appears more than once"):
@@ -506,7 +494,7 @@ def test_equal_keys_without_ids_do_not_show_folded_messages_again() -> None:
     """In equal-keys mode ids are optional: without them there is no last folded id to count
     the folded messages from, and they must still not come back verbatim beside their own
     summary."""
-    summarizer = FoldInputSummarizer(inputs=[])
+    summarizer = RecordingSummarizer(prompts=[])
     node = SummarizationNode(
         model=summarizer,
         policy="token-budget",
@@ -533,7 +521,7 @@ def test_two_human_messages_after_the_last_reply_are_both_new() -> None:
     """As the service's exchange takes them: every message after the last reply is new. With
     only the newest taken as new, the first of two could be folded without its answer-to-be (a
     fold of just "[u3a]" here) while the second went on verbatim."""
-    summarizer = FoldInputSummarizer(inputs=[])
+    summarizer = RecordingSummarizer(prompts=[])
     node = tight_window_node(summarizer)
     messages = long_turns(2)
     messages += [
