@@ -39,7 +39,6 @@ import argparse
 import json
 import logging
 import os
-import platform
 import random
 import shlex
 import signal
@@ -57,6 +56,8 @@ from itertools import pairwise
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
+
+from bench.common import machine_info
 
 DEFAULT_FAULTS = ("429", "500", "timeout", "insufficient_quota", "400", "truncated", "empty")
 FALLBACK_DATABASE_URL = "postgres://postgres@127.0.0.1:5432/postgres"
@@ -545,14 +546,6 @@ def drive(args: argparse.Namespace, model: Any, fleet: Fleet, faults: list[str])
         "still_busy": busy,
         "violations": len(violations),
         "violation_details": violations[:50],
-    }
-
-
-def machine_info() -> dict[str, Any]:
-    return {
-        "platform": platform.platform(),
-        "cpu_count": os.cpu_count(),
-        "python": platform.python_version(),
     }
 
 

@@ -77,6 +77,17 @@ def create_chat(client: Any, name: str, preset: str, overrides: Mapping[str, Any
     return int(response.json()["id"])
 
 
+def machine_info() -> dict[str, Any]:
+    """The machine a report was measured on."""
+    return {
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "processor": platform.processor(),
+        "cpu_count": os.cpu_count(),
+        "python": sys.version.split()[0],
+    }
+
+
 def machine_line() -> str:
     return f"{platform.platform()}, {os.cpu_count()} CPUs, Python {sys.version.split()[0]}"
 

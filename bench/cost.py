@@ -19,8 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
-import platform
 import random
 import re
 import shlex
@@ -34,7 +32,7 @@ from datetime import UTC, datetime
 from functools import cache
 from typing import Any
 
-from bench.common import api_client, configure_django, create_chat, save_report
+from bench.common import api_client, configure_django, create_chat, machine_info, save_report
 from memory_worker.dispatch import RequestTrigger
 from memory_worker.tokens import count_tokens
 from tests.fake_openai import (
@@ -827,16 +825,6 @@ def goals_table(goal_results: Sequence[GoalResult]) -> str:
         for config in configs
     ]
     return markdown_table(["config", *(goal.label for goal in GOALS)], rows)
-
-
-def machine_info() -> dict[str, Any]:
-    return {
-        "platform": platform.platform(),
-        "machine": platform.machine(),
-        "processor": platform.processor(),
-        "cpu_count": os.cpu_count(),
-        "python": sys.version.split()[0],
-    }
 
 
 def header_lines(info: dict[str, Any], command: str, date: str, database: str) -> list[str]:

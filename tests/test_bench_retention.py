@@ -15,53 +15,54 @@ from pathlib import Path
 from typing import Any
 
 from bench import retention
+from bench import retention_workload as workload
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_canaries_are_seeded_typed_and_unique() -> None:
-    canaries = retention.make_canaries(random.Random(4))
-    assert canaries == retention.make_canaries(random.Random(4))
-    assert canaries != retention.make_canaries(random.Random(5))
+    canaries = workload.make_canaries(random.Random(4))
+    assert canaries == workload.make_canaries(random.Random(4))
+    assert canaries != workload.make_canaries(random.Random(5))
     kinds = [canary.kind for canary in canaries]
-    for kind in retention.CANARY_TYPES:
-        assert kinds.count(kind) == retention.CANARIES_PER_TYPE
+    for kind in workload.CANARY_TYPES:
+        assert kinds.count(kind) == workload.CANARIES_PER_TYPE
     values = [canary.value for canary in canaries]
     assert len(set(values)) == len(values)
     for canary in canaries:
-        assert retention.survives(canary, [canary.sentence])
+        assert workload.survives(canary, [canary.sentence])
         # No value is found inside another canary's sentence.
         others = [c.sentence for c in canaries if c is not canary]
-        assert not retention.survives(canary, others)
+        assert not workload.survives(canary, others)
 
 
 def test_every_template_plants_a_value_the_check_finds() -> None:
     rng = random.Random(1)
-    for kind, templates in retention.TEMPLATES.items():
+    for kind, templates in workload.TEMPLATES.items():
         for template in templates:
             value = template.value(rng)
-            canary = retention.Canary(kind, value, template.text.format(v=value))
-            assert retention.survives(canary, [canary.sentence]), canary.sentence
-            assert retention.survives(canary, [f"- {canary.sentence}"]), canary.sentence
+            canary = workload.Canary(kind, value, template.text.format(v=value))
+            assert workload.survives(canary, [canary.sentence]), canary.sentence
+            assert workload.survives(canary, [f"- {canary.sentence}"]), canary.sentence
 
 
 def test_a_value_survives_only_as_a_whole_token() -> None:
-    code = retention.Canary("safety", "VX-81Q2", "Never share the vault code VX-81Q2.")
-    assert retention.survives(code, ["- Never share the vault code VX-81Q2."])
-    assert retention.survives(code, ["code VX-81Q2, and"])
-    assert not retention.survives(code, ["code VX-81Q"])
-    assert not retention.survives(code, ["code AVX-81Q2"])
-    assert not retention.survives(code, ["code VX-81Q2-B"])
-    amount = retention.Canary("constraint", "3,417", "The budget must stay under 3,417 euros.")
-    assert retention.survives(amount, ["under 3,417 euros"])
-    assert retention.survives(amount, ["under 3,417."])
-    assert not retention.survives(amount, ["under 13,417 euros"])
-    assert not retention.survives(amount, ["under 3,4170 euros"])
-    assert not retention.survives(amount, ["under 3,417,000 euros"])
+    code = workload.Canary("safety", "VX-81Q2", "Never share the vault code VX-81Q2.")
+    assert workload.survives(code, ["- Never share the vault code VX-81Q2."])
+    assert workload.survives(code, ["code VX-81Q2, and"])
+    assert not workload.survives(code, ["code VX-81Q"])
+    assert not workload.survives(code, ["code AVX-81Q2"])
+    assert not workload.survives(code, ["code VX-81Q2-B"])
+    amount = workload.Canary("constraint", "3,417", "The budget must stay under 3,417 euros.")
+    assert workload.survives(amount, ["under 3,417 euros"])
+    assert workload.survives(amount, ["under 3,417."])
+    assert not workload.survives(amount, ["under 13,417 euros"])
+    assert not workload.survives(amount, ["under 3,4170 euros"])
+    assert not workload.survives(amount, ["under 3,417,000 euros"])
 
 
 def test_where_a_canary_was_kept() -> None:
-    fact = retention.Canary("fact", "48213", "My locker number is 48213.")
+    fact = workload.Canary("fact", "48213", "My locker number is 48213.")
     assert retention.where_kept(fact, "- My locker number is 48213.", ["hello"]) == "summary"
     assert retention.where_kept(fact, "", ["My locker number is 48213."]) == "verbatim"
     assert retention.where_kept(fact, "48213", ["48213"]) == "both"
@@ -71,7 +72,7 @@ def test_where_a_canary_was_kept() -> None:
 def test_chit_chat_never_looks_like_a_canary() -> None:
     rng = random.Random(9)
     for _ in range(500):
-        text = retention.chit_chat(rng)
+        text = workload.chit_chat(rng)
         assert text
         # Numbers of one or two digits only, and no code with a digit in it.
         assert not re.search(r"\d{3}", text), text
@@ -80,15 +81,15 @@ def test_chit_chat_never_looks_like_a_canary() -> None:
 
 def test_planting_keeps_the_canary_sentence_whole() -> None:
     rng = random.Random(2)
-    for canary in retention.make_canaries(rng):
-        assert canary.sentence in retention.planting_message(canary, rng)
+    for canary in workload.make_canaries(rng):
+        assert canary.sentence in workload.planting_message(canary, rng)
 
 
 def test_kept_fractions_count_every_canary_of_a_type() -> None:
     canaries = [
-        retention.Canary("safety", "AA-11B2", "a"),
-        retention.Canary("safety", "BB-22C3", "b"),
-        retention.Canary("fact", "12345", "c"),
+        workload.Canary("safety", "AA-11B2", "a"),
+        workload.Canary("safety", "BB-22C3", "b"),
+        workload.Canary("fact", "12345", "c"),
     ]
     first = retention.Session("unit", 0, canaries, kept=[["summary", "", "both"]])
     second = retention.Session(
@@ -116,12 +117,12 @@ def test_short_run_completes_its_rounds_and_reports_per_type(tmp_path: Path) -> 
     assert result["failed_turns"] == 0
     assert result["incomplete_sessions"] == 0
     assert result["folds_mean"] >= 2
-    assert set(result["kept"]) == set(retention.CANARY_TYPES)
+    assert set(result["kept"]) == set(workload.CANARY_TYPES)
     for row in result["kept"].values():
         assert len(row) == 2
         assert all(value is not None and 0 <= value <= 1 for value in row)
     (session,) = result["sessions"]
-    assert len(session["canaries"]) == len(retention.CANARY_TYPES) * retention.CANARIES_PER_TYPE
+    assert len(session["canaries"]) == len(workload.CANARY_TYPES) * workload.CANARIES_PER_TYPE
     assert all(len(canary["kept"]) == 2 for canary in session["canaries"])
     assert report["command"].startswith("python -m bench.retention")
     assert report["goals"] == []  # turn-digest is not a goal configuration
