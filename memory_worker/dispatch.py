@@ -21,6 +21,10 @@ log = logging.getLogger("chatmem.dispatch")
 
 _inline_executor: ThreadPoolExecutor | None = None
 _inline_guard = threading.Lock()
+# Tasks submitted and not finished. A task that queues another (a fold its flush hooks) submits
+# it before it finishes, so the count reaches 0 only when the runner has nothing left to do.
+_inline_pending = 0
+_inline_idle = threading.Condition()
 
 MEMORY_QUEUE = "memory"
 
@@ -128,8 +132,15 @@ def _executor() -> ThreadPoolExecutor:
 
 def submit_inline(function: Callable[..., None], *args: object) -> None:
     """Run ``function`` on the in-process runner, after what is already queued."""
-    # The copied context carries the request id into the runner's log lines.
-    _executor().submit(contextvars.copy_context().run, _closing_connection, function, *args)
+    global _inline_pending
+    with _inline_idle:
+        _inline_pending += 1
+    try:
+        # The copied context carries the request id into the runner's log lines.
+        _executor().submit(contextvars.copy_context().run, _closing_connection, function, *args)
+    except BaseException:
+        _finished_one()
+        raise
 
 
 def _closing_connection(function: Callable[..., None], *args: object) -> None:
@@ -141,10 +152,19 @@ def _closing_connection(function: Callable[..., None], *args: object) -> None:
         log.exception("in-process task failed", extra={"task": getattr(function, "__name__", "")})
     finally:
         connection.close()
+        _finished_one()
+
+
+def _finished_one() -> None:
+    global _inline_pending
+    with _inline_idle:
+        _inline_pending -= 1
+        _inline_idle.notify_all()
 
 
 def drain_inline(timeout: float = 30.0) -> None:
-    """Wait until the in-process runner has finished what was queued before this call (one
-    thread, first in first out). For graceful shutdown and tests."""
-    if _inline_executor is not None:
-        _inline_executor.submit(lambda: None).result(timeout=timeout)
+    """Wait until the in-process runner is idle: what was queued before this call and what
+    that queued in turn (a fold's flush hooks, a rerun). For graceful shutdown and tests."""
+    with _inline_idle:
+        if not _inline_idle.wait_for(lambda: _inline_pending == 0, timeout=timeout):
+            raise TimeoutError(f"the in-process runner was still busy after {timeout} s")
