@@ -7,7 +7,13 @@ chat model and the offline summarizer, on a fresh SQLite database. After every t
 plays the Celery worker (``consolidate_once`` until "nothing" or "deferred").
 
     python -m bench.retention [--seeds 12] [--rounds 5] [--presets all|name,...]
+                              [--summarizer offline|scripted-model] [--model-forgets 0.0]
                               [--out bench/results/retention.json]
+
+``--summarizer scripted-model`` folds through the Chat Completions summarizer instead, against
+the fake OpenAI-compatible server answering with ``bench.scripted_model`` (a stand-in that
+follows the prompt; ``--model-forgets P`` makes each rewrite leave out each existing bullet
+with probability P, as lossy real rewrites do).
 
 Round 1 ends when every message sent up to the last canary has been folded; each further round
 ends when everything that was verbatim at its start has been folded too, so every round rolls
@@ -42,7 +48,9 @@ from bench.retention_workload import (
     planting_message,
     survives,
 )
+from bench.scripted_model import ScriptedModel
 from memory_worker.presets import DEFAULT_PRESET, PRESETS
+from tests.fake_openai import FakeOpenAI
 
 DEFAULT_SEEDS = 12
 DEFAULT_ROUNDS = 5
@@ -335,15 +343,27 @@ def goal_lines(goals: Sequence[dict[str, Any]]) -> list[str]:
 # --- setup ---------------------------------------------------------------------------------
 
 
-def configure_offline(database_url: str) -> str:
+SUMMARIZERS = ("offline", "scripted-model")
+
+
+def configure(database_url: str, summarizer_url: str | None) -> str:
+    """The offline chat model always; the offline summarizer, or the Chat Completions one
+    against ``summarizer_url`` (the fake server answering with the scripted model)."""
+    summarizer: dict[str, str] = {"MEMORY_SUMMARIZER_BACKEND": "offline", "OPENAI_API_KEY": ""}
+    if summarizer_url:
+        summarizer = {
+            "MEMORY_SUMMARIZER_BACKEND": "chat",
+            "OPENAI_API_KEY": "bench",
+            "OPENAI_BASE_URL": summarizer_url,
+            "MEMORY_SUMMARIZER_MODEL": "scripted-model",
+        }
     return configure_django(
         database_url,
         {
             "MEMORY_DISPATCH": "off",
             "CHAT_BACKEND": "offline",
-            "MEMORY_SUMMARIZER_BACKEND": "offline",
-            "OPENAI_API_KEY": "",
             "TURN_RATE_LIMIT": "",  # one user sends hundreds of turns a minute here
+            **summarizer,
         },
     )
 
@@ -382,10 +402,18 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--presets", default="all", help="all, or comma-separated configuration names"
     )
+    parser.add_argument("--summarizer", choices=SUMMARIZERS, default="offline")
+    parser.add_argument(
+        "--model-forgets", type=float, default=0.0, help="scripted-model only: P in [0, 1)"
+    )
     parser.add_argument("--out", default="bench/results/retention.json")
     args = parser.parse_args(argv)
     if args.seeds < 1 or args.rounds < 1:
         parser.error("--seeds and --rounds must be at least 1")
+    if not 0 <= args.model_forgets < 1:
+        parser.error("--model-forgets must be in [0, 1)")
+    if args.model_forgets and args.summarizer != "scripted-model":
+        parser.error("--model-forgets needs --summarizer scripted-model")
     return args
 
 
@@ -399,15 +427,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     code = code_state()
     started = time.monotonic()
     results = []
-    with tempfile.TemporaryDirectory(prefix="chatmem-retention-") as tmpdir:
-        vendor = configure_offline(f"sqlite:///{tmpdir}/bench.sqlite3")
+    model = ScriptedModel(forget_rate=args.model_forgets)
+    with (
+        tempfile.TemporaryDirectory(prefix="chatmem-retention-") as tmpdir,
+        FakeOpenAI(summary_fn=model) as server,
+    ):
+        summarizer_url = server.base_url if args.summarizer == "scripted-model" else None
+        vendor = configure(f"sqlite:///{tmpdir}/bench.sqlite3", summarizer_url)
         client = api_client()
         for config in configs:
             sessions = [run_session(client, config, s, args.rounds) for s in range(args.seeds)]
             result = config_result(config, sessions, args.rounds)
             results.append(result)
             print(f"  {config.name}: {result['seconds']:.1f} s", file=sys.stderr, flush=True)
+        summarize_calls = server.counters().get("summarize", 0) if summarizer_url else 0
     wall = time.monotonic() - started
+    summarizer = args.summarizer + (
+        f" (forgets {args.model_forgets:.0%} of bullets per rewrite)" if args.model_forgets else ""
+    )
     goals = check_goals(results, args.rounds)
     print(
         "\n".join(
@@ -416,6 +453,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"date:    {date}",
                 f"machine: {info['platform']}, {info['cpu_count']} CPUs, Python {info['python']}",
                 f"database: {vendor}",
+                f"summarizer: {summarizer}"
+                + (f", {summarize_calls} summarize calls" if summarizer_url else ""),
                 code_line(code),
                 f"seeds: {args.seeds}, rounds: {args.rounds}, canaries per type per session: "
                 f"{CANARIES_PER_TYPE}; wall time: {wall:.1f} s",
@@ -439,6 +478,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "date": date,
         "machine": info,
         "database": vendor,
+        "summarizer": summarizer,
+        "summarize_calls": summarize_calls,
         "code": code,
         "seeds": args.seeds,
         "rounds": args.rounds,
