@@ -14,8 +14,16 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from bench import retention
+from bench import retention, scripted_model
 from bench import retention_workload as workload
+from memory_worker.summarizers import (
+    RETRY_TARGET_FACTOR,
+    FoldMessage,
+    format_fold_input,
+    shorten_request,
+    summary_instructions,
+)
+from memory_worker.summary_validation import validate_summary
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -126,3 +134,72 @@ def test_short_run_completes_its_rounds_and_reports_per_type(tmp_path: Path) -> 
     assert all(len(canary["kept"]) == 2 for canary in session["canaries"])
     assert report["command"].startswith("python -m bench.retention")
     assert report["goals"] == []  # turn-digest is not a goal configuration
+
+
+def summarize_request(summary: str, messages: list[tuple[str, str]], *follow_up: str) -> Any:
+    """A request body as chatmem's Chat Completions summarizer sends it."""
+    source = format_fold_input(
+        summary, [FoldMessage(n + 1, role, text) for n, (role, text) in enumerate(messages)]
+    )
+    conversation = [
+        {"role": "system", "content": summary_instructions(300)},
+        {"role": "user", "content": source},
+    ]
+    for index, text in enumerate(follow_up):
+        conversation.append({"role": "assistant" if index % 2 == 0 else "user", "content": text})
+    return {"model": "scripted-model", "messages": conversation}
+
+
+def test_the_scripted_model_keeps_what_the_prompt_asks_and_no_chatter() -> None:
+    model = scripted_model.ScriptedModel()
+    summary = model(
+        summarize_request(
+            "",
+            [
+                ("user", "Anyway, never share the vault code VX-81Q2 with anyone."),
+                ("user", "Sounds good. What do you think about houseplants?"),
+                ("assistant", "Noted: the vault code VX-81Q2 stays private."),
+                ("user", "I prefer replies in Portuguese, tag P-1234."),
+            ],
+        )
+    )
+    assert "- Never share the vault code VX-81Q2 with anyone." in summary
+    assert "- I prefer replies in Portuguese, tag P-1234." in summary
+    assert "houseplants" not in summary and "Noted" not in summary
+    # A summary chatmem accepts as it is.
+    assert validate_summary(summary, "stop", 300, "gpt-4o-mini", headings=True) == summary
+
+
+def test_the_scripted_model_drops_the_least_durable_first_to_fit_a_shorten_request() -> None:
+    model = scripted_model.ScriptedModel()
+    rule = "The budget must stay under 3,417 euros."
+    facts = [f"My locker number is {10000 + n}, in corridor {n}." for n in range(40)]
+    messages = [("user", rule), *(("user", fact) for fact in facts)]
+    draft = model(summarize_request("", messages))
+    shorter = model(summarize_request("", messages, draft, shorten_request(900, 120)))
+    assert scripted_model.approx_tokens(shorter) <= int(120 * RETRY_TARGET_FACTOR)
+    assert rule in shorter and facts[0] not in shorter and facts[-1] in shorter
+
+
+def test_a_forgetful_scripted_model_loses_old_bullets_but_not_on_a_repair_request() -> None:
+    model = scripted_model.ScriptedModel(forget_rate=0.5)
+    old = "\n".join(
+        ["## Facts / Constraints", *(f"- Server {n} runs on port {8000 + n}." for n in range(20))]
+    )
+    body = summarize_request(old, [("user", "ok thanks")])
+    lossy = model(body)
+    assert 0 < sum(f"port {8000 + n}." in lossy for n in range(20)) < 20
+    assert model(body) == lossy  # seeded by the request: a rerun forgets the same bullets
+    repaired = model(summarize_request(old, [("user", "ok thanks")], lossy, "You dropped: 8003"))
+    assert all(f"port {8000 + n}." in repaired for n in range(20))
+
+
+def test_a_short_run_folds_through_the_scripted_model(tmp_path: Path) -> None:
+    report = run_bench(
+        tmp_path, "--seeds", "1", "--rounds", "2", "--presets", "sliding-window",
+        "--summarizer", "scripted-model",
+    )  # fmt: skip
+    (result,) = report["results"]
+    assert report["summarizer"] == "scripted-model"
+    assert report["summarize_calls"] >= result["folds_mean"] >= 2
+    assert result["failed_turns"] == 0 and result["incomplete_sessions"] == 0
