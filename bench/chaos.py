@@ -61,10 +61,10 @@ from bench.common import machine_info
 
 DEFAULT_FAULTS = ("429", "500", "timeout", "insufficient_quota", "400", "truncated", "empty")
 FALLBACK_DATABASE_URL = "postgres://postgres@127.0.0.1:5432/postgres"
-# Short, correctly ordered deadlines (chatmem.E001) so a killed worker's lock and message come
-# back within the run, and a short failure ladder so degraded chats are retried before the
-# deadline. The fault server's "timeout" answers after TIMEOUT_SLEEP > the LLM deadline.
-RUN_ENV = {
+# --timeouts short: short, correctly ordered deadlines (chatmem.E001) so a killed worker's lock
+# and message come back within the run, and a short failure ladder so degraded chats are retried
+# before the deadline. The fault server's "timeout" answers after timeout_sleep > the LLM deadline.
+SHORT_TIMEOUTS = {
     "MEMORY_LLM_TIMEOUT_SECONDS": "3",
     "MEMORY_TASK_SOFT_TIME_LIMIT": "5",
     "MEMORY_TASK_TIME_LIMIT": "6",
@@ -75,10 +75,21 @@ RUN_ENV = {
     "MEMORY_SWEEP_MIN_COOLDOWN_SECONDS": "0",
     "TURN_SLOT_STALE_SECONDS": "10",
     "LLM_TIMEOUT_SECONDS": "5",
-    # A client thread sends far more than a person would; the per-user limit is not under test.
-    "TURN_RATE_LIMIT": "1000000/min",
 }
-TIMEOUT_SLEEP = 4.0
+# --timeouts deployed: every deadline, lock, backoff and cooldown at the settings' defaults, as
+# an operator runs it (use --sweep-interval 60, what beat runs).
+DEPLOYED_TIMEOUTS: dict[str, str] = {}
+# A client thread sends far more than a person would; the per-user limit is not under test.
+ALWAYS_ENV = {"TURN_RATE_LIMIT": "1000000/min"}
+
+
+def run_env(timeouts: str) -> dict[str, str]:
+    return {**(SHORT_TIMEOUTS if timeouts == "short" else DEPLOYED_TIMEOUTS), **ALWAYS_ENV}
+
+
+def timeout_sleep(env: dict[str, str]) -> float:
+    """How long the "timeout" fault waits: past the summarizer's deadline."""
+    return float(env.get("MEMORY_LLM_TIMEOUT_SECONDS", "60")) + 1.0
 
 
 # --------------------------------------------------------------------------------------------
@@ -197,7 +208,9 @@ def run_sql(admin_url: str, statement: str) -> None:
         connection.execute(statement)  # type: ignore[arg-type]
 
 
-def configure_django(database_url: str, redis_url: str, model_url: str) -> None:
+def configure_django(
+    database_url: str, redis_url: str, model_url: str, env: dict[str, str]
+) -> None:
     os.environ.update(
         {
             "DJANGO_SETTINGS_MODULE": "chatmem_project.settings",
@@ -211,7 +224,7 @@ def configure_django(database_url: str, redis_url: str, model_url: str) -> None:
             "CHAT_MODEL": "fake-chat",
             "MEMORY_SUMMARIZER_MODEL": "fake-summarizer",
             "ALLOWED_HOSTS": "testserver,127.0.0.1,localhost",
-            **RUN_ENV,
+            **env,
         }
     )
     # Failures are counted in the results; the app's own log lines would drown them.
@@ -226,7 +239,7 @@ def configure_django(database_url: str, redis_url: str, model_url: str) -> None:
     call_command("migrate", verbosity=0, interactive=False)
 
 
-def worker_extra_env() -> dict[str, str]:
+def worker_extra_env(env: dict[str, str]) -> dict[str, str]:
     keys = (
         "DATABASE_URL",
         "OPENAI_BASE_URL",
@@ -234,7 +247,7 @@ def worker_extra_env() -> dict[str, str]:
         "CHAT_BACKEND",
         "MEMORY_SUMMARIZER_BACKEND",
         "MEMORY_SUMMARIZER_MODEL",
-        *RUN_ENV,
+        *env,
     )
     return {key: os.environ[key] for key in keys} | {"LOG_LEVEL": "INFO"}
 
@@ -279,10 +292,10 @@ class Tally:
 class Fleet:
     """``size`` worker slots; a killed worker is replaced by a fresh process in its slot."""
 
-    def __init__(self, redis_url: str, size: int) -> None:
+    def __init__(self, redis_url: str, size: int, env: dict[str, str]) -> None:
         from tests.workers import Worker
 
-        self._make = lambda name: Worker(redis_url, name, env=worker_extra_env())
+        self._make = lambda name: Worker(redis_url, name, env=env)
         self._generation = 0
         self.workers = [self._make(f"chaos{slot}g0") for slot in range(size)]
 
@@ -372,8 +385,10 @@ def sweeper(stop: threading.Event, interval: float, chat_ids: list[int], tally: 
 def killer(
     fleet: Fleet, kills: int, every: float, stop: threading.Event, tally: Tally, seed: int
 ) -> None:
+    """``kills`` kills, one every ``every`` seconds; with kills 0, until ``stop`` is set (at the
+    end of the turns phase)."""
     rng = random.Random(seed)
-    while tally.kills < kills and not stop.wait(every):
+    while (kills == 0 or tally.kills < kills) and not stop.wait(every):
         fleet.kill_and_replace(rng)
         tally.kills += 1
         tally.restarts += 1
@@ -472,12 +487,17 @@ def run(args: argparse.Namespace, database_url: str) -> dict[str, Any]:
     from tests.fake_openai import FakeOpenAI
 
     faults = [name for name in args.faults.split(",") if name]
+    env = run_env(args.timeouts)
     with (
-        FakeOpenAI(summarize_latency=args.summarize_latency, timeout_sleep=TIMEOUT_SLEEP) as model,
+        FakeOpenAI(
+            latency=args.model_latency,
+            summarize_latency=args.summarize_latency,
+            timeout_sleep=timeout_sleep(env),
+        ) as model,
         private_or_given_redis(args.redis_url) as redis_url,
     ):
-        configure_django(database_url, redis_url, model.base_url)
-        fleet = Fleet(redis_url, args.workers)
+        configure_django(database_url, redis_url, model.base_url, env)
+        fleet = Fleet(redis_url, args.workers, worker_extra_env(env))
         try:
             fleet.wait_ready()
             return drive(args, model, fleet, faults)
@@ -495,6 +515,7 @@ def drive(args: argparse.Namespace, model: Any, fleet: Fleet, faults: list[str])
     chat_ids = [chat_id for part in owned for chat_id in part]
     tally = Tally()
     stop = threading.Event()
+    turns_over = threading.Event()  # ends the kills when --kills 0
     model.set_faults("summarize", args.fault_rate, faults, seed=args.seed)
     started = time.monotonic()
     sweep_thread = threading.Thread(
@@ -502,7 +523,7 @@ def drive(args: argparse.Namespace, model: Any, fleet: Fleet, faults: list[str])
     )
     kill_thread = threading.Thread(
         target=killer,
-        args=(fleet, args.kills, args.kill_every, stop, tally, args.seed),
+        args=(fleet, args.kills, args.kill_every, turns_over, tally, args.seed),
         daemon=True,
     )
     sweep_thread.start()
@@ -515,6 +536,8 @@ def drive(args: argparse.Namespace, model: Any, fleet: Fleet, faults: list[str])
         for future in talking:
             future.result()
     turns_seconds = time.monotonic() - started
+    if args.kills == 0:
+        turns_over.set()
     kill_thread.join(timeout=args.kill_every * (args.kills + 1) + 120)
     injected = dict(model.counters()["faults"])
     model.clear_faults()
@@ -556,11 +579,15 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--chats", type=int, default=20)
     parser.add_argument("--turns", type=int, default=30, help="turns per chat")
     parser.add_argument("--workers", type=int, default=3, help="celery worker processes")
-    parser.add_argument("--kills", type=int, default=6, help="SIGKILLs of a random worker")
+    parser.add_argument(
+        "--kills", type=int, default=6, help="SIGKILLs of a random worker (0: until turns end)"
+    )
     parser.add_argument("--kill-every", type=float, default=2.0, help="seconds between kills")
     parser.add_argument("--fault-rate", type=float, default=0.3, help="share of summarize calls")
     parser.add_argument("--faults", default=",".join(DEFAULT_FAULTS))
     parser.add_argument("--summarize-latency", type=float, default=0.3, help="seconds per call")
+    parser.add_argument("--model-latency", type=float, default=0.0, help="seconds per reply")
+    parser.add_argument("--timeouts", choices=("short", "deployed"), default="short")
     parser.add_argument("--clients", type=int, default=4, help="threads sending turns")
     parser.add_argument("--policy", default="contract", help="memory preset of every chat")
     parser.add_argument("--sweep-interval", type=float, default=1.0)
@@ -604,7 +631,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             for key, value in vars(args).items()
             if key not in ("database_url", "redis_url", "out", "keep_database")
         },
-        "run_env": RUN_ENV,
+        "run_env": run_env(args.timeouts),
         "wall_seconds": round(time.monotonic() - started, 1),
         **figures,
     }
