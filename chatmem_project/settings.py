@@ -343,14 +343,15 @@ CHAT_MODEL = env_text("CHAT_MODEL", "gpt-4o-mini")
 CHAT_MODEL_CONTEXT_TOKENS = env_int("CHAT_MODEL_CONTEXT_TOKENS", 128000)
 # Extra variants a turn may pick: "name=model:context_tokens,..." (seed 003 §6).
 MODEL_VARIANTS = env("MODEL_VARIANTS", default="")
-# "openai" or "offline"; empty = openai when OPENAI_API_KEY is set, else offline.
+# "openai" or "offline"; empty = openai when OPENAI_BASE_URL or OPENAI_API_KEY is set, else
+# offline.
 CHAT_BACKEND = env("CHAT_BACKEND", default="")
 
 # --- Memory ---------------------------------------------------------------------------------
 MEMORY_POLICY = env_text("MEMORY_POLICY", "sliding-window")
 MEMORY_SUMMARIZER_MODEL = env_text("MEMORY_SUMMARIZER_MODEL", "gpt-4o-mini")
 # "chat" (Chat Completions), "responses" (hosted prompt, seed 003), "offline";
-# empty = chat when OPENAI_API_KEY is set, else offline.
+# empty = chat when OPENAI_BASE_URL or OPENAI_API_KEY is set, else offline.
 MEMORY_SUMMARIZER_BACKEND = env("MEMORY_SUMMARIZER_BACKEND", default="")
 MEMORY_SUMMARY_TOKEN_CAP = env_int("MEMORY_SUMMARY_TOKEN_CAP", 500)
 MEMORY_SUMMARIZER_INPUT_BUDGET = env_int("MEMORY_SUMMARIZER_INPUT_BUDGET", 12000)

@@ -17,7 +17,7 @@ SUMMARIZER_BACKENDS = ("chat", "responses", "offline")
 def summarizer_backend_name() -> str:
     if settings.MEMORY_SUMMARIZER_BACKEND:
         return str(settings.MEMORY_SUMMARIZER_BACKEND)
-    return "chat" if settings.OPENAI_API_KEY else "offline"
+    return "chat" if settings.OPENAI_API_KEY or settings.OPENAI_BASE_URL else "offline"
 
 
 # One per cap in use (chats may override theirs): each holds its own HTTP client.

@@ -138,7 +138,8 @@ def check_memory_settings(app_configs: Any = None, **kwargs: Any) -> list[Error]
     if backend and backend not in SUMMARIZER_BACKENDS:
         problems.append(
             f'MEMORY_SUMMARIZER_BACKEND "{backend}" is not one of: '
-            f"{', '.join(SUMMARIZER_BACKENDS)} (empty: chat with OPENAI_API_KEY, else offline)."
+            f"{', '.join(SUMMARIZER_BACKENDS)} (empty: chat with OPENAI_BASE_URL or "
+            "OPENAI_API_KEY, else offline)."
         )
     problems += out_of_range(POSITIVE_MEMORY_SETTINGS, NON_NEGATIVE_MEMORY_SETTINGS)
     return [Error(problem, id="chatmem.E006") for problem in problems]

@@ -132,6 +132,9 @@ def body_message(error: openai.OpenAIError) -> str | None:
 # Client and requests
 
 
+NO_API_KEY = "no-key"
+
+
 def make_openai_client(
     base_url: str | None, api_key: str, timeout: float, max_retries: int = 0
 ) -> openai.OpenAI:
@@ -139,7 +142,8 @@ def make_openai_client(
     errors), so the SDK's own retries are off unless asked for."""
     return openai.OpenAI(
         base_url=base_url or None,
-        api_key=api_key,
+        # The SDK refuses an empty key; a local server without one ignores the header.
+        api_key=api_key or NO_API_KEY,
         timeout=timeout,
         max_retries=max_retries,
     )

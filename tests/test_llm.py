@@ -15,8 +15,11 @@ from conversations import openai_chat_model
 from conversations.llm import ChatCompletion, ModelError
 from conversations.offline_chat_model import OfflineChatModel
 from conversations.openai_chat_model import OpenAIChatModel
+from conversations.services.backends import chat_backend_name, get_chat_model
+from memory_worker.backends import summarizer_backend_name
 from memory_worker.openai_transport import make_openai_client
 from memory_worker.tokens import count_tokens
+from tests.fake_openai import FakeOpenAI
 
 # The scripted server lives with the summarizer tests; both suites talk to it the same way.
 from tests.test_summarizers import (
@@ -390,3 +393,17 @@ def test_model_modules_do_not_import_django() -> None:
         "assert not [m for m in sys.modules if m.split('.')[0] == 'django'], 'django imported'\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_a_base_url_without_a_key_is_a_local_server_not_the_echo_model(settings: Any) -> None:
+    """Ollama, vLLM and llama.cpp need no key: with OPENAI_BASE_URL alone, turns went to the
+    offline echo model without a word."""
+    settings.CHAT_BACKEND, settings.MEMORY_SUMMARIZER_BACKEND = "", ""
+    settings.OPENAI_API_KEY = ""
+    with FakeOpenAI() as server:
+        settings.OPENAI_BASE_URL = server.base_url
+        assert (chat_backend_name(), summarizer_backend_name()) == ("openai", "chat")
+        completion = get_chat_model().complete([{"role": "user", "content": "hi"}], "fake-chat")
+        assert completion.content.startswith("fake reply #1")
+    settings.OPENAI_BASE_URL = None
+    assert (chat_backend_name(), summarizer_backend_name()) == ("offline", "offline")

@@ -1,5 +1,5 @@
 """Which chat model answers turns: the configured OpenAI-compatible endpoint, or the offline
-model when no API key is set (the embedded default)."""
+model when neither an endpoint nor an API key is set (the embedded default)."""
 
 from functools import lru_cache
 
@@ -15,7 +15,8 @@ from memory_worker.openai_transport import make_openai_client
 def chat_backend_name() -> str:
     if settings.CHAT_BACKEND:
         return str(settings.CHAT_BACKEND)
-    return "openai" if settings.OPENAI_API_KEY else "offline"
+    # A base URL alone is a local server (Ollama, vLLM, llama.cpp) that needs no key.
+    return "openai" if settings.OPENAI_API_KEY or settings.OPENAI_BASE_URL else "offline"
 
 
 @lru_cache(maxsize=4)
