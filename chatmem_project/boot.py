@@ -21,13 +21,15 @@ def refuse_misconfigured_start() -> None:
     """Run Django's checks: an error (misordered deadlines, a greenlet server with no pool...)
     stops the process with the reason instead of surfacing later as expired locks, redelivered
     tasks or "too many clients". A warning (chatmem.W001: the defaults leave a new chat no room)
-    is logged and the process starts. Then the secret key (check_secret_key)."""
+    is logged and the process starts. Then the secret key (check_secret_key) and the model
+    (check_model_configured)."""
     messages = run_checks()
     serious = [message for message in messages if message.is_serious()]
     for message in messages:
         if not message.is_serious() and not message.is_silenced():
             log_check_message(message)
     serious += check_secret_key()
+    serious += check_model_configured()
     if serious:
         raise ImproperlyConfigured("\n".join(str(error) for error in serious))
 
@@ -80,5 +82,29 @@ def check_secret_key() -> list[Error]:
             f"SECRET_KEY to a random string of at least {MIN_SECRET_KEY_LENGTH} characters, e.g. "
             "python -c 'import secrets; print(secrets.token_urlsafe(50))'.",
             id="chatmem.E008",
+        )
+    ]
+
+
+def check_model_configured() -> list[Error]:
+    """With DEBUG off and no endpoint, every turn would be answered by the offline echo model,
+    and a deployment that forgot OPENAI_BASE_URL would look healthy: the process refuses to
+    start (chatmem.E009) unless CHAT_BACKEND=offline says the echo is meant. Like
+    check_secret_key, about serving: `manage.py check --deploy` does not run it."""
+    configured = settings.OPENAI_BASE_URL or settings.OPENAI_API_KEY
+    if settings.DEBUG or configured or unconfigured_checkout():
+        return []
+    if settings.CHAT_BACKEND == "offline":
+        log.warning("serving with the offline echo model, as CHAT_BACKEND=offline says")
+        return []
+    if settings.CHAT_BACKEND:  # its own check (chatmem.E007) judges the value
+        return []
+    return [
+        Error(
+            "No model is configured: OPENAI_BASE_URL and OPENAI_API_KEY are empty, so every "
+            "turn would be answered by the offline echo model. Set OPENAI_BASE_URL (a local "
+            "server such as Ollama, vLLM or llama.cpp needs no key) and, for a hosted endpoint, "
+            "OPENAI_API_KEY; or CHAT_BACKEND=offline if the echo model is meant.",
+            id="chatmem.E009",
         )
     ]

@@ -7,8 +7,6 @@ from typing import Any
 from django.conf import settings
 from django.core.checks import Error, Warning, register
 
-from chatmem_project.boot import unconfigured_checkout
-from conversations.services.backends import chat_backend_name
 from conversations.services.chats import operator_defaults_room_problem
 from conversations.throttling import rate_problem
 from conversations.variants import model_variants
@@ -89,23 +87,3 @@ def check_default_chats_have_room(app_configs: Any = None, **kwargs: Any) -> lis
     if problem is None:
         return []
     return [Warning(f"The defaults of a new chat: {problem}", id="chatmem.W001")]
-
-
-@register()
-def check_a_deployment_has_a_model(app_configs: Any = None, **kwargs: Any) -> list[Warning]:
-    """Served with DEBUG off and no model endpoint, every turn is answered by the offline echo
-    model: a deployment that forgot OPENAI_BASE_URL would look healthy. CHAT_BACKEND=offline
-    says it is meant (a demo); a bare checkout (tests, CI) is not a deployment."""
-    if settings.DEBUG or settings.CHAT_BACKEND or unconfigured_checkout():
-        return []
-    if chat_backend_name() != "offline":
-        return []
-    return [
-        Warning(
-            "No model is configured (OPENAI_BASE_URL and OPENAI_API_KEY are empty): every turn "
-            "is answered by the offline echo model.",
-            hint="Set OPENAI_BASE_URL (a local server needs no key) and, for a hosted "
-            "endpoint, OPENAI_API_KEY; or CHAT_BACKEND=offline if the echo model is meant.",
-            id="chatmem.W003",
-        )
-    ]

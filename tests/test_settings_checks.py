@@ -22,7 +22,7 @@ import pytest
 from django.core.exceptions import ImproperlyConfigured
 
 from chatmem_project import boot
-from chatmem_project.boot import check_secret_key
+from chatmem_project.boot import check_model_configured, check_secret_key
 from conversations.checks import check_web_settings
 from memory_worker.checks import check_memory_settings
 from tests.workers import worker_env
@@ -331,8 +331,56 @@ def test_a_gunicorn_worker_stops_on_a_weak_key_and_boots_with_a_good_one(tmp_pat
     refused = gunicorn_worker_boots(tmp_path, DEBUG="false", SECRET_KEY=PLACEHOLDER)
     assert refused.returncode != 0, refused.stdout + refused.stderr
     assert "chatmem.E008" in refused.stderr, refused.stderr[-2000:]
-    good = gunicorn_worker_boots(tmp_path, DEBUG="false", SECRET_KEY=secrets.token_urlsafe(50))
+    good = gunicorn_worker_boots(
+        tmp_path, DEBUG="false", SECRET_KEY=secrets.token_urlsafe(50), **A_LOCAL_SERVER
+    )
     assert good.returncode == 0, good.stderr[-2000:]
+
+
+# --- no model: a deployment refuses to serve the offline echo unless told (chatmem.E009) -----
+
+A_LOCAL_SERVER = {"OPENAI_BASE_URL": "http://127.0.0.1:11434/v1", "OPENAI_API_KEY": ""}
+NO_MODEL = {"OPENAI_BASE_URL": "", "OPENAI_API_KEY": "", "CHAT_BACKEND": ""}
+
+
+@pytest.mark.parametrize(
+    ("given", "refused"),
+    [
+        ({}, True),
+        (A_LOCAL_SERVER, False),  # a base URL alone: Ollama, vLLM, llama.cpp
+        ({"OPENAI_API_KEY": "sk-test"}, False),
+        ({"CHAT_BACKEND": "offline"}, False),  # the echo model is meant
+        ({"DEBUG": "true"}, False),  # development
+    ],
+    ids=["nothing", "base-url-only", "key-only", "offline-meant", "debug"],
+)
+def test_a_deployment_without_a_model_is_refused_unless_offline_is_meant(
+    monkeypatch: pytest.MonkeyPatch, settings: Any, given: dict, refused: bool
+) -> None:
+    monkeypatch.setenv("SECRET_KEY", secrets.token_urlsafe(50))  # a deployment, not a checkout
+    settings.DEBUG = given.get("DEBUG") == "true"
+    settings.OPENAI_BASE_URL = given.get("OPENAI_BASE_URL") or None
+    settings.OPENAI_API_KEY = given.get("OPENAI_API_KEY", "")
+    settings.CHAT_BACKEND = given.get("CHAT_BACKEND", "")
+    problems = [str(error) for error in check_model_configured()]
+    if refused:
+        [problem] = problems
+        assert "chatmem.E009" in problem and "OPENAI_BASE_URL" in problem
+        assert "CHAT_BACKEND=offline" in problem  # says how to mean it
+    else:
+        assert problems == []
+
+
+def test_a_gunicorn_worker_stops_when_no_model_is_configured(tmp_path: Path) -> None:
+    key = secrets.token_urlsafe(50)
+    refused = gunicorn_worker_boots(tmp_path, DEBUG="false", SECRET_KEY=key, **NO_MODEL)
+    assert refused.returncode != 0, refused.stdout + refused.stderr
+    assert "chatmem.E009" in refused.stderr, refused.stderr[-2000:]
+    meant = gunicorn_worker_boots(
+        tmp_path, DEBUG="false", SECRET_KEY=key, **{**NO_MODEL, "CHAT_BACKEND": "offline"}
+    )
+    assert meant.returncode == 0, meant.stderr[-2000:]
+    assert "serving with the offline echo model" in meant.stderr
 
 
 def test_an_unconfigured_checkout_is_warned(tmp_path: Path) -> None:
