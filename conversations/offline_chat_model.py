@@ -38,7 +38,7 @@ class OfflineChatModel:
             finish_reason="stop",
             prompt_tokens=sum(offline_count(message_content(m), model) for m in messages),
             completion_tokens=count_tokens(reply, model),
-            model=model or OFFLINE_MODEL_NAME,
+            model=OFFLINE_MODEL_NAME,  # what answered, not the name the request asked for
         )
 
     def stream(

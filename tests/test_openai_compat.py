@@ -440,6 +440,18 @@ def test_stream_null_is_the_default(
     assert response.json()["object"] == "chat.completion"
 
 
+def test_the_offline_model_says_it_answered(live_server: Any, token: str, settings: Any) -> None:
+    """The response named the model the client asked for (gpt-4o-mini) when the offline echo
+    model had answered."""
+    settings.CHAT_BACKEND = "offline"
+    response = post(live_server, token, {})
+    assert response.status_code == 200, response.content
+    assert response.json()["model"] == "offline"
+    streamed = post(live_server, token, {"stream": True})
+    chunks = [json.loads(data) for data in sse_data(streamed) if data != "[DONE]"]
+    assert chunks and {chunk["model"] for chunk in chunks} == {"offline"}
+
+
 @pytest.mark.parametrize(
     ("extra", "param", "words"),
     [

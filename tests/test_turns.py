@@ -133,6 +133,7 @@ def test_stale_turn_slot_is_reclaimed(api, settings) -> None:  # type: ignore[no
 
 
 def test_model_variant_is_stored(api, settings) -> None:  # type: ignore[no-untyped-def]
+    """On both messages of the turn: the user's said "" and the reply's "default"."""
     from conversations.variants import _parse_variants
 
     _parse_variants.cache_clear()
@@ -145,5 +146,7 @@ def test_model_variant_is_stored(api, settings) -> None:  # type: ignore[no-unty
     )
     assert response.status_code == 201
     assert response.json()["assistant_message"]["model_variant"] == "deep-dive"
+    assert response.json()["user_message"]["model_variant"] == "deep-dive"
     plain = turn(api, chat_id, "normal")
     assert plain.json()["assistant_message"]["model_variant"] == "default"
+    assert plain.json()["user_message"]["model_variant"] == "default"

@@ -30,6 +30,7 @@ from conversations.api.streaming import KEEP_ALIVE
 from conversations.authentication import TokenAuthentication
 from conversations.services import chats as chat_service
 from conversations.services import exchanges
+from conversations.services.backends import answering_model
 from conversations.services.turn_model import release_db_connection
 from conversations.throttling import TurnRateThrottle
 from conversations.variants import ModelVariant, model_variants
@@ -435,7 +436,7 @@ def sse_events(
 ) -> Iterator[bytes]:
     """The standard chunk stream. If the client goes away, this generator is closed, but the
     exchange thread goes on and stores the reply."""
-    stream = ChunkStream.start(chat, variant.model, usage)
+    stream = ChunkStream.start(chat, answering_model(variant.model), usage)
     yield sse(stream.chunk(FIRST_DELTA))
     for delta in streamed.deltas():
         yield KEEP_ALIVE if delta is None else sse(stream.chunk({"content": delta}))
@@ -446,7 +447,7 @@ async def async_sse_events(
     streamed: exchanges.StreamedExchange, variant: ModelVariant, chat: Any, usage: bool
 ) -> AsyncIterator[bytes]:
     """``sse_events`` for ASGI servers: waits on the event loop, holding no thread."""
-    stream = ChunkStream.start(chat, variant.model, usage)
+    stream = ChunkStream.start(chat, answering_model(variant.model), usage)
     yield sse(stream.chunk(FIRST_DELTA))
     async for delta in streamed.adeltas():
         yield KEEP_ALIVE if delta is None else sse(stream.chunk({"content": delta}))

@@ -7,7 +7,7 @@ from django.conf import settings
 
 from conversations.llm import ChatModel
 from conversations.metrics import TimedChatModel
-from conversations.offline_chat_model import OfflineChatModel
+from conversations.offline_chat_model import OFFLINE_MODEL_NAME, OfflineChatModel
 from conversations.openai_chat_model import OpenAIChatModel
 from memory_worker.openai_transport import make_openai_client
 
@@ -17,6 +17,12 @@ def chat_backend_name() -> str:
         return str(settings.CHAT_BACKEND)
     # A base URL alone is a local server (Ollama, vLLM, llama.cpp) that needs no key.
     return "openai" if settings.OPENAI_API_KEY or settings.OPENAI_BASE_URL else "offline"
+
+
+def answering_model(requested: str) -> str:
+    """The model name a reply reports before the model has answered (a stream's chunks): the
+    offline model's own when it is the one that answers."""
+    return OFFLINE_MODEL_NAME if chat_backend_name() == "offline" else requested
 
 
 @lru_cache(maxsize=4)

@@ -243,6 +243,7 @@ def store_exchange(prepared: Prepared, completion: ChatCompletion) -> ExchangeRe
             role=message.role,
             content=message.content,
             token_count=tokens,
+            model_variant=prepared.variant.name,
             metadata=message.metadata,
         )
         for message, tokens in zip(prepared.incoming, prepared.incoming_tokens, strict=True)

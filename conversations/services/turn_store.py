@@ -60,6 +60,8 @@ def store_turn(
         role=Role.USER,
         content=request.content,
         token_count=request.user_tokens,
+        # Both messages of a turn name its variant: it counted the user's tokens too.
+        model_variant=request.variant.name,
         metadata=request.metadata or {},
     )
     user_message, assistant_message = append_messages(
