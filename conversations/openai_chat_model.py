@@ -41,6 +41,7 @@ from memory_worker.openai_transport import (
     chat_completion_json,
     error_detail,
     error_kind,
+    redact,
     status_kind,
     stream_chat_completion,
 )
@@ -91,7 +92,7 @@ class OpenAIChatModel:
             raise self._failed(error, model, invalid_response_error()) from error
 
     def _failed(self, error: Exception, model: str, model_error: ModelError) -> ModelError:
-        log.warning("model call failed: %s", error, extra={"model": model})
+        log.warning("model call failed: %s", redact(str(error)), extra={"model": model})
         return model_error
 
     def stream(
@@ -157,7 +158,8 @@ class OpenAIChatModel:
     def _model_error(
         self, error: openai.OpenAIError, model: str, mid_stream: bool = False
     ) -> ModelError:
-        log.warning("model call failed: %s", error, extra={"model": model})
+        # The SDK's text repeats the provider's body, which may echo the key or the endpoint.
+        log.warning("model call failed: %s", redact(str(error)), extra={"model": model})
         return model_error_from(error, self.timeout, mid_stream)
 
 

@@ -7,8 +7,10 @@ Plain Python (no Django).
 """
 
 import re
+import threading
 from collections.abc import Mapping
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 import openai
 from openai.types.chat import ChatCompletion as ChatCompletionResponse
@@ -27,13 +29,44 @@ TransportErrorKind = Literal[
 SECRET_PATTERN = re.compile(
     r"\b(?:(?:sk|rk|pk|xai)-|gsk_)[A-Za-z0-9_*\-]{6,}|\bAIza[0-9A-Za-z_\-]{20,}"
 )
+# Whatever follows "Bearer " is a credential, whatever its format (a gateway's, pplx-, a JWT).
+BEARER_PATTERN = re.compile(r"(?i)\b(bearer\s+)[^\s\"',;]+")
 REDACTED = "[redacted]"
 MAX_ERROR_DETAIL_CHARS = 300
+# Keys shorter than this are not searched for as literals: "x" or "ollama" as a placeholder key
+# would redact ordinary words.
+MIN_LITERAL_KEY_CHARS = 8
+
+# The literal key and endpoint of every client this process made (make_openai_client): an
+# upstream may echo them in any shape, which no pattern can know.
+_configured: set[str] = set()
+_configured_pattern: re.Pattern[str] | None = None
+_configured_guard = threading.Lock()
+
+
+def register_secrets(base_url: str | None, api_key: str) -> None:
+    """Redact ``api_key`` and the endpoint's host and credentials from now on."""
+    found = {api_key} if len(api_key) >= MIN_LITERAL_KEY_CHARS else set()
+    if base_url:
+        parts = urlsplit(base_url)
+        host_port = f"{parts.hostname}:{parts.port}" if parts.port else None
+        found |= {p for p in (parts.netloc, host_port, parts.hostname, parts.password) if p}
+    global _configured_pattern
+    with _configured_guard:
+        if found <= _configured:
+            return
+        _configured.update(found)
+        # Longest first: the host:port is replaced whole before its host alone.
+        literals = sorted(_configured, key=len, reverse=True)
+        _configured_pattern = re.compile("|".join(re.escape(value) for value in literals))
 
 
 def redact(text: str) -> str:
-    """``text`` with anything key-shaped replaced: providers echo (masked) keys in auth errors."""
-    return SECRET_PATTERN.sub(REDACTED, text)
+    """``text`` with anything key-shaped, any bearer credential and the configured key and
+    endpoint replaced: providers and gateways echo them in their errors."""
+    text = BEARER_PATTERN.sub(rf"\1{REDACTED}", SECRET_PATTERN.sub(REDACTED, text))
+    pattern = _configured_pattern
+    return pattern.sub(REDACTED, text) if pattern is not None else text
 
 
 def error_detail(text: str) -> str:
@@ -140,6 +173,7 @@ def make_openai_client(
 ) -> openai.OpenAI:
     """An OpenAI-compatible client. Our callers own retries (with backoff, only for transient
     errors), so the SDK's own retries are off unless asked for."""
+    register_secrets(base_url, api_key)
     return openai.OpenAI(
         base_url=base_url or None,
         # The SDK refuses an empty key; a local server without one ignores the header.

@@ -1,0 +1,136 @@
+"""An upstream (or a gateway in front of it) that echoes the operator's key and its own address
+in its error bodies: neither reaches a chat's owner (a REST turn, its stream, /v1, the brief,
+the ledger) nor a log line at INFO or above, whatever the key's format."""
+
+from __future__ import annotations
+
+import json
+import logging
+import secrets
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+from rest_framework.authtoken.models import Token
+
+from memory_worker import folds
+from memory_worker.dispatch import RequestTrigger
+from memory_worker.openai_transport import redact, register_secrets
+from tests.test_fold_errors import chat_with_a_fold_due
+
+pytestmark = pytest.mark.django_db
+
+# Not a format any pattern knows: only the configured value can find it.
+KEY = "pplx-" + secrets.token_hex(12)
+STATUSES = [400, 401, 404, 413, 422, 500, 503]
+
+
+class EchoingUpstream(BaseHTTPRequestHandler):
+    """Answers every request with the configured status and a body that repeats the request's
+    Authorization header, its key and the Host it was sent to."""
+
+    status = 400
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        authorization = self.headers.get("Authorization", "")
+        host = self.headers.get("Host", "")
+        message = (
+            f"Incorrect API key provided: {authorization}. Key {authorization[7:]} is not "
+            f"valid for http://{host}/v1 ({host.split(':')[0]})."
+        )
+        body = json.dumps({"error": {"message": message, "type": "invalid_request_error"}})
+        self.send_response(self.status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body.encode())
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def upstream(settings: Any) -> Iterator[tuple[type[EchoingUpstream], str]]:
+    handler = type("Echo", (EchoingUpstream,), {})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    # A name, not the address the test server also uses: "localhost" is the host to hide.
+    host = f"localhost:{server.server_address[1]}"
+    settings.OPENAI_BASE_URL = f"http://{host}/v1"
+    settings.OPENAI_API_KEY = KEY
+    settings.CHAT_BACKEND, settings.MEMORY_SUMMARIZER_BACKEND = "openai", "chat"
+    settings.CHAT_MODEL = settings.MEMORY_SUMMARIZER_MODEL = "echo"
+    settings.LLM_TIMEOUT_SECONDS = settings.MEMORY_LLM_TIMEOUT_SECONDS = 5.0
+    yield handler, host
+    server.shutdown()
+    server.server_close()
+
+
+def leaks(text: str, host: str) -> list[str]:
+    return [secret for secret in (KEY, host, "localhost") if secret in text]
+
+
+def logged(caplog: pytest.LogCaptureFixture) -> str:
+    lines = []
+    for record in caplog.records:
+        if record.levelno >= logging.INFO:
+            lines.append(record.getMessage())
+            lines.append(json.dumps(record.__dict__, default=str))
+            if record.exc_info:
+                lines.append(logging.Formatter().formatException(record.exc_info))
+    return "\n".join(lines)
+
+
+@pytest.mark.parametrize("status", STATUSES)
+def test_no_turn_shows_or_logs_the_key_or_the_endpoint(
+    api: Any, user: Any, upstream: Any, status: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    handler, host = upstream
+    handler.status = status
+    chat_id = int(api.post("/api/v1/chats/", {}, format="json").json()["id"])
+    url = f"/api/v1/chats/{chat_id}/turns/"
+    with caplog.at_level(logging.INFO):
+        plain = api.post(url, {"content": "hi"}, format="json")
+        streamed = api.post(url, {"content": "hi", "stream": True}, format="json")
+        stream_text = b"".join(streamed.streaming_content).decode()
+        v1 = api.post(
+            "/v1/chat/completions",
+            {"model": "default", "messages": [{"role": "user", "content": "hi"}]},
+            format="json",
+            HTTP_AUTHORIZATION=f"Bearer {Token.objects.get(user=user).key}",
+        )
+    assert plain.status_code >= 500 and v1.status_code >= 400
+    assert "event: error" in stream_text  # the stream told its client what went wrong
+    for shown in (plain.content.decode(), stream_text, v1.content.decode(), logged(caplog)):
+        assert leaks(shown, host) == [], shown[-1500:]
+
+
+@pytest.mark.parametrize("status", STATUSES)
+def test_no_fold_error_shows_or_logs_the_key_or_the_endpoint(
+    api: Any, upstream: Any, settings: Any, status: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    handler, host = upstream
+    settings.CHAT_BACKEND = "offline"  # the turns answer; the summarizer meets the upstream
+    chat_id = chat_with_a_fold_due(api)
+    handler.status = status
+    with caplog.at_level(logging.INFO):
+        assert folds.consolidate_once(chat_id, RequestTrigger.TURN).status == "failed"
+    brief = api.get(f"/api/v1/chats/{chat_id}/brief/").content.decode()
+    ledger = api.get(f"/api/v1/chats/{chat_id}/consolidations/").content.decode()
+    for shown in (brief, ledger, logged(caplog)):
+        assert leaks(shown, host) == [], shown[-1500:]
+
+
+def test_a_bearer_credential_of_any_shape_and_the_configured_endpoint_are_redacted() -> None:
+    register_secrets("http://user:hunter2hunter2@gateway.internal:8443/v1", "opaque-key-123456")
+    text = (
+        "401 Bearer eyJhbGciOi.J9.x at gateway.internal:8443 (gateway.internal), "
+        "key opaque-key-123456, password hunter2hunter2"
+    )
+    assert redact(text) == (
+        "401 Bearer [redacted] at [redacted] ([redacted]), key [redacted], password [redacted]"
+    )
+    assert redact("an ordinary sentence") == "an ordinary sentence"
