@@ -220,6 +220,7 @@ def test_failed_synchronous_fold_whose_fallback_fails_too_is_503_and_stores_noth
     assert response.status_code == 503, response.content
     assert response.json()["code"] == "context_over_bound"
     assert "nothing was stored" in response.json()["detail"]
+    assert "x-should-retry" not in response  # this one may go through later
     assert len(use_fake_openai.chat_requests()) == chat_calls  # the model was never called
     assert Message.objects.filter(chat_id=chat_id).count() == 12
     assert Chat.objects.get(pk=chat_id).turn_token is None
@@ -228,7 +229,8 @@ def test_failed_synchronous_fold_whose_fallback_fails_too_is_503_and_stores_noth
     assert retry.status_code == 201
 
 
-def test_message_too_large_for_any_context_is_503(api, settings) -> None:  # type: ignore[no-untyped-def]
+def test_message_too_large_for_any_context_is_503_not_to_retry(api, settings) -> None:  # type: ignore[no-untyped-def]
+    """x-should-retry: false, or the OpenAI SDKs resend what can never fit (twice, by default)."""
     from conversations.variants import _parse_variants
 
     chat_id = new_chat(api)  # before the window shrinks: no chat is created with no room in it
@@ -239,6 +241,7 @@ def test_message_too_large_for_any_context_is_503(api, settings) -> None:  # typ
     )
     assert response.status_code == 503
     assert "does not fit" in response.json()["detail"]
+    assert response["x-should-retry"] == "false"
     assert Message.objects.filter(chat_id=chat_id).count() == 0
     _parse_variants.cache_clear()
 

@@ -78,6 +78,7 @@ class MemoryUnavailable(exceptions.APIException):
     status_code = status.HTTP_503_SERVICE_UNAVAILABLE
     default_detail = "The context cannot be brought within its bound right now."
     default_code = "context_over_bound"
+    should_retry = True
 
 
 class TurnServerError(exceptions.APIException):
@@ -101,7 +102,9 @@ def turn_error(error: Exception) -> exceptions.APIException:
     if isinstance(error, TurnInProgress):  # busy, or taken over during a long fold
         return TurnConflict(str(error))
     if isinstance(error, ContextOverBound):
-        return MemoryUnavailable(str(error))
+        over = MemoryUnavailable(str(error))
+        over.should_retry = error.retryable  # the SDKs resend a 503 unless told not to
+        return over
     if database_unreachable(error):
         return database_error(error)
     if isinstance(error, ModelError):

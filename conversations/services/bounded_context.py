@@ -23,7 +23,12 @@ SYNC_FOLD_ATTEMPTS = 3
 
 class ContextOverBound(Exception):
     """The context cannot be brought within the policy's bound right now (the synchronous fold
-    failed, or even a full fold would not fit). Nothing is dropped: the turn is refused."""
+    failed, or even a full fold would not fit). Nothing is dropped: the turn is refused.
+    ``retryable`` is False when the same request can never fit, so clients must not resend it."""
+
+    def __init__(self, message: str, *, retryable: bool = True) -> None:
+        super().__init__(message)
+        self.retryable = retryable
 
 
 def bounded_snapshot(
@@ -48,7 +53,7 @@ def bounded_snapshot(
         state = engine_state(chat, snapshot, variant.context_tokens)
         pre_turn = engine.decide_before_turn(state, policy, user_tokens, opens_turn=opens_turn)
         if not pre_turn.fits:
-            raise ContextOverBound(too_big_message(opens_turn))
+            raise ContextOverBound(too_big_message(opens_turn), retryable=False)
         if pre_turn.fold is None:
             return snapshot
         outcome = fold_before_turn(
