@@ -97,6 +97,7 @@ MIDDLEWARE = [
     # The admin's and Swagger UI's files under any server: gunicorn serves none of its own.
     "conversations.middleware.StaticFilesMiddleware",
     "conversations.middleware.BodySizeLimitMiddleware",
+    "conversations.middleware.NulInUrlMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",

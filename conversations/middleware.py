@@ -1,6 +1,6 @@
 """Request body size limit: a body larger than CHATMEM_MAX_BODY_BYTES is refused with a JSON 413
-before anything reads it (Django's own limit would answer a bare 400). The health probes and
-Prometheus' scrape. Static files."""
+before anything reads it (Django's own limit would answer a bare 400). A NUL in the URL: a JSON
+400. The health probes and Prometheus' scrape. Static files."""
 
 import json
 import os
@@ -15,13 +15,32 @@ from conversations.health import healthz, readyz
 from conversations.metrics_endpoint import metrics_view
 
 
-def too_large_body(length: int, limit: int, path: str) -> dict[str, Any]:
+def error_body(message: str, code: str, path: str) -> dict[str, Any]:
     """In the error shape of the API the path is under (the OpenAI SDKs read /v1's)."""
-    message = f"The request body is {length} bytes; the limit is {limit} bytes."
     if path.startswith("/v1/"):
         error = {"message": message, "type": "invalid_request_error", "param": None}
-        return {"error": {**error, "code": "request_too_large"}}
-    return {"detail": message, "code": "request_too_large"}
+        return {"error": {**error, "code": code}}
+    return {"detail": message, "code": code}
+
+
+def too_large_body(length: int, limit: int, path: str) -> dict[str, Any]:
+    message = f"The request body is {length} bytes; the limit is {limit} bytes."
+    return error_body(message, "request_too_large", path)
+
+
+class NulInUrlMiddleware:
+    """PostgreSQL refuses NUL in text: a query value reaching a filter (the admin's list filters,
+    an API's) was a 500. No URL of chatmem's has a use for one."""
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        raw = request.META.get("QUERY_STRING", "")
+        if "\x00" in request.path or "\x00" in raw or "%00" in raw:
+            message = "The URL contains a NUL character (%00), which no parameter accepts."
+            return JsonResponse(error_body(message, "nul_in_url", request.path), status=400)
+        return self.get_response(request)
 
 
 class BodySizeLimitMiddleware:

@@ -560,3 +560,20 @@ def test_v1_a_chat_name_that_is_not_a_string_says_so(user: Any) -> None:
     error = response.json()["error"]
     assert error["param"] == "metadata.chatmem_chat_id" and "string" in error["message"]
     assert not Chat.objects.exists()
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "/admin/conversations/chat/?policy=%00",  # the admin's list filter: a DataError, a 500
+        "/admin/conversations/message/?q=a%00b",
+        "/api/v1/chats/?search=%00",
+        "/v1/models?x=%00",
+    ],
+)
+def test_a_nul_in_the_url_is_a_json_400(admin_client: Any, url: str) -> None:
+    response = admin_client.get(url)
+    assert response.status_code == 400
+    body = response.json()
+    code = body["error"]["code"] if url.startswith("/v1/") else body["code"]
+    assert code == "nul_in_url"
