@@ -240,3 +240,23 @@ def test_withheld_lines_go_under_open_items() -> None:
     assert with_withheld_lines("## Decisions\n- x", [2]).endswith(
         "\n\n## Open Items\n- message 2 withheld: the summarizer refused it"
     )
+
+
+@pytest.mark.django_db
+def test_turns_at_the_bound_still_answer_while_the_range_is_refused(
+    api: Any, use_fake_openai: FakeOpenAI
+) -> None:
+    """No background fold runs here: every turn past the bound folds first, its model fold is
+    refused, and the offline summarizer folds the range instead (turn_fold); the turn answers."""
+    use_fake_openai.refuse_summaries_containing(MARKER)
+    chat_id = int(api.post("/api/v1/chats/", {"policy": "contract"}, format="json").json()["id"])
+    for number in range(14):
+        content = f"{MARKER} turn {number}" if number == 1 else f"turn {number}"
+        response = api.post(f"/api/v1/chats/{chat_id}/turns/", {"content": content}, format="json")
+        assert response.status_code == 201, response.content
+    refused = Consolidation.objects.filter(chat_id=chat_id, synchronous=True, status="failed")
+    assert refused.exists() and {row.error_kind for row in refused} == {"request_refused"}
+    fallback = Consolidation.objects.filter(
+        chat_id=chat_id, trigger=engine.Trigger.HARD_BOUND_FALLBACK, status="succeeded"
+    )
+    assert fallback.exists()
