@@ -41,7 +41,8 @@ def commit_fold(
     withheld: Sequence[Withheld] = (),
 ) -> tuple[FoldOutcome, MemorySnapshot]:
     """``withheld``: messages of the range folded past without their content (an isolation's;
-    memory_worker.fold_isolation), recorded on the ledger row and added to the brief's list."""
+    memory_worker.fold_isolation), recorded on the ledger row and added to the brief's list.
+    ``decision.to_seq`` is where W moves (an isolation may stop short of the row's range)."""
     duration_ms = int((time.monotonic() - started) * 1000)
     summary_tokens = count_tokens(result.text)
     finished_at = timezone.now()
@@ -69,6 +70,8 @@ def commit_fold(
             "input_tokens": result.input_tokens,
             "output_tokens": result.output_tokens,
             "summarizer_calls": result.calls,
+            # The row's range as folded: an isolation may stop short of the one it started on.
+            "to_seq": decision.to_seq,
         },
     )
     if withheld:

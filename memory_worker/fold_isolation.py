@@ -3,13 +3,15 @@ messages): the refused range is halved (at turn boundaries while it holds severa
 piece summarized from the summary the pieces before it produced, and a refused piece halved
 again, until the single message the provider refuses is left; that message is withheld (the
 summarizer never sees it) and its placeholder line goes into the summary. The pieces are probes
-held in memory: the fold commits once, over the whole range, through the same fenced UPDATE as
-any fold (memory_worker.fold_commit), so W still moves only to the range's turn boundary."""
+held in memory: the fold commits once, over the whole range (or the part of it folded before
+the budget or the task's time ran out, up to a turn boundary), through the same fenced UPDATE as
+any fold (memory_worker.fold_commit), so W still moves only to a turn boundary."""
 
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from memory_worker import policy as engine
+from memory_worker.deadlines import time_for_a_chunk
 from memory_worker.retries import REFUSAL_KINDS
 from memory_worker.summarizers import (
     OPEN_ITEMS,
@@ -30,13 +32,15 @@ class Withheld:
 
 @dataclass(frozen=True)
 class Isolated:
-    result: SummaryResult  # the whole range's summary, its tokens and calls summed
+    result: SummaryResult  # the summary of the range up to to_seq, its tokens and calls summed
     withheld: tuple[Withheld, ...]
+    to_seq: int  # the range's last seq, or where the bisection stopped at a turn boundary
 
 
 class IsolationFailed(Exception):
-    """No summary for the range: the budget ran out, a piece failed some other way, or every
-    piece was refused (then no single message is the cause). ``error`` is the last failure."""
+    """No summary to commit: the budget or the time ran out before a turn boundary, a piece
+    failed some other way, or every piece was refused (then no single message is the cause).
+    ``error`` is the last failure."""
 
     def __init__(self, error: SummarizerError, calls: int) -> None:
         super().__init__(str(error))
@@ -45,21 +49,33 @@ class IsolationFailed(Exception):
 
 
 def isolate(
-    summarizer: Summarizer, summary: str, messages: Sequence[FoldMessage], refusal: SummarizerError
+    summarizer: Summarizer,
+    summary: str,
+    messages: Sequence[FoldMessage],
+    refusal: SummarizerError,
+    deadline: float | None = None,
 ) -> Isolated:
     """``messages`` (refused as a whole with ``refusal``) summarized onto ``summary`` in pieces;
-    at most ``policy.isolation_call_budget`` summarizer attempts."""
+    at most ``policy.isolation_call_budget`` summarizer attempts, none started that could not end
+    by ``deadline`` (deadlines.time_for_a_chunk). Stopped early, it returns what it folded if
+    that ends at a turn boundary: the rest is a later fold's."""
     budget = engine.isolation_call_budget(len(messages))
     pending = halves(messages) if len(messages) > 1 else [list(messages)]
     current = summary
     attempts = calls = input_tokens = output_tokens = 0
     withheld: list[Withheld] = []
     folded_any = False
+    done_to = 0  # the pieces go in seq order: everything up to this seq is folded or withheld
     last_error = refusal
     while pending:
         piece = pending.pop(0)
-        if attempts >= budget:
-            raise IsolationFailed(last_error, calls)
+        if attempts >= budget or not time_for_a_chunk(deadline):
+            # A prefix may be committed only up to a turn boundary, and only with something in
+            # it folded (a prefix of refusals alone proves nothing about single messages).
+            if not folded_any or piece[0].role != "user":
+                raise IsolationFailed(last_error, calls)
+            pending.clear()
+            break
         attempts += 1
         try:
             result = summarizer.summarize(current, piece)
@@ -70,6 +86,7 @@ def isolate(
                 raise IsolationFailed(error, calls) from error
             if len(piece) == 1:
                 withheld.append(Withheld(piece[0].seq, str(error)[:300]))
+                done_to = piece[0].seq
             else:
                 pending[:0] = halves(piece)
             continue
@@ -78,11 +95,12 @@ def isolate(
         output_tokens += result.output_tokens
         current = result.text
         folded_any = True
+        done_to = piece[-1].seq
     if not folded_any:
         raise IsolationFailed(last_error, calls)
     text = with_withheld_lines(current, [item.seq for item in withheld])
     result = SummaryResult(text, input_tokens, output_tokens, summarizer.name, calls)
-    return Isolated(result, tuple(withheld))
+    return Isolated(result, tuple(withheld), done_to)
 
 
 def halves(piece: Sequence[FoldMessage]) -> list[list[FoldMessage]]:

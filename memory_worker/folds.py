@@ -119,9 +119,12 @@ def execute_fold(
             now=now,
             synchronous=synchronous,
             due_at=due_at,
+            deadline=deadline,
         )
         if outcome.status != FoldResult.SUCCEEDED:
             return replace(outcome, decision=decision)
+        if outcome.cut_short:  # an isolation stopped inside the chunk: the rest is a later fold
+            return replace(outcome, decision=decision, more_due=True)
     more_due = still_due(chat, snapshot, now)
     return replace(outcome, decision=decision, more_due=more_due)
 
@@ -144,9 +147,11 @@ def fold_chunk(
     now: datetime,
     synchronous: bool,
     due_at: datetime | None,
+    deadline: float | None = None,
 ) -> tuple[FoldOutcome, MemorySnapshot]:
     """One summarizer call over ``batch`` (the chunk's messages) and its commit. Returns the
-    outcome and the snapshot as it stands after it (``snapshot`` unless it committed)."""
+    outcome and the snapshot as it stands after it (``snapshot`` unless it committed).
+    ``deadline``: when an isolation (fold_isolation) starts no more calls."""
     started = time.monotonic()
     ledger = Consolidation(
         chat=chat,
@@ -171,7 +176,15 @@ def fold_chunk(
         return FoldOutcome(FoldResult.NOTHING, chunk), snapshot
     try:
         return summarize_and_commit(
-            chat, snapshot, chunk, batch, summarizer, ledger, now=now, started=started
+            chat,
+            snapshot,
+            chunk,
+            batch,
+            summarizer,
+            ledger,
+            now=now,
+            started=started,
+            deadline=deadline,
         )
     except DATABASE_ERRORS as error:
         # The database failed under the fold (PostgreSQL restarting, the connection killed
@@ -192,6 +205,7 @@ def summarize_and_commit(
     *,
     now: datetime,
     started: float,
+    deadline: float | None = None,
 ) -> tuple[FoldOutcome, MemorySnapshot]:
     """The summarizer call, with no transaction open, then the commit (or the failure's record)
     of the chunk whose ledger row ``record_running`` wrote. A background fold whose range the
@@ -203,7 +217,16 @@ def summarize_and_commit(
         result = summarizer.summarize(snapshot.summary, messages)
     except SummarizerError as error:
         return fold_after_error(
-            chat, snapshot, chunk, messages, summarizer, ledger, error, now=now, started=started
+            chat,
+            snapshot,
+            chunk,
+            messages,
+            summarizer,
+            ledger,
+            error,
+            now=now,
+            started=started,
+            deadline=deadline,
         )
     except Exception as error:
         record_crash(chat, snapshot, ledger, error, now=now, started=started)
@@ -222,6 +245,7 @@ def fold_after_error(
     *,
     now: datetime,
     started: float,
+    deadline: float | None,
 ) -> tuple[FoldOutcome, MemorySnapshot]:
     """The chunk's summarizer call failed with ``error``: the failure recorded, unless it is a
     refusal due for isolation and the isolation folds the chunk."""
@@ -229,7 +253,7 @@ def fold_after_error(
     if error.kind in REFUSAL_KINDS and not ledger.synchronous:
         if engine.isolation_due(prior_refusals(chat.pk, snapshot.version, chunk.from_seq) + 1):
             try:
-                isolated = isolate(summarizer, snapshot.summary, messages, error)
+                isolated = isolate(summarizer, snapshot.summary, messages, error, deadline)
             except IsolationFailed as unisolated:
                 error, calls = unisolated.error, unisolated.calls + 1
             except Exception as crash:
@@ -238,16 +262,18 @@ def fold_after_error(
             else:
                 # The whole chunk's refused call counts too.
                 result = replace(isolated.result, calls=isolated.result.calls + 1)
-                return commit_fold(
+                folded = replace(chunk, to_seq=isolated.to_seq)
+                outcome, after = commit_fold(
                     chat,
                     snapshot,
-                    chunk,
+                    folded,
                     ledger,
                     result,
                     now=now,
                     started=started,
                     withheld=isolated.withheld,
                 )
+                return replace(outcome, cut_short=folded.to_seq < chunk.to_seq), after
         else:
             isolate_next = True
     plan = record_failure(

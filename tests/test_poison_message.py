@@ -3,6 +3,7 @@ no longer stops its chat's folds for good: after two refusals of the range, the 
 folds every other message and withholds the refused one, recorded on the ledger row, the brief
 and in the summary (docs/policies.md, poison messages)."""
 
+import time
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any
@@ -22,7 +23,7 @@ from memory_worker.invariants import chat_violations
 from memory_worker.locks import LocalChatLock
 from memory_worker.runs import consolidate_with_lock
 from memory_worker.summarizers import FoldMessage, SummarizerError, SummaryResult
-from tests.fake_openai import FakeOpenAI, last_user_text
+from tests.fake_openai import FakeOpenAI, last_user_text, summary_text
 
 MARKER = "FORBIDDEN-WORD"
 POISON_TURN = 3  # of TURNS: the user message of this turn holds the marker
@@ -260,3 +261,65 @@ def test_turns_at_the_bound_still_answer_while_the_range_is_refused(
         chat_id=chat_id, trigger=engine.Trigger.HARD_BOUND_FALLBACK, status="succeeded"
     )
     assert fallback.exists()
+
+
+class Slowing(Refusing):
+    """After ``in_time`` calls, no further call could end before any deadline."""
+
+    def __init__(self, refused: Sequence[int], in_time: int, settings: Any) -> None:
+        super().__init__(refused)
+        self.in_time, self.settings = in_time, settings
+        settings.MEMORY_LLM_TIMEOUT_SECONDS = 1
+
+    def summarize(self, current_summary: str, messages: Sequence[FoldMessage]) -> Any:
+        if self.attempts + 1 == self.in_time:
+            self.settings.MEMORY_LLM_TIMEOUT_SECONDS = 10**6
+        return super().summarize(current_summary, messages)
+
+
+def test_a_bisection_out_of_time_keeps_what_it_folded_up_to_a_turn_boundary(
+    settings: Any,
+) -> None:
+    summarizer = Slowing([12], 2, settings)
+    isolated = isolate(summarizer, "", conversation(16), REFUSED, time.monotonic() + 1000)
+    # [1..8] folded, [9..16] refused; its first half would have been the third call.
+    assert summarizer.attempts == 2
+    assert (isolated.to_seq, isolated.withheld) == (8, ())
+    assert isolated.result.text == " ".join(str(seq) for seq in range(1, 9))
+
+
+def test_a_bisection_out_of_time_inside_a_turn_commits_nothing(settings: Any) -> None:
+    # [1, 2] refused, then [1] folded; [2] (the turn's reply) would have been the third call.
+    summarizer = Slowing([2], 2, settings)
+    with pytest.raises(IsolationFailed):
+        isolate(summarizer, "", conversation(4), REFUSED, time.monotonic() + 1000)
+    assert summarizer.attempts == 2
+
+
+@pytest.mark.django_db
+def test_a_fold_whose_bisection_ran_out_of_time_commits_its_prefix_and_goes_on(
+    api: Any, use_fake_openai: FakeOpenAI, settings: Any
+) -> None:
+    chat_id, refused_seq = chat_with_a_refused_message(api, use_fake_openai)
+    accepted: list[int] = []
+
+    def summary(body: dict[str, Any]) -> str:
+        accepted.append(1)
+        if len(accepted) == 1:  # the task's time runs out after the first accepted piece
+            settings.MEMORY_LLM_TIMEOUT_SECONDS = 10**6
+        return summary_text(body, 300)
+
+    use_fake_openai.summary_fn = summary
+    assert consolidate_once(chat_id, RequestTrigger.MANUAL).status == "failed"
+    outcome = consolidate_once(chat_id, RequestTrigger.MANUAL, deadline=time.monotonic() + 10_000)
+    assert (outcome.status, outcome.more_due) == ("succeeded", True)
+    [row] = Consolidation.objects.filter(chat_id=chat_id, status="succeeded")
+    brief = Brief.objects.get(chat_id=chat_id)
+    assert row.to_seq == brief.last_consolidated < refused_seq
+    assert row.withheld_seqs == [] and chat_violations(chat_id) == []
+    settings.MEMORY_LLM_TIMEOUT_SECONDS = 5.0
+    for _ in range(2):  # the rest: refused once, then bisected
+        consolidate_once(chat_id, RequestTrigger.MANUAL)
+    brief = Brief.objects.get(chat_id=chat_id)
+    assert [item["seq"] for item in brief.withheld] == [refused_seq]
+    assert brief.last_consolidated > refused_seq and chat_violations(chat_id) == []
