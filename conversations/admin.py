@@ -87,6 +87,7 @@ class BriefInline(admin.StackedInline):
         "consecutive_failures",
         "next_attempt_at",
         "last_error",
+        "withheld",
     )
     fields = readonly_fields
 

@@ -100,6 +100,9 @@ class Brief(models.Model):
     degraded = models.BooleanField(default=False)
     next_attempt_at = models.DateTimeField(null=True, blank=True, db_index=True)
     last_error = models.TextField(blank=True)
+    # Messages folded past without their content (the summarizer refused them; docs/policies.md,
+    # poison messages): [{"seq", "reason"}, ...], oldest first. Their text stays in the history.
+    withheld = models.JSONField(default=list, blank=True)
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
@@ -140,6 +143,11 @@ class Consolidation(models.Model):
     finished_at = models.DateTimeField(null=True, blank=True)
     duration_ms = models.PositiveIntegerField(null=True, blank=True)
     error = models.TextField(blank=True)
+    # The summarizer's error kind of a failed attempt: consecutive refusals of one range start
+    # its bisection (memory_worker.fold_isolation).
+    error_kind = models.CharField(max_length=32, blank=True)
+    # Seqs of this fold's range it withheld from the summarizer (it refused them alone).
+    withheld_seqs = models.JSONField(default=list, blank=True)
     worker = models.CharField(max_length=200, blank=True)
 
     class Meta:

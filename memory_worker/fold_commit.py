@@ -5,7 +5,8 @@ what makes folding exactly-once."""
 
 import logging
 import time
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from datetime import datetime
 from functools import partial
 from typing import Any
@@ -17,6 +18,7 @@ from django.utils import timezone
 from conversations import rows
 from conversations.models import Brief, Chat, Consolidation, ConsolidationStatus
 from memory_worker import policy as engine
+from memory_worker.fold_isolation import Withheld
 from memory_worker.fold_ledger import lag_ms
 from memory_worker.outcomes import FoldOutcome, FoldResult
 from memory_worker.signals import messages_folded
@@ -36,7 +38,11 @@ def commit_fold(
     *,
     now: datetime,
     started: float,
+    withheld: Sequence[Withheld] = (),
 ) -> tuple[FoldOutcome, MemorySnapshot]:
+    """``withheld``: messages of the range folded past without their content (an isolation's;
+    memory_worker.fold_isolation), recorded on the ledger row and added to the brief's list.
+    ``decision.to_seq`` is where W moves (an isolation may stop short of the row's range)."""
     duration_ms = int((time.monotonic() - started) * 1000)
     summary_tokens = count_tokens(result.text)
     finished_at = timezone.now()
@@ -64,8 +70,12 @@ def commit_fold(
             "input_tokens": result.input_tokens,
             "output_tokens": result.output_tokens,
             "summarizer_calls": result.calls,
+            # The row's range as folded: an isolation may stop short of the one it started on.
+            "to_seq": decision.to_seq,
         },
     )
+    if withheld:
+        write = with_withheld(write, withheld)
     commit = commit_in_one_statement if connection.vendor == "postgresql" else commit_in_transaction
     committed = commit(write)
     status = FoldResult.SUCCEEDED if committed else FoldResult.SUPERSEDED
@@ -98,6 +108,7 @@ def commit_fold(
             "input_tokens": result.input_tokens,
             "output_tokens": result.output_tokens,
             "summarizer_calls": result.calls,
+            "withheld_seqs": [item.seq for item in withheld],
             "duration_ms": duration_ms,
             "lag_ms": lag_ms(ledger.due_at, finished_at),
             "outcome": str(status),
@@ -118,6 +129,22 @@ class FoldWrite:
     summary_tokens: int  # the new summary's
     brief_values: dict[str, Any]
     ledger_values: dict[str, Any]
+
+
+def with_withheld(write: FoldWrite, withheld: Sequence[Withheld]) -> FoldWrite:
+    """``write`` recording ``withheld`` too. The brief's list as of the version the fold read:
+    had another fold committed since, this one loses its fencing step and writes nothing."""
+    recorded = (
+        Brief.objects.filter(chat_id=write.chat_id, version=write.snapshot.version)
+        .values_list("withheld", flat=True)
+        .first()
+    )
+    added = [{"seq": item.seq, "reason": item.reason} for item in withheld]
+    return replace(
+        write,
+        brief_values={**write.brief_values, "withheld": [*(recorded or []), *added]},
+        ledger_values={**write.ledger_values, "withheld_seqs": [item.seq for item in withheld]},
+    )
 
 
 def commit_in_transaction(write: FoldWrite) -> bool:

@@ -21,9 +21,17 @@ from memory_worker.deadlines import time_for_a_chunk
 from memory_worker.dispatch import RequestTrigger
 from memory_worker.engine_state import Msg
 from memory_worker.fold_commit import commit_fold
+from memory_worker.fold_isolation import IsolationFailed, isolate
 from memory_worker.fold_ledger import WORKER_NAME, record_interrupted, record_running
 from memory_worker.outcomes import FoldOutcome, FoldResult
-from memory_worker.retries import CRASH_KIND, clear_failure_state, in_backoff, record_failure
+from memory_worker.retries import (
+    CRASH_KIND,
+    REFUSAL_KINDS,
+    clear_failure_state,
+    in_backoff,
+    prior_refusals,
+    record_failure,
+)
 from memory_worker.state import MemorySnapshot, engine_state, read_chat_and_snapshot
 from memory_worker.summarizers import FoldMessage, Summarizer, SummarizerError
 from memory_worker.turn_groups import split_for_summarizer
@@ -111,9 +119,12 @@ def execute_fold(
             now=now,
             synchronous=synchronous,
             due_at=due_at,
+            deadline=deadline,
         )
         if outcome.status != FoldResult.SUCCEEDED:
             return replace(outcome, decision=decision)
+        if outcome.cut_short:  # an isolation stopped inside the chunk: the rest is a later fold
+            return replace(outcome, decision=decision, more_due=True)
     more_due = still_due(chat, snapshot, now)
     return replace(outcome, decision=decision, more_due=more_due)
 
@@ -136,9 +147,11 @@ def fold_chunk(
     now: datetime,
     synchronous: bool,
     due_at: datetime | None,
+    deadline: float | None = None,
 ) -> tuple[FoldOutcome, MemorySnapshot]:
     """One summarizer call over ``batch`` (the chunk's messages) and its commit. Returns the
-    outcome and the snapshot as it stands after it (``snapshot`` unless it committed)."""
+    outcome and the snapshot as it stands after it (``snapshot`` unless it committed).
+    ``deadline``: when an isolation (fold_isolation) starts no more calls."""
     started = time.monotonic()
     ledger = Consolidation(
         chat=chat,
@@ -163,7 +176,15 @@ def fold_chunk(
         return FoldOutcome(FoldResult.NOTHING, chunk), snapshot
     try:
         return summarize_and_commit(
-            chat, snapshot, chunk, batch, summarizer, ledger, now=now, started=started
+            chat,
+            snapshot,
+            chunk,
+            batch,
+            summarizer,
+            ledger,
+            now=now,
+            started=started,
+            deadline=deadline,
         )
     except DATABASE_ERRORS as error:
         # The database failed under the fold (PostgreSQL restarting, the connection killed
@@ -184,35 +205,114 @@ def summarize_and_commit(
     *,
     now: datetime,
     started: float,
+    deadline: float | None = None,
 ) -> tuple[FoldOutcome, MemorySnapshot]:
     """The summarizer call, with no transaction open, then the commit (or the failure's record)
-    of the chunk whose ledger row ``record_running`` wrote."""
+    of the chunk whose ledger row ``record_running`` wrote. A background fold whose range the
+    summarizer has refused often enough (policy.isolation_due) is bisected in the same attempt
+    (memory_worker.fold_isolation); a turn's fold is not: it falls back to the offline
+    summarizer (memory_worker.turn_fold) and must not spend the turn's time on probes."""
+    messages = [FoldMessage(m.seq, m.role, m.content) for m in batch]
     try:
-        result = summarizer.summarize(
-            snapshot.summary, [FoldMessage(m.seq, m.role, m.content) for m in batch]
-        )
+        result = summarizer.summarize(snapshot.summary, messages)
     except SummarizerError as error:
-        plan = record_failure(
-            chat.pk, snapshot, ledger, error=str(error), kind=error.kind, now=now, started=started
-        )
-        failed = FoldOutcome(
-            FoldResult.FAILED,
+        return fold_after_error(
+            chat,
+            snapshot,
             chunk,
-            ledger.pk,
-            str(error),
-            error.transient,
-            error.kind,
-            plan.delay.total_seconds() if plan.fast_retry else None,
+            messages,
+            summarizer,
+            ledger,
+            error,
+            now=now,
+            started=started,
+            deadline=deadline,
         )
-        return failed, snapshot
     except Exception as error:
-        # Includes Celery's soft time limit: the ledger must not stay "running".
-        # The name only: the error's text may hold anything (SQL, a provider's account details),
-        # and the brief's last_error is shown to the chat's owner; the traceback goes to the log
-        # with the task's failure.
-        failure = f"{type(error).__name__} (crashed; see the worker's log)"
-        record_failure(
-            chat.pk, snapshot, ledger, error=failure, kind=CRASH_KIND, now=now, started=started
-        )
+        record_crash(chat, snapshot, ledger, error, now=now, started=started)
         raise
     return commit_fold(chat, snapshot, chunk, ledger, result, now=now, started=started)
+
+
+def fold_after_error(
+    chat: Chat,
+    snapshot: MemorySnapshot,
+    chunk: engine.Decision,
+    messages: list[FoldMessage],
+    summarizer: Summarizer,
+    ledger: Consolidation,
+    error: SummarizerError,
+    *,
+    now: datetime,
+    started: float,
+    deadline: float | None,
+) -> tuple[FoldOutcome, MemorySnapshot]:
+    """The chunk's summarizer call failed with ``error``: the failure recorded, unless it is a
+    refusal due for isolation and the isolation folds the chunk."""
+    isolate_next, calls = False, 0
+    if error.kind in REFUSAL_KINDS and not ledger.synchronous:
+        if engine.isolation_due(prior_refusals(chat.pk, snapshot.version, chunk.from_seq) + 1):
+            try:
+                isolated = isolate(summarizer, snapshot.summary, messages, error, deadline)
+            except IsolationFailed as unisolated:
+                error, calls = unisolated.error, unisolated.calls + 1
+            except Exception as crash:
+                record_crash(chat, snapshot, ledger, crash, now=now, started=started)
+                raise
+            else:
+                # The whole chunk's refused call counts too.
+                result = replace(isolated.result, calls=isolated.result.calls + 1)
+                folded = replace(chunk, to_seq=isolated.to_seq)
+                outcome, after = commit_fold(
+                    chat,
+                    snapshot,
+                    folded,
+                    ledger,
+                    result,
+                    now=now,
+                    started=started,
+                    withheld=isolated.withheld,
+                )
+                return replace(outcome, cut_short=folded.to_seq < chunk.to_seq), after
+        else:
+            isolate_next = True
+    plan = record_failure(
+        chat.pk,
+        snapshot,
+        ledger,
+        error=str(error),
+        kind=error.kind,
+        now=now,
+        started=started,
+        isolate_next=isolate_next,
+        calls=calls,
+    )
+    failed = FoldOutcome(
+        FoldResult.FAILED,
+        chunk,
+        ledger.pk,
+        str(error),
+        error.transient,
+        error.kind,
+        plan.delay.total_seconds() if plan.fast_retry else None,
+    )
+    return failed, snapshot
+
+
+def record_crash(
+    chat: Chat,
+    snapshot: MemorySnapshot,
+    ledger: Consolidation,
+    error: Exception,
+    *,
+    now: datetime,
+    started: float,
+) -> None:
+    """Anything else, Celery's soft time limit included: the ledger must not stay "running".
+    The name only: the error's text may hold anything (SQL, a provider's account details), and
+    the brief's last_error is shown to the chat's owner; the traceback goes to the log with the
+    task's failure."""
+    failure = f"{type(error).__name__} (crashed; see the worker's log)"
+    record_failure(
+        chat.pk, snapshot, ledger, error=failure, kind=CRASH_KIND, now=now, started=started
+    )

@@ -54,7 +54,12 @@ REJECTED = "rejected"  # exhausted quota, other 4xx: only a human (billing, conf
 INVALID_OUTPUT_KINDS = frozenset({"empty", "truncated", "refused", "over_cap", "malformed"})
 
 
-REJECTED_KINDS = frozenset({"quota", "client_error"})
+REJECTED_KINDS = frozenset({"quota", "client_error", "request_refused"})
+
+
+# The provider refused the request for what it holds, or the model refused to summarize it: one
+# message may be the cause, so repeated refusals of a range bisect it (fold_isolation).
+REFUSAL_KINDS = frozenset({"request_refused", "refused"})
 
 
 @dataclass(frozen=True)
@@ -74,7 +79,7 @@ def failure_class(kind: str) -> str:
     return TRANSIENT
 
 
-def retry_plan(kind: str, consecutive_failures: int) -> RetryPlan:
+def retry_plan(kind: str, consecutive_failures: int, isolate_next: bool = False) -> RetryPlan:
     """The retry policy for the ``consecutive_failures``-th failure in a row, of this kind.
 
     Transient: exponential backoff with jitter, and a fast retry queued by the worker until the
@@ -82,9 +87,18 @@ def retry_plan(kind: str, consecutive_failures: int) -> RetryPlan:
     retries, on the same ladder. Invalid output: the same input would likely fail the same way,
     so no fast retry, degraded at once, and the ladder starts where a degraded transient chat
     stands. Rejected: retrying cannot help before someone acts; degraded at once and one
-    attempt per maximum backoff. A manual consolidation always tries at once."""
+    attempt per maximum backoff. A manual consolidation always tries at once.
+
+    ``isolate_next``: a refusal whose next attempt bisects the range (policy.isolation_due). That
+    attempt can fix it, so it comes soon: a fast retry, and due by the next sweep."""
     degraded_after = settings.MEMORY_DEGRADED_AFTER_FAILURES
     klass = failure_class(kind)
+    if isolate_next:
+        # Half a sweep interval at most: jittered, it is still due by the next sweep.
+        soon = min(
+            settings.MEMORY_FAILURE_BACKOFF_SECONDS, settings.MEMORY_SWEEP_INTERVAL_SECONDS / 2
+        )
+        return RetryPlan(klass, _jittered(soon), degraded=False, fast_retry=True)
     if klass == TRANSIENT:
         degraded = consecutive_failures >= degraded_after
         return RetryPlan(klass, failure_backoff(consecutive_failures), degraded, not degraded)
@@ -147,18 +161,27 @@ def record_failure(
     kind: str,
     now: datetime,
     started: float,
+    isolate_next: bool = False,
+    calls: int = 0,  # an isolation's calls; else the row's default
 ) -> RetryPlan:
     Consolidation.objects.filter(pk=ledger.pk).update(
         status=ConsolidationStatus.FAILED,
         finished_at=timezone.now(),
         duration_ms=int((time.monotonic() - started) * 1000),
         error=error[:2000],
+        error_kind=kind[:32],
+        summarizer_calls=calls,
     )
-    return fail_brief(ledger, snapshot.version, error, kind, now)
+    return fail_brief(ledger, snapshot.version, error, kind, now, isolate_next)
 
 
 def fail_brief(
-    ledger: Consolidation, version: int, error: str, kind: str, now: datetime
+    ledger: Consolidation,
+    version: int,
+    error: str,
+    kind: str,
+    now: datetime,
+    isolate_next: bool = False,
 ) -> RetryPlan:
     """A failed attempt on the chat's brief: one more consecutive failure, the retry time, and
     degraded per the retry plan; and its log line. Filtered by the version the attempt read: if
@@ -182,7 +205,7 @@ def fail_brief(
         )
         # Not counted (another fold committed meanwhile): the plan only for the log line.
         failures = (count or 0) + (0 if current else 1)
-        plan = retry_plan(kind, failures)
+        plan = retry_plan(kind, failures, isolate_next)
         if current:
             # Guarded by the count this failure wrote: a newer failure's plan is not overwritten.
             Brief.objects.filter(
@@ -205,6 +228,26 @@ def fail_brief(
         },
     )
     return plan
+
+
+def prior_refusals(chat_id: int, version: int, from_seq: int) -> int:
+    """How many of the latest finished attempts at this summary version and range start, in a
+    row, the summarizer refused (REFUSAL_KINDS)."""
+    recent = (
+        Consolidation.objects.filter(chat_id=chat_id, base_version=version, from_seq=from_seq)
+        .exclude(status=ConsolidationStatus.RUNNING)
+        .order_by("-id")
+        .values_list("status", "error_kind")[:REFUSALS_LOOKED_AT]
+    )
+    count = 0
+    for status, kind in recent:
+        if status != ConsolidationStatus.FAILED or kind not in REFUSAL_KINDS:
+            break
+        count += 1
+    return count
+
+
+REFUSALS_LOOKED_AT = 10  # more than the policy ever asks for (policy.REFUSALS_BEFORE_ISOLATION)
 
 
 def clear_failure_state(chat_id: int, next_attempt_at: datetime) -> None:

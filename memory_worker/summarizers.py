@@ -65,8 +65,15 @@ class SummaryResult:
     calls: int = 1  # model calls it took: 2 after the stricter retry of an over-cap summary
 
 
-# The transport's kinds, and what makes a summary unusable.
-ErrorKind = Literal[TransportErrorKind, "empty", "truncated", "refused", "over_cap", "malformed"]
+# The transport's kinds, a request the provider refused for what it holds, and what makes a
+# summary unusable.
+ErrorKind = Literal[
+    TransportErrorKind, "request_refused", "empty", "truncated", "refused", "over_cap", "malformed"
+]
+
+# A 400 or 422 names the request itself (a content filter answers so), not the account or the
+# endpoint: retried with the same messages it fails again, but a part of them may pass.
+REFUSED_REQUEST_STATUSES = frozenset({400, 422})
 
 # Worth retrying with backoff: the same request may succeed later. Everything else (a rejected
 # request, an exhausted quota, an unusable summary) fails the same way again.
@@ -94,7 +101,9 @@ def error_from_openai(error: openai.OpenAIError) -> SummarizerError:
     """Classify an openai exception, so the retry plan retries only what may succeed later. The
     provider's message reaches the error (shown to the chat's owner) only for a refused
     request; the log has it always, redacted."""
-    kind = error_kind(error)
+    kind: ErrorKind = error_kind(error)
+    if isinstance(error, openai.APIStatusError) and error.status_code in REFUSED_REQUEST_STATUSES:
+        kind = "request_refused"
     label = f"summarizer {kind.replace('_', ' ')}"
     log.warning("%s: %s", label, describe_api_error(error), extra={"error_kind": kind})
     shown = describe_api_error(error, with_message=shows_provider_message(error))

@@ -73,6 +73,13 @@ HTTP_FAULTS: dict[str, tuple[int, str, str | None, str]] = {
     ),
     "500": (500, "server_error", None, "The server had an error processing your request (fake)."),
     "400": (400, "invalid_request_error", None, "Invalid request (fake)."),
+    # As a provider's content filter refuses a prompt.
+    "content_filter": (
+        400,
+        "invalid_request_error",
+        "content_filter",
+        "The prompt was rejected by the content filter (fake).",
+    ),
     # As OpenAI words it, echoing the key it was sent (masked).
     "401": (
         401,
@@ -475,6 +482,8 @@ class _FaultPlan:
     lock: threading.Lock = field(default_factory=threading.Lock)
     queues: dict[str, deque[str]] = field(default_factory=lambda: {k: deque() for k in KINDS})
     configs: dict[str, _FaultConfig] = field(default_factory=dict)
+    # Summarize requests holding any of these strings: refused by the content filter, always.
+    refused_markers: list[str] = field(default_factory=list)
 
     def set(self, kind: str, rate: float, faults: Iterable[str], seed: int | None) -> None:
         names = validate_faults(kind, faults)
@@ -493,10 +502,23 @@ class _FaultPlan:
             for key in KINDS if kind is None else (kind,):
                 self.queues[key].clear()
                 self.configs.pop(key, None)
+            if kind in (None, "summarize", "any"):
+                self.refused_markers.clear()
 
-    def draw(self, kind: str) -> str | None:
+    def refuse(self, markers: Iterable[str]) -> None:
+        with self.lock:
+            self.refused_markers.extend(markers)
+
+    def draw(self, kind: str, body: dict[str, Any] | None = None) -> str | None:
+        if kind == "summarize" and body is not None and self._refused(body):
+            return "content_filter"  # before the queues: a refusal consumes no queued fault
         fault = self._draw(kind)
         return None if fault == NO_FAULT else fault
+
+    def _refused(self, body: dict[str, Any]) -> bool:
+        with self.lock:
+            markers = list(self.refused_markers)
+        return any(marker in text for text in request_texts(body) for marker in markers)
 
     def _draw(self, kind: str) -> str | None:
         with self.lock:
@@ -895,6 +917,12 @@ class FakeOpenAI:
     def clear_faults(self, kind: str | None = None) -> None:
         self._faults.clear(kind)
 
+    def refuse_summaries_containing(self, *markers: str) -> None:
+        """Every summarize request whose text holds one of ``markers`` is answered 400 (the
+        ``content_filter`` fault), as a provider's content filter refuses a message, for as long
+        as the markers stay (``clear_faults()`` drops them)."""
+        self._faults.refuse(markers)
+
     # -- answering ---------------------------------------------------------------------------
 
     def _serve_model_request(self, handler: _Handler, path: str, body: dict[str, Any]) -> None:
@@ -904,7 +932,7 @@ class FakeOpenAI:
             self._recorder.record(kind, path, body, headers, "unauthorized")
             handler._send_unauthorized()
             return
-        fault = self._faults.draw(kind)
+        fault = self._faults.draw(kind, body)
         record = self._recorder.record(kind, path, body, headers, fault)
         self._recorder.enter()
         try:

@@ -70,11 +70,11 @@ def ask(client: openai.OpenAI, text: str = "hello there", **extra: Any) -> Any:
     return client.chat.completions.create(model="fake-chat", messages=messages, **extra)
 
 
-def summarize(client: openai.OpenAI) -> Any:
+def summarize(client: openai.OpenAI, fold_input: str = SUMMARIZER_INPUT) -> Any:
     """A summarizer call as chatmem's chat-completions summarizer backend makes it."""
     messages: list[ChatCompletionMessageParam] = [
         {"role": "system", "content": "Rewrite the summary."},
-        {"role": "user", "content": SUMMARIZER_INPUT},
+        {"role": "user", "content": fold_input},
     ]
     return client.chat.completions.create(model="fake-summarizer", messages=messages)
 
@@ -306,6 +306,7 @@ def test_models_list(client: openai.OpenAI) -> None:
         ("insufficient_quota", openai.RateLimitError, "insufficient_quota"),
         ("500", openai.InternalServerError, None),
         ("400", openai.BadRequestError, None),
+        ("content_filter", openai.BadRequestError, "content_filter"),
     ],
 )
 def test_http_faults_raise_sdk_errors(
@@ -323,6 +324,27 @@ def test_http_faults_raise_sdk_errors(
     assert raised.value.code == code
     assert server.requests[0].fault == fault
     assert server.counters()["faults"] == {fault: 1}
+
+
+def test_a_refused_marker_fails_only_the_summaries_holding_it(
+    server: FakeOpenAI, client: openai.OpenAI
+) -> None:
+    server.refuse_summaries_containing("FORBIDDEN-WORD")
+    server.queue_faults("summarize", ["500"])
+    poisoned = format_fold_input("", [FoldMessage(1, "user", "say FORBIDDEN-WORD twice")])
+
+    with pytest.raises(openai.BadRequestError) as refused:
+        summarize(client, poisoned)
+    # The queued fault is left for the next summary without the marker.
+    with pytest.raises(openai.InternalServerError):
+        summarize(client)
+    assert summarize(client).choices[0].message.content
+    assert ask(client, "chat about FORBIDDEN-WORD").choices[0].message.content  # a chat request
+
+    assert refused.value.code == "content_filter"
+    assert [r.fault for r in server.requests] == ["content_filter", "500", None, None]
+    server.clear_faults()
+    assert summarize(client, poisoned).choices[0].message.content
 
 
 def test_timeout_fault_times_the_client_out(server: FakeOpenAI) -> None:

@@ -19,8 +19,10 @@ from tests.conftest import contract_chat_after_turns
 
 # Faults of the fake model server (tests/fake_openai.py), by the class they must land in.
 TRANSIENT_FAULTS = ["429", "500", "timeout"]
-REJECTED_FAULTS = ["insufficient_quota", "400"]
-INVALID_FAULTS = ["empty", "truncated", "refusal"]
+REJECTED_FAULTS = ["insufficient_quota", "401"]
+INVALID_FAULTS = ["empty", "truncated"]
+# Refused for what the range holds: the next attempt bisects it (tests/test_poison_message.py).
+REFUSAL_FAULTS = ["400", "content_filter", "refusal"]
 
 
 @pytest.fixture
@@ -66,11 +68,19 @@ def test_jitter_spreads_retries(ladder) -> None:  # type: ignore[no-untyped-def]
     assert len(delays) > 1
 
 
-@pytest.mark.parametrize("kind", ["quota", "client_error"])
+@pytest.mark.parametrize("kind", ["quota", "client_error", "request_refused"])
 def test_rejected_requests_are_degraded_at_once_and_wait_the_longest(ladder, kind: str) -> None:  # type: ignore[no-untyped-def]
     plan = retries.retry_plan(kind, 1)
     assert (plan.failure_class, plan.degraded, plan.fast_retry) == ("rejected", True, False)
     assert 0.8 * 3600 <= seconds(plan) <= 1.2 * 3600
+
+
+@pytest.mark.parametrize("kind", ["request_refused", "refused"])
+def test_a_refusal_whose_next_attempt_bisects_comes_by_the_next_sweep(ladder, kind: str) -> None:  # type: ignore[no-untyped-def]
+    for failures in (1, 5):
+        plan = retries.retry_plan(kind, failures, isolate_next=True)
+        assert (plan.degraded, plan.fast_retry) == (False, True)
+        assert seconds(plan) < ladder.MEMORY_SWEEP_INTERVAL_SECONDS
 
 
 @pytest.mark.parametrize("kind", ["empty", "truncated", "refused", "over_cap"])
@@ -174,6 +184,24 @@ def test_non_transient_failure_is_not_retried_fast(
 
 
 @pytest.mark.django_db
+@pytest.mark.parametrize("fault", REFUSAL_FAULTS)
+def test_a_first_refusal_is_retried_soon_to_bisect_the_range(
+    api, use_fake_openai, ladder, monkeypatch, fault: str
+) -> None:  # type: ignore[no-untyped-def]
+    published = queued_retries(monkeypatch)
+    chat_id = chat_with_fold_due(api)
+    use_fake_openai.queue_faults("summarize", [fault])
+    before = timezone.now()
+    assert tasks.consolidate_chat(chat_id, "turn") == ["failed"]
+    assert len(published) == 1  # the worker's own retry
+    brief = Brief.objects.get(chat_id=chat_id)
+    assert (brief.consecutive_failures, brief.degraded) == (1, False)
+    assert brief.next_attempt_at is not None
+    waited = (brief.next_attempt_at - before).total_seconds()
+    assert waited < ladder.MEMORY_SWEEP_INTERVAL_SECONDS
+
+
+@pytest.mark.django_db
 def test_a_retry_delayed_past_half_the_visibility_timeout_is_left_to_the_sweep(
     api, use_fake_openai, ladder, monkeypatch
 ) -> None:  # type: ignore[no-untyped-def]
@@ -251,11 +279,11 @@ def test_two_failures_of_the_same_version_count_two(api, monkeypatch) -> None:  
     real = retries.retry_plan
     nested: list[int] = []
 
-    def retry_plan(kind: str, failures: int) -> retries.RetryPlan:
+    def retry_plan(kind: str, failures: int, isolate_next: bool = False) -> retries.RetryPlan:
         if not nested:  # the other failure lands between this one's read and its write
             nested.append(failures)
             retries.fail_brief(ledger, 0, "second", "timeout", now)
-        return real(kind, failures)
+        return real(kind, failures, isolate_next)
 
     monkeypatch.setattr(retries, "retry_plan", retry_plan)
     retries.fail_brief(ledger, 0, "first", "timeout", now)
@@ -311,7 +339,7 @@ def test_a_failed_manual_fold_does_not_leave_the_chat_degraded_for_ever(
     chat_id = api.post("/api/v1/chats/", body, format="json").json()["id"]
     for number in range(5):
         api.post(f"/api/v1/chats/{chat_id}/turns/", {"content": f"n{number}"}, format="json")
-    use_fake_openai.queue_faults("summarize", ["400"])
+    use_fake_openai.queue_faults("summarize", ["401"])
     assert folds.consolidate_once(chat_id, RequestTrigger.MANUAL).status == "failed"
     brief = Brief.objects.get(chat_id=chat_id)
     assert brief.degraded and brief.next_attempt_at is not None
@@ -323,4 +351,4 @@ def test_a_failed_manual_fold_does_not_leave_the_chat_degraded_for_ever(
     brief = Brief.objects.get(chat_id=chat_id)
     assert (brief.degraded, brief.next_attempt_at, brief.consecutive_failures) == (False, None, 0)
     assert chat_id not in sweep.sweep_candidates(now, lock, limit=10)
-    assert brief.last_consolidated == 0 and "400" in brief.last_error  # the failure is on record
+    assert brief.last_consolidated == 0 and "401" in brief.last_error  # the failure is on record

@@ -596,7 +596,7 @@ BAD_REQUEST = error_reply(400, "Invalid model", "invalid_request_error", "model_
         (QUOTA_EXHAUSTED, "quota", False),
         (SERVER_ERROR, "server_error", True),
         (OVERLOADED, "server_error", True),
-        (BAD_REQUEST, "client_error", False),
+        (BAD_REQUEST, "request_refused", False),
     ],
 )
 def test_chat_maps_http_errors(

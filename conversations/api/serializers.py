@@ -124,9 +124,18 @@ def turn_response_body(user_message: Message, assistant_message: Message) -> dic
     )
 
 
+class WithheldSerializer(serializers.Serializer):
+    """A message folded past without its content: the summarizer refused it (docs/policies.md,
+    poison messages). Its text stays in the chat's messages."""
+
+    seq = serializers.IntegerField()
+    reason = serializers.CharField()
+
+
 class BriefSerializer(serializers.ModelSerializer):
     unfolded = serializers.IntegerField(read_only=True)
     pending = serializers.BooleanField(read_only=True)
+    withheld = WithheldSerializer(many=True, read_only=True)
 
     class Meta:
         model = Brief
@@ -142,11 +151,14 @@ class BriefSerializer(serializers.ModelSerializer):
             "consecutive_failures",
             "next_attempt_at",
             "last_error",
+            "withheld",
         ]
         read_only_fields = fields
 
 
 class ConsolidationSerializer(serializers.ModelSerializer):
+    withheld_seqs = serializers.ListField(child=serializers.IntegerField(), read_only=True)
+
     class Meta:
         model = Consolidation
         fields = [
@@ -165,6 +177,7 @@ class ConsolidationSerializer(serializers.ModelSerializer):
             "finished_at",
             "duration_ms",
             "error",
+            "withheld_seqs",
         ]
         read_only_fields = fields
 
