@@ -11,7 +11,7 @@ COPY memory_worker ./memory_worker
 COPY manage.py gunicorn.conf.py ./
 # The admin's and Swagger UI's files, collected into STATIC_ROOT (/app/staticfiles) for WhiteNoise
 # to serve from gunicorn (conversations.middleware.StaticFilesMiddleware).
-RUN pip install --no-cache-dir ".[gevent]" && python manage.py collectstatic --noinput
+RUN pip install --no-cache-dir ".[gevent,o200k]" && python manage.py collectstatic --noinput
 RUN useradd --create-home chatmem
 USER chatmem
 EXPOSE 8000
