@@ -328,6 +328,10 @@ CELERY_BROKER_POOL_ACQUIRE_TIMEOUT = 2.0
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_TASK_PUBLISH_RETRY = False
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+# Beat touches "<schedule file>.alive" on each tick, and ticks at least once a minute: its
+# healthcheck (docker-compose.yml) calls a file older than a few ticks a hung beat.
+CELERY_BEAT_SCHEDULER = "chatmem_project.beat:LivenessScheduler"
+CELERY_BEAT_MAX_LOOP_INTERVAL = 60
 CELERY_BEAT_SCHEDULE = {
     "chatmem-sweep": {
         "task": "chatmem.sweep",

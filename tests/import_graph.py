@@ -26,6 +26,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "memory_worker.turn_groups",
             "memory_worker.text",
             "memory_worker.tokens",
+            "memory_worker.bundled_encodings",
         ),
     ),
     (

@@ -33,6 +33,7 @@ from conversations import admin as chat_admin
 from conversations import admin_filters
 from conversations.models import Brief, Chat, Consolidation, DailyNote, Message
 from conversations.services import chats as chat_service
+from conversations.variants import resolve_variant
 from memory_worker.chat_policy import effective_policy
 from memory_worker.dispatch import RequestTrigger
 from memory_worker.folds import consolidate_once
@@ -230,7 +231,8 @@ def test_a_chat_added_in_the_admin_takes_turns(staff: Client, user: Any, api: An
     assert response.status_code == 302, response.content.decode()[:2000]
     chat = Chat.objects.get(title="from the admin")
     assert Brief.objects.filter(chat=chat).exists()  # every turn reads it
-    assert chat.system_prompt_tokens == count_tokens("Answer in French.", None) > 0
+    model = resolve_variant(chat.model_variant).model  # counted as the chat's model counts
+    assert chat.system_prompt_tokens == count_tokens("Answer in French.", model) > 0
     turn = api.post(f"/api/v1/chats/{chat.pk}/turns/", {"content": "bonjour"}, format="json")
     assert turn.status_code == 201, turn.content
 
@@ -265,7 +267,8 @@ def test_an_edit_counts_the_new_prompt_and_keeps_the_turn_counter(user: Any, api
     chat_service.save_chat(stale)
     saved = Chat.objects.get(pk=chat.pk)
     assert saved.last_seq == 2  # not the 0 the stale instance held
-    assert saved.system_prompt_tokens == count_tokens(stale.system_prompt, None)
+    model = resolve_variant(saved.model_variant).model
+    assert saved.system_prompt_tokens == count_tokens(stale.system_prompt, model)
 
 
 def test_history_rows_cannot_be_deleted_one_by_one(staff: Client, user: Any, api: Any) -> None:

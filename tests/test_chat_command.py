@@ -163,3 +163,122 @@ def test_policy_with_an_existing_chat_is_refused_not_ignored() -> None:
         run_chat_on(io.StringIO("hi\n"), "--chat", str(chat.pk), "--policy", "sliding-window")
     chat.refresh_from_db()
     assert chat.policy == "contract" and not Message.objects.exists()
+
+
+def test_escape_sequences_and_control_characters_are_never_stored() -> None:
+    """Arrow keys went into the database when the terminal did not edit the line."""
+    err = io.StringIO()
+    call_command(
+        "chat", stdin=io.StringIO("abc\x1b[D\x1b[DX\x07\x9b\n"), stdout=io.StringIO(), stderr=err
+    )
+    assert Message.objects.get(role="user").content == "abcX"
+    assert "4 control character(s) or escape sequence(s) removed" in err.getvalue()
+
+
+def test_list_shows_the_users_chats_with_their_messages_and_last_activity() -> None:
+    run_chat(["one"], "--user", "ada")
+    run_chat(["two", "three"], "--user", "ada")
+    run_chat(["not hers"], "--user", "bob")
+    Chat.objects.filter(owner__username="ada", last_seq=2).update(title="first\x1b[31m")
+    out = io.StringIO()
+    call_command("chat", "--list", "--user", "ada", stdout=out)
+    header, *rows = out.getvalue().splitlines()
+    assert header.split() == ["id", "updated", "(UTC)", "messages", "title"]
+    newest, oldest = Chat.objects.filter(owner__username="ada").order_by("-pk")
+    assert [row.split()[0] for row in rows] == [str(newest.pk), str(oldest.pk)]
+    assert rows[0].split()[-2:] == ["4", "terminal"] and rows[1].split()[-2:] == ["2", "first"]
+    assert Message.objects.filter(chat__owner__username="ada").count() == 6
+    out = io.StringIO()
+    call_command("chat", "--list", "--user", "nobody", stdout=out)
+    assert out.getvalue() == "no chats for user nobody\n"
+    assert not get_user_model().objects.filter(username="nobody").exists()
+    with pytest.raises(CommandError, match="--list takes only --user"):
+        call_command("chat", "--list", "--chat", str(newest.pk), stdout=io.StringIO())
+
+
+def test_logs_go_to_the_log_file_while_the_user_types(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    """A fold's log line printed into the middle of the prompt."""
+    import logging
+
+    from conversations.management.terminal import logs_to_file
+
+    logger = logging.getLogger("chatmem.test_terminal")
+    handler = logging.StreamHandler()  # sys.stderr, as the settings' console handler
+    logger.addHandler(handler)
+    try:
+        with logs_to_file(tmp_path / "chat.log"):
+            logger.warning("fold finished")
+        logger.warning("after the session")
+    finally:
+        logger.removeHandler(handler)
+    assert (tmp_path / "chat.log").read_text() == "fold finished\n"
+    assert capsys.readouterr().err == "after the session\n"
+
+
+def read_until(fd: int, needle: bytes, seen: bytearray, start: int, timeout: float = 60) -> int:
+    """Reads the pty into ``seen`` until ``needle`` appears at or after ``start``; where it
+    ends."""
+    import os
+    import select
+    import time
+
+    deadline = time.monotonic() + timeout
+    while needle not in seen[start:]:
+        remaining = deadline - time.monotonic()
+        assert remaining > 0, f"no {needle!r} in {bytes(seen[start:])!r}"
+        ready, _, _ = select.select([fd], [], [], min(remaining, 0.5))
+        if ready:
+            try:
+                chunk = os.read(fd, 4096)
+            except OSError:  # EIO: the command exited and closed the terminal
+                chunk = b""
+            assert chunk, f"the command ended before {needle!r}: {bytes(seen[start:])!r}"
+            seen += chunk
+    return seen.index(needle, start) + len(needle)
+
+
+def test_on_a_terminal_arrow_keys_and_ctrl_a_edit_the_line_and_up_recalls_it(
+    require_postgres, tmp_path
+) -> None:  # type: ignore[no-untyped-def]
+    """`manage.py chat` on a real terminal (a pty): the stored message is the edited text."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.workers import ROOT, test_database_url
+
+    env = {
+        key: value
+        for key, value in os.environ.items()
+        if not key.startswith(("OPENAI_", "REDIS_URL", "CHAT_BACKEND"))
+    }
+    env.update(DATABASE_URL=test_database_url(), TERM="xterm", MEMORY_DISPATCH="off")
+    primary, secondary = os.openpty()
+    process = subprocess.Popen(
+        [sys.executable, "manage.py", "chat", "--user", "tty", "--log-file", str(tmp_path / "log")],
+        cwd=ROOT,
+        env=env,
+        stdin=secondary,
+        stdout=secondary,
+        stderr=secondary,
+        start_new_session=True,
+    )
+    os.close(secondary)
+    seen = bytearray()
+    try:
+        at = read_until(primary, b"you> ", seen, 0)
+        assert b"(logs of this session:" in seen  # the terminal was recognised
+        left, up, ctrl_a = b"\x1b[D", b"\x1b[A", b"\x01"
+        os.write(primary, b"abc" + left + left + b"X" + ctrl_a + b"Y\r")
+        at = read_until(primary, b"you> ", seen, read_until(primary, b"assistant> ", seen, at))
+        os.write(primary, up + b"!\r")  # the previous line, recalled and extended
+        read_until(primary, b"you> ", seen, read_until(primary, b"assistant> ", seen, at))
+        os.write(primary, b"\x04")  # Ctrl-D: end of input
+        assert process.wait(timeout=60) == 0, bytes(seen)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(timeout=10)
+        os.close(primary)
+    typed = Message.objects.filter(role="user").order_by("seq").values_list("content", flat=True)
+    assert list(typed) == ["YaXbc", "YaXbc!"]

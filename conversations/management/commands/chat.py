@@ -1,19 +1,25 @@
 """A terminal client: hold a conversation with chatmem without curl.
 
-    python manage.py chat [--chat ID] [--policy NAME] [--user USERNAME]
+    python manage.py chat [--chat ID] [--policy NAME] [--user USERNAME] [--log-file PATH]
+    python manage.py chat --list [--user USERNAME]
 
 Each line you type is a turn (the same service the API's turn endpoint calls). Commands:
 ``/brief`` (the memory summary and watermark), ``/context`` (exactly what the model receives
 next), ``/help``, ``/quit`` (or end of input, or Ctrl-C: each ends the session with status 0, or
-1 when every turn of the session failed)."""
+1 when every turn of the session failed). On a terminal, lines are edited with readline (arrow
+keys, Ctrl-A/E, Up for the session's earlier lines) and logs go to ``--log-file``, not the
+prompt; escape sequences and control characters are never stored."""
 
 from __future__ import annotations
 
 import io
 import json
 import sys
+import tempfile
 from argparse import ArgumentParser
-from typing import Any, TextIO
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Any
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
@@ -22,6 +28,7 @@ from django.db import transaction
 
 from conversations.api.parsers import unstorable
 from conversations.llm import ModelError
+from conversations.management.terminal import LineReader, logs_to_file, printable
 from conversations.management.usernames import checked_username, find_user
 from conversations.models import Chat
 from conversations.services import chats as chat_service
@@ -32,6 +39,7 @@ from conversations.variants import UnknownVariant
 from memory_worker.presets import PolicyError
 
 HELP = "Type a message, or /brief, /context, /help, /quit."
+PROMPT = "you> "
 
 
 class Command(BaseCommand):
@@ -42,12 +50,28 @@ class Command(BaseCommand):
         parser.add_argument("--chat", type=int, help="continue this chat (default: a new one)")
         parser.add_argument("--policy", help="memory policy of a new chat (default: the default)")
         parser.add_argument("--user", default="cli", help="owner (created if missing)")
+        parser.add_argument("--list", action="store_true", help="list the user's chats and exit")
+        parser.add_argument(
+            "--log-file",
+            type=Path,
+            default=Path(tempfile.gettempdir()) / "chatmem-chat.log",
+            help="where logs go while you type on a terminal (default: %(default)s)",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
+        if options["list"]:
+            if options["chat"] is not None or options["policy"] is not None:
+                raise CommandError("--list takes only --user; drop --chat and --policy")
+            self.list_chats(options["user"])
+            return
         chat = self.open_chat(options["user"], options["chat"], options["policy"])
         self.stdout.write(f"chat {chat.pk} (policy {chat.policy}). {HELP}")
         self.failed_turns = self.stored_turns = 0
         stdin = options.get("stdin") or sys.stdin
+        reader = LineReader(stdin)
+        if reader.interactive:
+            self.stdout.write(f"(logs of this session: {options['log_file']})")
+        logs = logs_to_file(options["log_file"]) if reader.interactive else nullcontext()
         # Under a UTF-8 locale, a byte that is not UTF-8 raised UnicodeDecodeError at the prompt
         # and lost the rest of the input; escaped (a lone surrogate), turn() refuses its line.
         reset = stdin if stdin is sys.stdin and isinstance(stdin, io.TextIOWrapper) else None
@@ -56,7 +80,8 @@ class Command(BaseCommand):
         else:
             reset = None
         try:
-            self.loop(chat, stdin)
+            with logs:
+                self.loop(chat, reader)
         except KeyboardInterrupt:  # Ctrl-C, at the prompt or during a turn: as /quit
             self.stdout.write("")
         finally:
@@ -91,15 +116,35 @@ class Command(BaseCommand):
         except (PolicyError, UnknownVariant) as error:
             raise CommandError(str(error)) from error
 
-    def loop(self, chat: Chat, stdin: TextIO) -> None:
+    def list_chats(self, username: str) -> None:
+        user = find_user(username)
+        listed = [] if user is None else chat_service.chats_of(user)
+        if not listed:
+            self.stdout.write(f"no chats for user {username}")
+            return
+        self.stdout.write(f"{'id':>6}  {'updated (UTC)':<16}  {'messages':>8}  title")
+        for listing in listed:
+            updated = listing.last_activity.strftime("%Y-%m-%d %H:%M")
+            title, _ = printable(listing.title)
+            self.stdout.write(f"{listing.id:>6}  {updated:<16}  {listing.messages:>8}  {title}")
+
+    def loop(self, chat: Chat, reader: LineReader) -> None:
         while True:
-            self.stdout.write("you> ", ending="")
-            self.stdout.flush()
-            line = stdin.readline()
-            if not line or line.strip() == "/quit":
+            if not reader.interactive:
+                self.stdout.write(PROMPT, ending="")
+                self.stdout.flush()
+            line = reader.read(PROMPT)
+            text, removed = printable(line or "")
+            text = text.strip()
+            if line is None or text == "/quit":
                 self.stdout.write("")
                 return
-            self.handle_line(chat, line.strip())
+            if removed and text and not text.startswith("/"):
+                self.stderr.write(
+                    f"note: {removed} control character(s) or escape sequence(s) removed "
+                    "from the message"
+                )
+            self.handle_line(chat, text)
 
     def handle_line(self, chat: Chat, line: str) -> None:
         if not line:

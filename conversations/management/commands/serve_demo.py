@@ -70,4 +70,8 @@ def admin_login(user: Any, created: bool) -> str:
         return f"user {name}, password {DEMO_PASSWORD}"
     if not user.is_staff:
         return f"user {name} existed before and is not staff: use createsuperuser"
-    return f"user {name} existed before: its own password"
+    # The demo password is a constant, so whether it still opens the account is knowable: a
+    # second run said "its own password" of a user still on the one printed the first time.
+    if user.check_password(DEMO_PASSWORD):
+        return f"user {name}, password {DEMO_PASSWORD} (unchanged since the first run)"
+    return f"user {name} existed before, with a password of its own (not {DEMO_PASSWORD})"
