@@ -336,18 +336,3 @@ def test_workers_healthcheck_answers_for_a_running_worker_only(db: None, redis_u
         assert healthcheck("no-such-container") != 0
     finally:
         worker.stop()
-
-
-def test_the_image_counts_the_default_model_with_o200k_from_litellms_wheel() -> None:
-    """The image had no o200k_base ranks, so the default model was counted with cl100k."""
-    dockerfile = (ROOT / "Dockerfile").read_text()
-    directory = re.search(r"^ENV TIKTOKEN_RANKS_DIR=(\S+)$", dockerfile, re.M)
-    assert directory is not None
-    step = dockerfile[dockerfile.index("RUN pip download") :].split("\nRUN ")[0]
-    assert '"litellm==' in step and "--no-deps" in step
-    assert (
-        'python -m memory_worker.bundled_encodings /tmp/litellm/litellm-*.whl "$TIKTOKEN_RANKS_DIR"'
-        in step
-    )
-    # After the install: the module's imports (tiktoken) are there when it runs.
-    assert dockerfile.index("RUN pip install") < dockerfile.index("RUN pip download")

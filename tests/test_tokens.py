@@ -3,8 +3,9 @@
 
 import hashlib
 import logging
+import shutil
 import socket
-import zipfile
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -79,7 +80,7 @@ def test_a_bundled_copy_that_fails_tiktokens_hash_is_not_used(
     assert "Hash mismatch" in caplog.text
 
 
-def test_without_the_o200k_extra_o200k_models_fall_back_to_cl100k(
+def test_without_the_shipped_ranks_o200k_models_fall_back_to_cl100k(
     no_network: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(bundled_encodings, "cache_directories", lambda: [])
@@ -87,24 +88,25 @@ def test_without_the_o200k_extra_o200k_models_fall_back_to_cl100k(
     assert count_tokens("hello world", "gpt-4o-mini") == 2
 
 
-def test_ranks_in_tiktoken_ranks_dir_are_used_without_litellm(
-    no_network: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("cache_name", [False, True], ids=["url-name", "tiktoken-cache-name"])
+def test_ranks_in_tiktoken_ranks_dir_come_first(
+    no_network: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cache_name: bool
 ) -> None:
-    """The Docker image extracts litellm's cache files there instead of installing litellm."""
-    (installed,) = bundled_encodings.cache_directories()  # the o200k extra, in the test extras
     url = "https://openaipublic.blob.core.windows.net/encodings/o200k_base.tiktoken"
-    name = hashlib.sha1(url.encode()).hexdigest()
-    wheel = tmp_path / "litellm-1-py3-none-any.whl"
-    with zipfile.ZipFile(wheel, "w") as archive:
-        archive.write(installed / name, f"litellm/litellm_core_utils/tokenizers/{name}")
-        archive.writestr("litellm/litellm_core_utils/tokenizers/anthropic_tokenizer.json", "{}")
-        archive.writestr("litellm/__init__.py", "")
-    assert bundled_encodings.extract_cache_files(wheel, tmp_path / "cache") == [name]
-    monkeypatch.setattr(bundled_encodings, "PACKAGES", ())
-    monkeypatch.setenv("TIKTOKEN_RANKS_DIR", str(tmp_path / "cache"))
-    assert bundled_encodings.cache_directories() == [tmp_path / "cache"]
-    assert encoding_name("gpt-4o-mini") == "o200k_base_offline"
-    assert count_tokens("Summaries are rewritten, état, 日本語", "gpt-4o-mini") == 9
+    name = hashlib.sha1(url.encode()).hexdigest() if cache_name else "o200k_base.tiktoken"
+    shutil.copy(bundled_encodings.SHIPPED / "o200k_base.tiktoken", tmp_path / name)
+    monkeypatch.setenv("TIKTOKEN_RANKS_DIR", str(tmp_path))
+    assert bundled_encodings.cache_directories() == [tmp_path, bundled_encodings.SHIPPED]
+    monkeypatch.setattr(bundled_encodings, "SHIPPED", tmp_path / "absent")
+    assert bundled_encodings.build.__wrapped__("o200k_base").name == "o200k_base_offline"
+
+
+def test_the_package_ships_the_ranks() -> None:
+    """Installed (pip install .), not only in a checkout: the default model's counts."""
+    pyproject = tomllib.loads((bundled_encodings.SHIPPED.parents[1] / "pyproject.toml").read_text())
+    data = pyproject["tool"]["setuptools"]["package-data"]["memory_worker"]
+    assert "encodings/*.tiktoken" in data
+    assert (bundled_encodings.SHIPPED / "o200k_base.tiktoken").is_file()
 
 
 def test_an_encoding_built_from_other_definitions_is_never_downloaded(no_network: None) -> None:
