@@ -100,6 +100,13 @@ class Brief(models.Model):
     degraded = models.BooleanField(default=False)
     next_attempt_at = models.DateTimeField(null=True, blank=True, db_index=True)
     last_error = models.TextField(blank=True)
+    # The error kind of the failure in last_error, until a model fold commits: a retry after an
+    # invalid summary asks with the stricter prompt.
+    failure_kind = models.CharField(max_length=32, blank=True)
+    # Set while the summary is the offline summarizer's fallback (since the first such fold, and
+    # why); the next model fold clears both.
+    fallback_since = models.DateTimeField(null=True, blank=True)
+    fallback_reason = models.TextField(blank=True)
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:

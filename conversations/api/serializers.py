@@ -142,6 +142,8 @@ class BriefSerializer(serializers.ModelSerializer):
             "consecutive_failures",
             "next_attempt_at",
             "last_error",
+            "fallback_since",
+            "fallback_reason",
         ]
         read_only_fields = fields
 
