@@ -14,8 +14,11 @@ from conversations.models import Brief, Consolidation
 from memory_worker import folds, outcomes, retries, summarizers, sweep, tasks
 from memory_worker.backends import _summarizer, get_summarizer
 from memory_worker.dispatch import RequestTrigger
+from memory_worker.runs import request_consolidation
 from memory_worker.summarizers import TRANSIENT_KINDS, ErrorKind
+from tests import test_worker_faults as worker_faults
 from tests.conftest import contract_chat_after_turns
+from tests.workers import Worker, wait_until
 
 # Faults of the fake model server (tests/fake_openai.py), by the class they must land in.
 TRANSIENT_FAULTS = ["429", "500", "timeout"]
@@ -220,6 +223,32 @@ def test_one_invalid_summary_is_retried_in_seconds_with_the_stricter_prompt(
     assert (brief.degraded, brief.consecutive_failures, brief.failure_kind) == (False, 0, "")
     # The next fold asks as usual again.
     assert "previous answer" not in summarizers.summary_instructions(500)
+
+
+@pytest.mark.postgres
+@pytest.mark.redis
+@pytest.mark.worker
+def test_a_worker_folds_in_seconds_after_one_empty_summary(
+    require_postgres, broker, settings, user, use_fake_openai
+) -> None:  # type: ignore[no-untyped-def]
+    """The fast retry is the worker's own delayed task: no sweep, no turn needed."""
+    use_fake_openai.queue_faults("summarize", ["empty"])
+    chat_id = worker_faults.chat_with_fold_due(user, settings)
+    env = {**worker_faults.model_env(use_fake_openai), "MEMORY_INVALID_OUTPUT_RETRY_SECONDS": "1"}
+    worker = Worker(broker, "fast-retry", env=env)
+    try:
+        worker.wait_ready()
+        assert request_consolidation(chat_id, RequestTrigger.TURN)
+        folded = wait_until(
+            lambda: Brief.objects.get(chat_id=chat_id).last_consolidated > 0, timeout=30
+        )
+        assert folded, worker.log()
+    finally:
+        worker.stop()
+    assert ledger_rows(chat_id) == [("failed", "overflow"), ("succeeded", "overflow")]
+    assert "previous answer" in system_prompts(use_fake_openai)[1]
+    brief = Brief.objects.get(chat_id=chat_id)
+    assert (brief.consecutive_failures, brief.degraded, brief.failure_kind) == (0, False, "")
 
 
 @pytest.mark.django_db
