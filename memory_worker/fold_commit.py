@@ -116,12 +116,14 @@ def summary_source_values(
 ) -> dict[str, Any]:
     """A model fold ends the failure state and the fallback. A fallback fold marks the summary
     as the offline summarizer's (since its first such fold: the fence makes the snapshot's
-    value the brief's) and leaves the failure state alone: the model summarizer still fails,
-    and its backoff and degraded flag still say so."""
+    value the brief's) and keeps the failure count, degraded flag and error: the model
+    summarizer still fails. Its retry time goes, as the range is folded: the next fold due
+    asks the model first, so memory keeps its rhythm and catches the model's recovery."""
     if fallback_reason:
         return {
             "fallback_since": snapshot.fallback_since or now,
             "fallback_reason": fallback_reason[:2000],
+            "next_attempt_at": None,
         }
     return {
         "consecutive_failures": 0,

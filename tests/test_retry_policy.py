@@ -306,8 +306,9 @@ def test_a_background_fold_falls_back_once_no_fast_retry_is_left_and_the_brief_s
     brief = Brief.objects.get(chat_id=chat_id)
     assert brief.last_consolidated == fallback.to_seq and brief.summary
     assert brief.fallback_since is not None and brief.fallback_reason.startswith("summarizer")
-    # The model summarizer still fails: the brief keeps saying so, and turn triggers back off.
-    assert (brief.degraded, brief.consecutive_failures) == (True, 2)
+    # The model summarizer still fails: the brief keeps saying so; the range is folded, so no
+    # retry waits, and the next fold due asks the model first.
+    assert (brief.degraded, brief.consecutive_failures, brief.next_attempt_at) == (True, 2, None)
     shown = api.get(f"/api/v1/chats/{chat_id}/brief/").json()
     assert shown["fallback_since"] is not None and shown["fallback_reason"]
     # The next model fold rewrites the fallback summary and ends both states.

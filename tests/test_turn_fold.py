@@ -245,7 +245,6 @@ def test_with_the_background_fallback_the_worker_folds_offline_and_recovers(
         brief = Brief.objects.get(chat_id=chat_id)
         assert brief.fallback_since is not None and brief.degraded
         use_fake_openai.clear_faults("summarize")
-        Brief.objects.filter(chat_id=chat_id).update(next_attempt_at=None)  # backoff over
         for number in range(6):
             assert post_turn(user, chat_id, f"recovered {number}").status_code == 201
         assert wait_until(
