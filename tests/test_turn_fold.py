@@ -14,6 +14,7 @@ from django.db import connection
 from conversations.models import Brief, Consolidation, Message
 from memory_worker import turn_fold
 from memory_worker.dispatch import RequestTrigger, mark_queued
+from memory_worker.invariants import chat_violations
 from memory_worker.policy import Trigger
 from memory_worker.runs import request_consolidation
 from memory_worker.runtime import chat_lock
@@ -208,6 +209,7 @@ def test_a_summarizer_failing_every_call_never_fails_a_turn_and_recovers(
     assert (brief.fallback_reason, brief.degraded, brief.last_error) == ("", False, "")
     assert brief.summary != fallback_summary and brief.last_consolidated == last.to_seq
     assert all(context_within_contract_bound(r) for r in use_fake_openai.chat_requests())
+    assert chat_violations(chat_id) == []  # the ledger's commits, fallbacks too, cover 1..W once
 
 
 def test_with_the_background_fallback_the_worker_folds_offline_and_recovers(
