@@ -430,6 +430,12 @@ MEMORY_DISPATCH = env("MEMORY_DISPATCH", default="") or ("celery" if REDIS_URL e
 MEMORY_FAILURE_BACKOFF_SECONDS = env_float("MEMORY_FAILURE_BACKOFF_SECONDS", 30.0)
 MEMORY_FAILURE_BACKOFF_MAX_SECONDS = env_float("MEMORY_FAILURE_BACKOFF_MAX_SECONDS", 3600.0)
 MEMORY_DEGRADED_AFTER_FAILURES = env_int("MEMORY_DEGRADED_AFTER_FAILURES", 3)
+# The first invalid summary (empty, cut off, not a summary) of a streak is retried this soon,
+# with the stricter prompt; only a repeat climbs the backoff ladder.
+MEMORY_INVALID_OUTPUT_RETRY_SECONDS = env_float("MEMORY_INVALID_OUTPUT_RETRY_SECONDS", 5.0)
+# "offline": a background fold the model summarizer failed, with no fast retry left, commits the
+# offline summarizer's summary instead (a fallback, until the next model fold). Empty: off.
+MEMORY_SUMMARIZER_FALLBACK = env("MEMORY_SUMMARIZER_FALLBACK", default="").strip()
 # The sweep only looks at chats whose last fold is at least this old (the shortest cooldown).
 MEMORY_SWEEP_MIN_COOLDOWN_SECONDS = env_float("MEMORY_SWEEP_MIN_COOLDOWN_SECONDS", 60.0)
 MEMORY_SWEEP_BATCH = env_int("MEMORY_SWEEP_BATCH", 500)

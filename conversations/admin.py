@@ -88,6 +88,8 @@ class BriefInline(admin.StackedInline):
         "next_attempt_at",
         "last_error",
         "withheld",
+        "fallback_since",
+        "fallback_reason",
     )
     fields = readonly_fields
 
@@ -341,8 +343,15 @@ class ConsolidationAdmin(ReadOnlyAdmin):
 
 @admin.register(Brief)
 class BriefAdmin(ReadOnlyAdmin):
-    list_display = ["chat", "last_consolidated", "version", "degraded", "next_attempt_at"]
-    list_filter = ["degraded"]
+    list_display = [
+        "chat",
+        "last_consolidated",
+        "version",
+        "degraded",
+        "next_attempt_at",
+        "fallback_since",
+    ]
+    list_filter = ["degraded", ("fallback_since", admin.EmptyFieldListFilter)]
 
 
 class ChatOwnerAdmin(UserAdmin):

@@ -103,6 +103,13 @@ class Brief(models.Model):
     # Messages folded past without their content (the summarizer refused them; docs/policies.md,
     # poison messages): [{"seq", "reason"}, ...], oldest first. Their text stays in the history.
     withheld = models.JSONField(default=list, blank=True)
+    # The error kind of the failure in last_error, until a model fold commits: a retry after an
+    # invalid summary asks with the stricter prompt.
+    failure_kind = models.CharField(max_length=32, blank=True)
+    # Set while the summary is the offline summarizer's fallback (since the first such fold, and
+    # why); the next model fold clears both.
+    fallback_since = models.DateTimeField(null=True, blank=True)
+    fallback_reason = models.TextField(blank=True)
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:

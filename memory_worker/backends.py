@@ -31,6 +31,7 @@ def _summarizer(
     timeout: float,
     prompt_id: str,
     prompt_version: str | None,
+    strict: bool,
 ) -> Summarizer:
     if backend == "offline":
         return OfflineSummarizer(cap_tokens=cap)
@@ -49,17 +50,30 @@ def _summarizer(
             cap_tokens=cap,
             timeout=timeout,
         )
-    return ChatCompletionsSummarizer(client, model=model, cap_tokens=cap, timeout=timeout)
+    return ChatCompletionsSummarizer(
+        client, model=model, cap_tokens=cap, timeout=timeout, strict=strict
+    )
 
 
 def offline_summarizer(cap_tokens: int) -> Summarizer:
-    """The fallback of a turn whose fold the configured summarizer failed (DESIGN §1.2)."""
+    """The fallback of a turn whose fold the configured summarizer failed (DESIGN §1.2), and of
+    a background fold with MEMORY_SUMMARIZER_FALLBACK=offline."""
     return OfflineSummarizer(cap_tokens=cap_tokens)
 
 
 def get_summarizer(cap_tokens: int | None = None) -> Summarizer:
     """``cap_tokens``: the chat's summary cap (its policy's ``summary_token_cap``, which a chat
     may override); MEMORY_SUMMARY_TOKEN_CAP when not given."""
+    return _configured(cap_tokens, strict=False)
+
+
+def stricter_summarizer(cap_tokens: int | None = None) -> Summarizer:
+    """``get_summarizer`` with the stricter prompt, for the retry after an invalid summary (a
+    hosted prompt's instructions are the operator's, and the offline summarizer needs none)."""
+    return _configured(cap_tokens, strict=True)
+
+
+def _configured(cap_tokens: int | None, *, strict: bool) -> Summarizer:
     return _summarizer(
         summarizer_backend_name(),
         settings.OPENAI_BASE_URL,
@@ -69,4 +83,5 @@ def get_summarizer(cap_tokens: int | None = None) -> Summarizer:
         settings.MEMORY_LLM_TIMEOUT_SECONDS,
         settings.PROMPT_ID_SUMMARY_GLOBAL,
         settings.PROMPT_VERSION_SUMMARY_GLOBAL,
+        strict,
     )

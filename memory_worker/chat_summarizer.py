@@ -60,6 +60,7 @@ class ChatCompletionsSummarizer:
         token_limit_field: Literal["max_completion_tokens", "max_tokens"] = (
             "max_completion_tokens"
         ),
+        strict: bool = False,
     ) -> None:
         self.client = client
         self.model = model
@@ -67,10 +68,12 @@ class ChatCompletionsSummarizer:
         self.timeout = timeout
         self.output_token_limit = output_token_limit or round(cap_tokens * OUTPUT_LIMIT_FACTOR)
         self.token_limit_field = token_limit_field
+        self.strict = strict  # the stricter prompt: the retry after an invalid summary
 
     def summarize(self, current_summary: str, messages: Sequence[FoldMessage]) -> SummaryResult:
+        instructions = summary_instructions(self.cap_tokens, strict=self.strict)
         conversation = [
-            {"role": "system", "content": summary_instructions(self.cap_tokens)},
+            {"role": "system", "content": instructions},
             {"role": "user", "content": format_fold_input(current_summary, messages)},
         ]
         first = self._call(conversation)

@@ -99,6 +99,7 @@ def check_daily_notes_backend(app_configs: Any = None, **kwargs: Any) -> list[Er
 
 
 DISPATCH_MODES = ("celery", "inline", "off")
+SUMMARIZER_FALLBACKS = ("", "offline")
 # Settings a value of zero or less breaks (a timeout that expires at once, a sweep that spins,
 # a budget that fits nothing), and settings that only make sense from zero up.
 POSITIVE_MEMORY_SETTINGS = (
@@ -115,6 +116,7 @@ NON_NEGATIVE_MEMORY_SETTINGS = (
     "MEMORY_ENQUEUE_DEDUP_SECONDS",
     "MEMORY_QUEUED_FOLD_WAIT_SECONDS",
     "MEMORY_SWEEP_MIN_COOLDOWN_SECONDS",
+    "MEMORY_INVALID_OUTPUT_RETRY_SECONDS",
     "WORKER_METRICS_PORT",
 )
 
@@ -140,6 +142,11 @@ def check_memory_settings(app_configs: Any = None, **kwargs: Any) -> list[Error]
             f'MEMORY_SUMMARIZER_BACKEND "{backend}" is not one of: '
             f"{', '.join(SUMMARIZER_BACKENDS)} (empty: chat with OPENAI_BASE_URL or "
             "OPENAI_API_KEY, else offline)."
+        )
+    if settings.MEMORY_SUMMARIZER_FALLBACK not in SUMMARIZER_FALLBACKS:
+        problems.append(
+            f'MEMORY_SUMMARIZER_FALLBACK "{settings.MEMORY_SUMMARIZER_FALLBACK}" is not one of: '
+            "offline, or empty (off)."
         )
     problems += out_of_range(POSITIVE_MEMORY_SETTINGS, NON_NEGATIVE_MEMORY_SETTINGS)
     return [Error(problem, id="chatmem.E006") for problem in problems]

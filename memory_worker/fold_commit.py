@@ -39,14 +39,28 @@ def commit_fold(
     now: datetime,
     started: float,
     withheld: Sequence[Withheld] = (),
+    fallback_reason: str = "",
 ) -> tuple[FoldOutcome, MemorySnapshot]:
     """``withheld``: messages of the range folded past without their content (an isolation's;
     memory_worker.fold_isolation), recorded on the ledger row and added to the brief's list.
-    ``decision.to_seq`` is where W moves (an isolation may stop short of the row's range)."""
+    ``decision.to_seq`` is where W moves (an isolation may stop short of the row's range).
+    ``fallback_reason``: this is the offline summarizer's fold after the model's failed (why,
+    for the brief and the ledger row)."""
     duration_ms = int((time.monotonic() - started) * 1000)
     summary_tokens = count_tokens(result.text)
     finished_at = timezone.now()
     chat_id = chat.pk
+    ledger_values: dict[str, Any] = {
+        "finished_at": finished_at,
+        "duration_ms": duration_ms,
+        "input_tokens": result.input_tokens,
+        "output_tokens": result.output_tokens,
+        "summarizer_calls": result.calls,
+        # The row's range as folded: an isolation may stop short of the one it started on.
+        "to_seq": decision.to_seq,
+    }
+    if fallback_reason:
+        ledger_values["error"] = f"fallback after: {fallback_reason}"[:2000]
     write = FoldWrite(
         chat_id=chat_id,
         snapshot=snapshot,
@@ -58,21 +72,10 @@ def commit_fold(
             "last_consolidated": decision.to_seq,
             "last_consolidated_at": now,
             "turns_mark": snapshot.last_seq,
-            "consecutive_failures": 0,
-            "degraded": False,
-            "next_attempt_at": None,
-            "last_error": "",
+            **summary_source_values(snapshot, fallback_reason, now),
             "updated_at": timezone.now(),
         },
-        ledger_values={
-            "finished_at": finished_at,
-            "duration_ms": duration_ms,
-            "input_tokens": result.input_tokens,
-            "output_tokens": result.output_tokens,
-            "summarizer_calls": result.calls,
-            # The row's range as folded: an isolation may stop short of the one it started on.
-            "to_seq": decision.to_seq,
-        },
+        ledger_values=ledger_values,
     )
     if withheld:
         write = with_withheld(write, withheld)
@@ -111,11 +114,37 @@ def commit_fold(
             "withheld_seqs": [item.seq for item in withheld],
             "duration_ms": duration_ms,
             "lag_ms": lag_ms(ledger.due_at, finished_at),
+            "fallback": bool(fallback_reason),
             "outcome": str(status),
         },
     )
     outcome = FoldOutcome(status, decision, ledger.pk)
     return outcome, after_fold(snapshot, write.brief_values) if committed else snapshot
+
+
+def summary_source_values(
+    snapshot: MemorySnapshot, fallback_reason: str, now: datetime
+) -> dict[str, Any]:
+    """A model fold ends the failure state and the fallback. A fallback fold marks the summary
+    as the offline summarizer's (since its first such fold: the fence makes the snapshot's
+    value the brief's) and keeps the failure count, degraded flag and error: the model
+    summarizer still fails. Its retry time goes, as the range is folded: the next fold due
+    asks the model first, so memory keeps its rhythm and catches the model's recovery."""
+    if fallback_reason:
+        return {
+            "fallback_since": snapshot.fallback_since or now,
+            "fallback_reason": fallback_reason[:2000],
+            "next_attempt_at": None,
+        }
+    return {
+        "consecutive_failures": 0,
+        "degraded": False,
+        "next_attempt_at": None,
+        "last_error": "",
+        "failure_kind": "",
+        "fallback_since": None,
+        "fallback_reason": "",
+    }
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from django.utils import timezone
 from conversations.models import Chat, Consolidation, Message
 from conversations.rows import DATABASE_ERRORS
 from memory_worker import policy as engine
-from memory_worker.backends import get_summarizer
+from memory_worker.backends import get_summarizer, offline_summarizer, stricter_summarizer
 from memory_worker.chat_policy import policy_for_chat, variant_context_tokens
 from memory_worker.deadlines import time_for_a_chunk
 from memory_worker.dispatch import RequestTrigger
@@ -26,6 +26,7 @@ from memory_worker.fold_ledger import WORKER_NAME, record_interrupted, record_ru
 from memory_worker.outcomes import FoldOutcome, FoldResult
 from memory_worker.retries import (
     CRASH_KIND,
+    INVALID_OUTPUT_KINDS,
     REFUSAL_KINDS,
     clear_failure_state,
     in_backoff,
@@ -85,6 +86,7 @@ def execute_fold(
     due_at: datetime | None = None,
     deadline: float | None = None,
     summarizer: Summarizer | None = None,
+    fallback_reason: str = "",
 ) -> FoldOutcome:
     """The decided range, summarized and committed chunk by chunk. A range larger than the
     summarizer's input budget is split at turn boundaries (DESIGN §5: chunks, never trimming),
@@ -96,14 +98,14 @@ def execute_fold(
     ``deadline`` (``time.monotonic()``): no chunk after the first starts unless it can finish
     by then (``time_for_a_chunk``); the outcome then says more is due and the caller hands on.
     The outcome is the last chunk's; ``decision`` stays the whole range's. ``summarizer``: the
-    configured one (for the chat's cap) unless given."""
+    configured one (for the chat's cap) unless given; ``fallback_reason``: it is the offline
+    fallback of a model fold that failed, for that reason (fold_commit.commit_fold)."""
     to_fold = [m for m in snapshot.unfolded if decision.from_seq <= m.seq <= decision.to_seq]
     chunks = split_for_summarizer(
         [Msg(m.seq, m.role, m.token_count) for m in to_fold],
         settings.MEMORY_SUMMARIZER_INPUT_BUDGET,
     )
-    # The chat's own summary cap: its policy's bound and the synchronous fold's plan count on it.
-    summarizer = summarizer or get_summarizer(policy_for_chat(chat).summary_token_cap)
+    summarizer = summarizer or summarizer_for(chat, snapshot)
     outcome = FoldOutcome(FoldResult.NOTHING, decision)
     for index, (first, last) in enumerate(chunks):
         if index and not time_for_a_chunk(deadline):
@@ -120,6 +122,7 @@ def execute_fold(
             synchronous=synchronous,
             due_at=due_at,
             deadline=deadline,
+            fallback_reason=fallback_reason,
         )
         if outcome.status != FoldResult.SUCCEEDED:
             return replace(outcome, decision=decision)
@@ -127,6 +130,16 @@ def execute_fold(
             return replace(outcome, decision=decision, more_due=True)
     more_due = still_due(chat, snapshot, now)
     return replace(outcome, decision=decision, more_due=more_due)
+
+
+def summarizer_for(chat: Chat, snapshot: MemorySnapshot) -> Summarizer:
+    """The configured summarizer, held to the chat's own summary cap (its policy's bound and
+    the synchronous fold's plan count on it); with the stricter prompt after an invalid summary,
+    until a model fold commits."""
+    cap = policy_for_chat(chat).summary_token_cap
+    if snapshot.failure_kind in INVALID_OUTPUT_KINDS:
+        return stricter_summarizer(cap)
+    return get_summarizer(cap)
 
 
 def still_due(chat: Chat, folded: MemorySnapshot, now: datetime) -> bool:
@@ -148,6 +161,7 @@ def fold_chunk(
     synchronous: bool,
     due_at: datetime | None,
     deadline: float | None = None,
+    fallback_reason: str = "",
 ) -> tuple[FoldOutcome, MemorySnapshot]:
     """One summarizer call over ``batch`` (the chunk's messages) and its commit. Returns the
     outcome and the snapshot as it stands after it (``snapshot`` unless it committed).
@@ -175,7 +189,7 @@ def fold_chunk(
         log.info("chat deleted before its fold started", extra={"chat_id": chat.pk})
         return FoldOutcome(FoldResult.NOTHING, chunk), snapshot
     try:
-        return summarize_and_commit(
+        outcome, after = summarize_and_commit(
             chat,
             snapshot,
             chunk,
@@ -185,6 +199,7 @@ def fold_chunk(
             now=now,
             started=started,
             deadline=deadline,
+            fallback_reason=fallback_reason,
         )
     except DATABASE_ERRORS as error:
         # The database failed under the fold (PostgreSQL restarting, the connection killed
@@ -193,6 +208,42 @@ def fold_chunk(
         # now; the caller retries (tasks.consolidate_chat).
         record_interrupted(ledger, error, started)
         raise
+    if outcome.fall_back and not synchronous and summarizer.name != "offline":
+        return fall_back(chat, snapshot, chunk, batch, outcome.error, now=now, due_at=due_at)
+    return outcome, after
+
+
+def fall_back(
+    chat: Chat,
+    snapshot: MemorySnapshot,
+    chunk: engine.Decision,
+    batch: list[Message],
+    reason: str,
+    *,
+    now: datetime,
+    due_at: datetime | None,
+) -> tuple[FoldOutcome, MemorySnapshot]:
+    """MEMORY_SUMMARIZER_FALLBACK=offline: the chunk the model summarizer failed, folded by the
+    offline summarizer (a ledger row of its own, trigger ``summarizer_fallback``), from the
+    same snapshot: a failure leaves the brief's version as it was, so the fence still holds.
+    A turn's fold has its own fallback (turn_fold), whatever the setting."""
+    log.warning(
+        "the summarizer failed a background fold; folding with the offline summarizer",
+        extra={"event": "fold_fallback", "chat_id": chat.pk, "error": reason},
+    )
+    fallback = engine.Decision(engine.Trigger.SUMMARIZER_FALLBACK, chunk.from_seq, chunk.to_seq)
+    cap = policy_for_chat(chat).summary_token_cap
+    return fold_chunk(
+        chat,
+        snapshot,
+        fallback,
+        batch,
+        offline_summarizer(cap),
+        now=now,
+        synchronous=False,
+        due_at=due_at,
+        fallback_reason=reason,
+    )
 
 
 def summarize_and_commit(
@@ -206,6 +257,7 @@ def summarize_and_commit(
     now: datetime,
     started: float,
     deadline: float | None = None,
+    fallback_reason: str = "",
 ) -> tuple[FoldOutcome, MemorySnapshot]:
     """The summarizer call, with no transaction open, then the commit (or the failure's record)
     of the chunk whose ledger row ``record_running`` wrote. A background fold whose range the
@@ -231,7 +283,16 @@ def summarize_and_commit(
     except Exception as error:
         record_crash(chat, snapshot, ledger, error, now=now, started=started)
         raise
-    return commit_fold(chat, snapshot, chunk, ledger, result, now=now, started=started)
+    return commit_fold(
+        chat,
+        snapshot,
+        chunk,
+        ledger,
+        result,
+        now=now,
+        started=started,
+        fallback_reason=fallback_reason,
+    )
 
 
 def fold_after_error(
@@ -295,6 +356,7 @@ def fold_after_error(
         error.transient,
         error.kind,
         plan.delay.total_seconds() if plan.fast_retry else None,
+        fall_back=plan.fall_back,
     )
     return failed, snapshot
 

@@ -26,6 +26,8 @@ class FoldOutcome:
     transient: bool = False
     kind: str = ""  # the summarizer's error kind when failed ("crash" for anything else)
     retry_in: float | None = None  # seconds until the worker's own retry; None: no fast retry
+    # Failed: the retry plan says a background fold falls back to the offline summarizer.
+    fall_back: bool = False
     # Succeeded: whether the state this fold committed, judged on the messages it read, still
     # has a fold due (one fold per cycle: a long backlog takes several).
     more_due: bool = False

@@ -64,6 +64,9 @@ class Trigger(StrEnum):
     # made by the offline summarizer after the configured one failed.
     HARD_BOUND = "hard_bound"
     HARD_BOUND_FALLBACK = "hard_bound_fallback"
+    # A background fold made by the offline summarizer after the configured one failed it
+    # (MEMORY_SUMMARIZER_FALLBACK=offline).
+    SUMMARIZER_FALLBACK = "summarizer_fallback"
 
 
 TRIGGER_PRIORITY = (

@@ -68,6 +68,8 @@ class RetryPlan:
     delay: timedelta  # until the brief's next_attempt_at (turn triggers wait, the sweep retries)
     degraded: bool
     fast_retry: bool  # the worker queues a delayed retry itself instead of waiting for the sweep
+    # A background fold commits the offline summarizer's summary now (MEMORY_SUMMARIZER_FALLBACK).
+    fall_back: bool = False
 
 
 def failure_class(kind: str) -> str:
@@ -84,13 +86,23 @@ def retry_plan(kind: str, consecutive_failures: int, isolate_next: bool = False)
 
     Transient: exponential backoff with jitter, and a fast retry queued by the worker until the
     chat is degraded (after MEMORY_DEGRADED_AFTER_FAILURES); from then on only the sweep
-    retries, on the same ladder. Invalid output: the same input would likely fail the same way,
-    so no fast retry, degraded at once, and the ladder starts where a degraded transient chat
-    stands. Rejected: retrying cannot help before someone acts; degraded at once and one
-    attempt per maximum backoff. A manual consolidation always tries at once.
+    retries, on the same ladder. Invalid output: the first of a streak is often a fluke of
+    sampling, so it is retried in MEMORY_INVALID_OUTPUT_RETRY_SECONDS (with the stricter
+    prompt, folds.summarizer_for) and not degraded; a repeat is degraded and starts the ladder
+    where a degraded transient chat stands. Rejected: retrying cannot help before someone acts;
+    degraded at once and one attempt per maximum backoff. A manual consolidation always tries
+    at once. With MEMORY_SUMMARIZER_FALLBACK, every failure the worker will not retry soon
+    falls back to the offline summarizer (a transient one only once degraded: the provider
+    usually comes back within the fast retries).
 
     ``isolate_next``: a refusal whose next attempt bisects the range (policy.isolation_due). That
     attempt can fix it, so it comes soon: a fast retry, and due by the next sweep."""
+    plan = _plan(kind, consecutive_failures, isolate_next)
+    fall_back = settings.MEMORY_SUMMARIZER_FALLBACK == "offline" and not plan.fast_retry
+    return RetryPlan(plan.failure_class, plan.delay, plan.degraded, plan.fast_retry, fall_back)
+
+
+def _plan(kind: str, consecutive_failures: int, isolate_next: bool) -> RetryPlan:
     degraded_after = settings.MEMORY_DEGRADED_AFTER_FAILURES
     klass = failure_class(kind)
     if isolate_next:
@@ -103,7 +115,10 @@ def retry_plan(kind: str, consecutive_failures: int, isolate_next: bool = False)
         degraded = consecutive_failures >= degraded_after
         return RetryPlan(klass, failure_backoff(consecutive_failures), degraded, not degraded)
     if klass == INVALID_OUTPUT:
-        step = consecutive_failures + max(degraded_after - 1, 0)
+        if consecutive_failures <= 1:
+            delay = _jittered(settings.MEMORY_INVALID_OUTPUT_RETRY_SECONDS)
+            return RetryPlan(klass, delay, degraded=False, fast_retry=True)
+        step = consecutive_failures - 1 + max(degraded_after - 1, 0)
         return RetryPlan(klass, failure_backoff(step), degraded=True, fast_retry=False)
     return RetryPlan(
         klass,
@@ -196,6 +211,7 @@ def fail_brief(
         current = Brief.objects.filter(chat_id=chat_id, version=version).update(
             consecutive_failures=F("consecutive_failures") + 1,
             last_error=error[:2000],
+            failure_kind=kind[:32],
             updated_at=timezone.now(),
         )
         count = (
@@ -212,6 +228,7 @@ def fail_brief(
                 chat_id=chat_id, version=version, consecutive_failures=failures
             ).update(degraded=plan.degraded, next_attempt_at=now + plan.delay)
     if not current:
+        # Another fold committed meanwhile: neither a retry nor a fallback of this range is due.
         plan = RetryPlan(plan.failure_class, plan.delay, plan.degraded, fast_retry=False)
     log.warning(
         "fold failed",
@@ -224,6 +241,7 @@ def fail_brief(
             "degraded": plan.degraded,
             "retry_in_seconds": round(plan.delay.total_seconds(), 1),
             "fast_retry": plan.fast_retry,
+            "fall_back": plan.fall_back,
             "error": error[:500],
         },
     )
@@ -256,7 +274,7 @@ def clear_failure_state(chat_id: int, next_attempt_at: datetime) -> None:
     passed). Otherwise the chat would stay degraded, and the sweep would queue its "due" retry
     every minute, for nothing. Only if no newer failure has set another retry time."""
     cleared = Brief.objects.filter(chat_id=chat_id, next_attempt_at=next_attempt_at).update(
-        next_attempt_at=None, degraded=False, consecutive_failures=0
+        next_attempt_at=None, degraded=False, consecutive_failures=0, failure_kind=""
     )
     if cleared:
         log.info(

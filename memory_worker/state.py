@@ -34,6 +34,10 @@ class MemorySnapshot:
     # Failed folds back off until then (None: not backing off); turn triggers wait for it.
     next_attempt_at: datetime | None
     unfolded: tuple[Message, ...]
+    # The last failure's error kind (empty after a model fold), and since when the summary is
+    # the offline summarizer's fallback (None: the model's).
+    failure_kind: str = ""
+    fallback_since: datetime | None = None
     # Seed 004's agent state as the model receives it (a system message after the prompt) and
     # its stored token count: part of the prompt, so part of the bound.
     agent_context: str = ""
@@ -75,6 +79,8 @@ def make_snapshot(
         last_consolidated_at=brief.last_consolidated_at,
         next_attempt_at=brief.next_attempt_at,
         unfolded=unfolded,
+        failure_kind=brief.failure_kind,
+        fallback_since=brief.fallback_since,
         agent_context=agent_block or "",
         agent_context_tokens=agent_tokens or 0,
         has_agent_state=bool(agent_exists),
@@ -216,7 +222,8 @@ def with_appended(snapshot: MemorySnapshot, messages: list[Message]) -> MemorySn
     return MemorySnapshot(**{**snapshot.__dict__, "unfolded": snapshot.unfolded + tuple(messages)})
 
 
-# What a fold's commit sets on the brief that the snapshot also holds.
+# What a fold's commit may set on the brief that the snapshot also holds (a fallback's leaves
+# the failure state as it is).
 FOLD_SNAPSHOT_FIELDS = (
     "summary",
     "summary_tokens",
@@ -224,6 +231,8 @@ FOLD_SNAPSHOT_FIELDS = (
     "turns_mark",
     "last_consolidated_at",
     "next_attempt_at",
+    "failure_kind",
+    "fallback_since",
 )
 
 
@@ -233,7 +242,7 @@ def after_fold(snapshot: MemorySnapshot, brief_values: Mapping[str, Any]) -> Mem
     watermark = brief_values["last_consolidated"]
     return replace(
         snapshot,
-        **{name: brief_values[name] for name in FOLD_SNAPSHOT_FIELDS},
+        **{name: brief_values[name] for name in FOLD_SNAPSHOT_FIELDS if name in brief_values},
         version=snapshot.version + 1,
         unfolded=tuple(m for m in snapshot.unfolded if m.seq > watermark),
     )

@@ -170,8 +170,20 @@ in order, short "- " bullets, "- None" if empty:
 Output only the summary, within {cap_tokens} tokens; drop the least durable first."""
 
 
-def summary_instructions(cap_tokens: int) -> str:
-    return SUMMARY_INSTRUCTIONS.format(cap_tokens=cap_tokens)
+# Added for the retry after an invalid summary (empty, cut off, refused, not under the headings):
+# weaker local models often get the format right when told plainly what went wrong.
+STRICTER_INSTRUCTIONS = """
+Your previous answer to this input was not a usable summary (empty, cut off, a reply or \
+refusal, or missing the headings). This time output nothing but the five headings above, each \
+followed by short "- " bullets, within {target_tokens} tokens."""
+
+
+def summary_instructions(cap_tokens: int, *, strict: bool = False) -> str:
+    instructions = SUMMARY_INSTRUCTIONS.format(cap_tokens=cap_tokens)
+    if strict:
+        target = int(cap_tokens * RETRY_TARGET_FACTOR)
+        instructions += STRICTER_INSTRUCTIONS.format(target_tokens=target)
+    return instructions
 
 
 def shorten_request(draft_tokens: int, cap_tokens: int) -> str:

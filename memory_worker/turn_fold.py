@@ -164,6 +164,7 @@ def _fold_or_fall_back(
         now=timezone.now(),
         synchronous=True,
         summarizer=offline_summarizer(cap),
+        fallback_reason=outcome.error,
     )
 
 

@@ -569,11 +569,11 @@ def test_the_ledger_trigger_filter_offers_the_known_triggers_without_a_scan(
 
 def test_the_ledger_trigger_filter_knows_every_trigger_a_fold_can_name() -> None:
     """A ledger row's trigger is its Decision's, a policy.Trigger (typed): the filter's fixed
-    choices offer each of them, the offline fallback of a turn's fold included."""
+    choices offer each of them, the offline fallbacks (a turn's, a background fold's) included."""
     offered = [value for value, _label in admin_filters.LEDGER_TRIGGERS]
     assert offered == [trigger.value for trigger in Trigger]
     assert {*TRIGGER_PRIORITY, Trigger.MANUAL, Trigger.HARD_BOUND} < set(offered)
-    assert Trigger.HARD_BOUND_FALLBACK in offered
+    assert {Trigger.HARD_BOUND_FALLBACK, Trigger.SUMMARIZER_FALLBACK} < set(offered)
 
 
 # --- the chat page shows the latest daily notes only ----------------------------------------------
@@ -614,3 +614,18 @@ def test_the_backing_off_filter_finds_chats_waiting_to_retry_a_fold(
     )
     listing = staff.get("/admin/conversations/chat/?memory=backing_off").content.decode()
     assert "waiting-chat" in listing and "fine-chat" not in listing
+
+
+def test_a_fallback_summary_is_shown_as_one_and_briefs_filter_by_it(
+    staff: Client, user: Any
+) -> None:
+    fallback = chat_service.create_chat(user, title="fallback-chat")
+    model = chat_service.create_chat(user, title="model-chat")
+    Brief.objects.filter(chat=fallback).update(
+        fallback_since=timezone.now(), fallback_reason="summarizer returned an empty summary"
+    )
+    page = staff.get(f"/admin/conversations/chat/{fallback.pk}/change/").content.decode()
+    assert "summarizer returned an empty summary" in page
+    listing = staff.get("/admin/conversations/brief/?fallback_since__isempty=0")
+    shown = [brief.chat_id for brief in listing.context["cl"].result_list]
+    assert shown == [fallback.pk] and model.pk not in shown

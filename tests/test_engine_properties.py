@@ -1,8 +1,10 @@
 """Property tests of the pure engine: random conversations (sizes, tool calls, unanswered calls),
-every preset with random valid overrides, clock jumps and failed folds. After every step:
-W never decreases, every fold starts at W + 1 and ends on a turn boundary, every message is
-either verbatim (seq > W) or folded (seq <= W), and a turn that is accepted sees a context
-within the policy's bound."""
+every preset with random valid overrides, clock jumps, failed folds, the offline fallback of a
+failed fold, and a fold whose lock lapsed committing after another (the fence: the version and
+W it read). After every step: W never decreases, every fold starts at W + 1 and ends on a turn
+boundary, every message is either verbatim (seq > W) or folded (seq <= W) exactly once (a
+superseded fold writes nothing), and a turn that is accepted sees a context within the policy's
+bound."""
 
 import os
 from datetime import UTC, datetime, timedelta
@@ -155,6 +157,11 @@ class Conversation(RuleBasedStateMachine):
         # Every seq a fold carried to the summarizer, kept apart from W: what the engine's
         # ranges actually covered, not what W implies.
         self.folded: set[int] = set()
+        # The brief's fencing token, and whether its summary is the offline fallback's.
+        self.version = 0
+        self.fallback = False
+        # A fold decided and started whose lock then lapsed: (decision, version and W it read).
+        self.stale: tuple[Decision, int, int] | None = None
 
     @initialize(data=st.data(), name=st.sampled_from(sorted(PRESETS)))
     def choose_policy(self, data: st.DataObject, name: str) -> None:
@@ -182,14 +189,25 @@ class Conversation(RuleBasedStateMachine):
         else:
             assert pre_turn, "a background fold took the newest turn"
 
-    def apply(self, decision: Decision) -> None:
+    def apply(self, decision: Decision, *, fallback: bool = False) -> None:
+        """A fold decided on the current state, committed (by the model, or by the offline
+        summarizer after the model failed it: the same range)."""
+        assert self.commit(decision, self.version, self.w, fallback=fallback)
+
+    def commit(self, decision: Decision, version: int, w: int, *, fallback: bool) -> bool:
+        """fold_commit's fenced UPDATE: only a fold that read this version and W commits."""
+        if (version, w) != (self.version, self.w):
+            return False
         carried = set(range(decision.from_seq, decision.to_seq + 1))
         assert not carried & self.folded, "a message was folded twice"
         self.folded |= carried
         self.w = decision.to_seq
+        self.version += 1
+        self.fallback = fallback
         self.summary_tokens = SUMMARY_CAP // 2 + len(self.messages) % (SUMMARY_CAP // 2)
         self.turns_mark = len(self.messages)
         self.last_at = self.now
+        return True
 
     @rule(
         user_tokens=st.integers(1, 1500),
@@ -197,6 +215,7 @@ class Conversation(RuleBasedStateMachine):
         tool_calls=st.integers(0, 2),
         unanswered=st.booleans(),
         fold_fails=st.booleans(),
+        fallback_fails=st.booleans(),
     )
     def turn(
         self,
@@ -205,6 +224,7 @@ class Conversation(RuleBasedStateMachine):
         tool_calls: int,
         unanswered: bool,
         fold_fails: bool,
+        fallback_fails: bool,
     ) -> None:
         state = self.state()
         pre = decide_before_turn(state, self.policy, user_tokens)
@@ -219,9 +239,10 @@ class Conversation(RuleBasedStateMachine):
             return
         if pre.fold is not None:
             self.check_fold(pre.fold, pre_turn=True)
-            if fold_fails:
-                return  # the synchronous fold failed: the turn is refused
-            self.apply(pre.fold)
+            if fold_fails and fallback_fails:
+                return  # the model and the offline fallback both failed: the turn is refused
+            # A failed model fold falls back to the offline summarizer over the same range.
+            self.apply(pre.fold, fallback=fold_fails)
         assert history_within_bound(self.state(), self.policy, user_tokens)
         seq = len(self.messages)
         turn_messages = [Msg(seq + 1, "user", user_tokens)]
@@ -234,8 +255,10 @@ class Conversation(RuleBasedStateMachine):
             turn_messages.append(Msg(seq + len(turn_messages) + 1, "assistant", reply_tokens))
         self.messages.extend(turn_messages)
 
-    @rule(fails=st.booleans())
-    def background(self, fails: bool) -> None:
+    @rule(fails=st.booleans(), falls_back=st.booleans())
+    def background(self, fails: bool, falls_back: bool) -> None:
+        """A background fold; one the model failed commits the offline summary of the same
+        range when the operator's fallback is on (``falls_back``), else nothing."""
         state = self.state()
         decision = decide(state, self.policy, self.now)
         if decision is None:
@@ -243,8 +266,34 @@ class Conversation(RuleBasedStateMachine):
             assert not holding, f"no fold, yet {holding} hold(s) with a backlog"
             return
         self.check_fold(decision, pre_turn=False)
-        if not fails:
-            self.apply(decision)
+        if not fails or falls_back:
+            self.apply(decision, fallback=fails)
+
+    @precondition(lambda self: self.stale is None)
+    @rule()
+    def start_fold_whose_lock_lapses(self) -> None:
+        """A background fold reads the state and starts summarizing; its lock lapses (a stuck
+        worker), so other folds may commit before it comes back."""
+        decision = decide(self.state(), self.policy, self.now)
+        if decision is not None:
+            self.check_fold(decision, pre_turn=False)
+            self.stale = (decision, self.version, self.w)
+
+    @precondition(lambda self: self.stale is not None)
+    @rule(fallback=st.booleans())
+    def lapsed_fold_commits(self, fallback: bool) -> None:
+        """The fold whose lock lapsed commits at last: only if nothing committed since it read
+        (then its range still starts at W + 1); otherwise the fence refuses it, and nothing of
+        it is written."""
+        assert self.stale is not None
+        decision, version, w = self.stale
+        self.stale = None
+        moved = version != self.version
+        before = (self.w, self.version, set(self.folded))
+        committed = self.commit(decision, version, w, fallback=fallback)
+        assert committed is not moved
+        if not committed:
+            assert (self.w, self.version, self.folded) == before, "a superseded fold wrote"
 
     @precondition(lambda self: self.messages)
     @rule(seconds=st.integers(0, 3600))
@@ -260,6 +309,10 @@ class Conversation(RuleBasedStateMachine):
         verbatim = {m.seq for m in state.unfolded}
         for message in self.messages:
             assert (message.seq in verbatim) != (message.seq in self.folded), message
+
+    @invariant()
+    def a_fallback_summary_covers_what_a_fold_committed(self) -> None:
+        assert not self.fallback or (self.version > 0 and self.w > 0)
 
     @invariant()
     def watermark_never_decreases(self) -> None:

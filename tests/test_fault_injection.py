@@ -18,6 +18,7 @@ FAULTS = ["429", "500", "timeout", "truncated", "empty", "refusal"]
 def test_thirty_percent_summarizer_faults(api, use_fake_openai, settings) -> None:  # type: ignore[no-untyped-def]
     settings.MEMORY_LLM_TIMEOUT_SECONDS = 0.5
     settings.MEMORY_FAILURE_BACKOFF_SECONDS = 0  # let every trigger retry at once here
+    settings.MEMORY_INVALID_OUTPUT_RETRY_SECONDS = 0
     use_fake_openai.timeout_sleep = 1.0
     use_fake_openai.set_faults("summarize", 0.3, FAULTS, seed=11)
     chat_ids = [

@@ -11,11 +11,14 @@ import pytest
 from django.utils import timezone
 
 from conversations.models import Brief, Consolidation
-from memory_worker import folds, outcomes, retries, sweep, tasks
+from memory_worker import folds, outcomes, retries, summarizers, sweep, tasks
 from memory_worker.backends import _summarizer, get_summarizer
 from memory_worker.dispatch import RequestTrigger
+from memory_worker.runs import request_consolidation
 from memory_worker.summarizers import TRANSIENT_KINDS, ErrorKind
+from tests import test_worker_faults as worker_faults
 from tests.conftest import contract_chat_after_turns
+from tests.workers import Worker, wait_until
 
 # Faults of the fake model server (tests/fake_openai.py), by the class they must land in.
 TRANSIENT_FAULTS = ["429", "500", "timeout"]
@@ -83,19 +86,36 @@ def test_a_refusal_whose_next_attempt_bisects_comes_by_the_next_sweep(ladder, ki
         assert seconds(plan) < ladder.MEMORY_SWEEP_INTERVAL_SECONDS
 
 
-@pytest.mark.parametrize("kind", ["empty", "truncated", "refused", "over_cap"])
-def test_invalid_output_is_degraded_at_once_without_fast_retry(ladder, kind: str) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("kind", sorted(retries.INVALID_OUTPUT_KINDS))
+def test_one_invalid_output_is_retried_soon_and_only_a_repeat_climbs_the_ladder(
+    ladder, kind: str
+) -> None:  # type: ignore[no-untyped-def]
+    ladder.MEMORY_INVALID_OUTPUT_RETRY_SECONDS = 5
     first = retries.retry_plan(kind, 1)
-    assert (first.failure_class, first.degraded, first.fast_retry) == (
-        "invalid_output",
-        True,
-        False,
-    )
-    # It starts where a transient failure stands once degraded: 4x the first transient delay.
-    assert 0.8 * 120 <= seconds(first) <= 1.2 * 120
-    assert seconds(first) > 1.2 * 30
+    assert first.failure_class == "invalid_output"
+    assert (first.degraded, first.fast_retry) == (False, True)
+    assert 0.8 * 5 <= seconds(first) <= 1.2 * 5
+    # A repeat starts where a transient failure stands once degraded: 4x the first transient
+    # delay, and no fast retry: the same input keeps failing the same way.
     second = retries.retry_plan(kind, 2)
-    assert 0.8 * 240 <= seconds(second) <= 1.2 * 240
+    assert (second.degraded, second.fast_retry) == (True, False)
+    assert 0.8 * 120 <= seconds(second) <= 1.2 * 120
+    third = retries.retry_plan(kind, 3)
+    assert 0.8 * 240 <= seconds(third) <= 1.2 * 240
+    # After transient failures an invalid output is a repeat too.
+    assert not retries.retry_plan(kind, 3).fast_retry
+
+
+def test_the_offline_fallback_is_planned_only_when_no_fast_retry_is(ladder) -> None:  # type: ignore[no-untyped-def]
+    def falls_back(kind: str, failures: int) -> bool:
+        return retries.retry_plan(kind, failures).fall_back
+
+    assert not any(falls_back(k, n) for k in ("empty", "quota", "server_error") for n in (1, 2, 3))
+    ladder.MEMORY_SUMMARIZER_FALLBACK = "offline"
+    assert [falls_back("empty", n) for n in (1, 2)] == [False, True]
+    assert [falls_back("quota", n) for n in (1, 2)] == [True, True]
+    # Transient: the worker's fast retries first; once the chat is degraded, the fallback.
+    assert [falls_back("server_error", n) for n in (1, 2, 3)] == [False, False, True]
 
 
 def test_fast_retry_follows_the_newest_attempt() -> None:
@@ -160,8 +180,8 @@ def test_transient_failure_queues_a_delayed_retry(
 
 
 @pytest.mark.django_db
-@pytest.mark.parametrize("fault", REJECTED_FAULTS + INVALID_FAULTS)
-def test_non_transient_failure_is_not_retried_fast(
+@pytest.mark.parametrize("fault", REJECTED_FAULTS)
+def test_a_rejected_request_is_not_retried_fast(
     api, use_fake_openai, ladder, monkeypatch, fault: str
 ) -> None:  # type: ignore[no-untyped-def]
     published = queued_retries(monkeypatch)
@@ -173,14 +193,170 @@ def test_non_transient_failure_is_not_retried_fast(
     brief = Brief.objects.get(chat_id=chat_id)
     assert (brief.consecutive_failures, brief.degraded) == (1, True)
     assert brief.next_attempt_at is not None
-    minimum = 3600 if fault in REJECTED_FAULTS else 120
-    assert (brief.next_attempt_at - before).total_seconds() >= 0.8 * minimum
+    assert (brief.next_attempt_at - before).total_seconds() >= 0.8 * 3600
     # Turn triggers (and their reruns) wait; only a manual consolidation tries at once.
     assert folds.consolidate_once(chat_id, RequestTrigger.TURN).status == "deferred"
     assert len(use_fake_openai.summarize_requests()) == 1
     assert folds.consolidate_once(chat_id, RequestTrigger.MANUAL).status == "succeeded"
     brief.refresh_from_db()
     assert (brief.degraded, brief.consecutive_failures, brief.next_attempt_at) == (False, 0, None)
+
+
+def system_prompts(server) -> list[str]:  # type: ignore[no-untyped-def]
+    return [r.body["messages"][0]["content"] for r in server.summarize_requests()]
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("fault", INVALID_FAULTS)
+def test_one_invalid_summary_is_retried_in_seconds_with_the_stricter_prompt(
+    api, use_fake_openai, ladder, monkeypatch, fault: str
+) -> None:  # type: ignore[no-untyped-def]
+    ladder.MEMORY_INVALID_OUTPUT_RETRY_SECONDS = 5
+    published = queued_retries(monkeypatch)
+    chat_id = chat_with_fold_due(api)
+    use_fake_openai.queue_faults("summarize", [fault])
+    before = timezone.now()
+    assert tasks.consolidate_chat(chat_id, "turn") == ["failed"]
+    brief = Brief.objects.get(chat_id=chat_id)
+    assert (brief.consecutive_failures, brief.degraded) == (1, False)
+    assert brief.next_attempt_at is not None
+    assert (brief.next_attempt_at - before).total_seconds() <= 1.2 * 5 + 2
+    assert [(o["args"], round(o["countdown"])) for o in published] in (
+        [((chat_id, "retry"), n)] for n in (4, 5, 6)
+    )
+    # The retry, when due, asks with the stricter prompt, and folds.
+    due_now(chat_id)
+    assert tasks.consolidate_chat(chat_id, "retry") == ["succeeded"]
+    first, retry = system_prompts(use_fake_openai)
+    assert "previous answer" not in first and "previous answer" in retry
+    brief.refresh_from_db()
+    assert (brief.degraded, brief.consecutive_failures, brief.failure_kind) == (False, 0, "")
+    # The next fold asks as usual again.
+    assert "previous answer" not in summarizers.summary_instructions(500)
+
+
+@pytest.mark.postgres
+@pytest.mark.redis
+@pytest.mark.worker
+def test_a_worker_folds_in_seconds_after_one_empty_summary(
+    require_postgres, broker, settings, user, use_fake_openai
+) -> None:  # type: ignore[no-untyped-def]
+    """The fast retry is the worker's own delayed task: no sweep, no turn needed."""
+    use_fake_openai.queue_faults("summarize", ["empty"])
+    chat_id = worker_faults.chat_with_fold_due(user, settings)
+    env = {**worker_faults.model_env(use_fake_openai), "MEMORY_INVALID_OUTPUT_RETRY_SECONDS": "1"}
+    worker = Worker(broker, "fast-retry", env=env)
+    try:
+        worker.wait_ready()
+        assert request_consolidation(chat_id, RequestTrigger.TURN)
+        folded = wait_until(
+            lambda: Brief.objects.get(chat_id=chat_id).last_consolidated > 0, timeout=30
+        )
+        assert folded, worker.log()
+    finally:
+        worker.stop()
+    assert ledger_rows(chat_id) == [("failed", "overflow"), ("succeeded", "overflow")]
+    assert "previous answer" in system_prompts(use_fake_openai)[1]
+    brief = Brief.objects.get(chat_id=chat_id)
+    assert (brief.consecutive_failures, brief.degraded, brief.failure_kind) == (0, False, "")
+
+
+@pytest.mark.django_db
+def test_a_second_invalid_summary_in_a_row_is_degraded_and_left_to_the_ladder(
+    api, use_fake_openai, ladder, monkeypatch
+) -> None:  # type: ignore[no-untyped-def]
+    published = queued_retries(monkeypatch)
+    chat_id = chat_with_fold_due(api)
+    use_fake_openai.queue_faults("summarize", ["empty", "refusal"])
+    assert tasks.consolidate_chat(chat_id, "turn") == ["failed"]
+    due_now(chat_id)
+    before = timezone.now()
+    assert tasks.consolidate_chat(chat_id, "retry") == ["failed"]
+    assert len(published) == 1  # the first failure's fast retry only
+    brief = Brief.objects.get(chat_id=chat_id)
+    assert (brief.consecutive_failures, brief.degraded) == (2, True)
+    assert brief.next_attempt_at is not None
+    assert (brief.next_attempt_at - before).total_seconds() >= 0.8 * 120
+    # Turn triggers wait; only a manual consolidation tries at once.
+    assert folds.consolidate_once(chat_id, RequestTrigger.TURN).status == "deferred"
+    assert folds.consolidate_once(chat_id, RequestTrigger.MANUAL).status == "succeeded"
+
+
+# --------------------------------------------------------------------------------------------
+# MEMORY_SUMMARIZER_FALLBACK=offline: background folds
+
+
+def ledger_rows(chat_id: int) -> list[tuple[str, str]]:
+    return [
+        (row.status, row.trigger)
+        for row in Consolidation.objects.filter(chat_id=chat_id).order_by("id")
+    ]
+
+
+@pytest.mark.django_db
+def test_a_background_fold_falls_back_once_no_fast_retry_is_left_and_the_brief_says_so(
+    api, use_fake_openai, ladder, monkeypatch
+) -> None:  # type: ignore[no-untyped-def]
+    ladder.MEMORY_SUMMARIZER_FALLBACK = "offline"
+    published = queued_retries(monkeypatch)
+    chat_id = chat_with_fold_due(api)
+    use_fake_openai.queue_faults("summarize", ["empty", "refusal"])
+    assert tasks.consolidate_chat(chat_id, "turn") == ["failed"]  # the fast retry first
+    assert len(published) == 1
+    due_now(chat_id)
+    assert tasks.consolidate_chat(chat_id, "retry") == ["succeeded"]
+    assert len(published) == 1
+    assert ledger_rows(chat_id) == [
+        ("failed", "overflow"),
+        ("failed", "overflow"),
+        ("succeeded", "summarizer_fallback"),
+    ]
+    fallback = Consolidation.objects.filter(chat_id=chat_id).order_by("id").last()
+    assert fallback is not None and fallback.error.startswith("fallback after: summarizer")
+    brief = Brief.objects.get(chat_id=chat_id)
+    assert brief.last_consolidated == fallback.to_seq and brief.summary
+    assert brief.fallback_since is not None and brief.fallback_reason.startswith("summarizer")
+    # The model summarizer still fails: the brief keeps saying so; the range is folded, so no
+    # retry waits, and the next fold due asks the model first.
+    assert (brief.degraded, brief.consecutive_failures, brief.next_attempt_at) == (True, 2, None)
+    shown = api.get(f"/api/v1/chats/{chat_id}/brief/").json()
+    assert shown["fallback_since"] is not None and shown["fallback_reason"]
+    # The next model fold rewrites the fallback summary and ends both states.
+    for number in range(3):
+        api.post(f"/api/v1/chats/{chat_id}/turns/", {"content": f"m{number}"}, format="json")
+    assert folds.consolidate_once(chat_id, RequestTrigger.MANUAL).status == "succeeded"
+    brief.refresh_from_db()
+    assert (brief.fallback_since, brief.fallback_reason, brief.degraded) == (None, "", False)
+    assert ledger_rows(chat_id)[-1] == ("succeeded", "manual")
+
+
+@pytest.mark.django_db
+def test_a_transient_failure_keeps_its_fast_retries_before_any_fallback(
+    api, use_fake_openai, ladder, monkeypatch
+) -> None:  # type: ignore[no-untyped-def]
+    ladder.MEMORY_SUMMARIZER_FALLBACK = "offline"
+    published = queued_retries(monkeypatch)
+    chat_id = chat_with_fold_due(api)
+    use_fake_openai.queue_faults("summarize", ["500", "500", "500"])
+    for _attempt in range(2):
+        due_now(chat_id)
+        assert tasks.consolidate_chat(chat_id, "retry") == ["failed"]
+    assert len(published) == 2
+    due_now(chat_id)  # the third in a row: degraded, so the fallback folds
+    assert tasks.consolidate_chat(chat_id, "retry") == ["succeeded"]
+    assert ledger_rows(chat_id)[-1] == ("succeeded", "summarizer_fallback")
+
+
+@pytest.mark.django_db
+def test_without_the_setting_a_background_fold_never_falls_back(
+    api, use_fake_openai, ladder, monkeypatch
+) -> None:  # type: ignore[no-untyped-def]
+    queued_retries(monkeypatch)
+    chat_id = chat_with_fold_due(api)
+    use_fake_openai.queue_faults("summarize", ["400"])
+    assert tasks.consolidate_chat(chat_id, "turn") == ["failed"]
+    assert ledger_rows(chat_id) == [("failed", "overflow")]
+    assert Brief.objects.get(chat_id=chat_id).fallback_since is None
 
 
 @pytest.mark.django_db

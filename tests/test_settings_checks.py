@@ -58,6 +58,8 @@ def test_the_defaults_pass() -> None:
         ("MEMORY_LLM_TIMEOUT_SECONDS", -1.0, "MEMORY_LLM_TIMEOUT_SECONDS must be greater"),
         ("MEMORY_SWEEP_BATCH", 0, "MEMORY_SWEEP_BATCH must be greater"),
         ("MEMORY_ENQUEUE_DEDUP_SECONDS", -5.0, "must not be negative"),
+        ("MEMORY_SUMMARIZER_FALLBACK", "ofline", 'MEMORY_SUMMARIZER_FALLBACK "ofline"'),
+        ("MEMORY_INVALID_OUTPUT_RETRY_SECONDS", -1.0, "must not be negative"),
     ],
 )
 def test_memory_settings_are_checked(settings: Any, name: str, value: Any, says: str) -> None:

@@ -14,6 +14,7 @@ from django.db import connection
 from conversations.models import Brief, Consolidation, Message
 from memory_worker import turn_fold
 from memory_worker.dispatch import RequestTrigger, mark_queued
+from memory_worker.invariants import chat_violations
 from memory_worker.policy import Trigger
 from memory_worker.runs import request_consolidation
 from memory_worker.runtime import chat_lock
@@ -138,3 +139,120 @@ def test_a_failing_summarizer_falls_back_to_the_offline_one_and_the_turn_goes_ah
     ]
     brief = Brief.objects.get(chat_id=chat_id)
     assert brief.summary and brief.last_consolidated == folds[1].to_seq
+
+
+def context_within_contract_bound(request: Any) -> bool:
+    """contract's hard bound: at most K + B = 10 history messages before the new one."""
+    messages = request.body["messages"]
+    history = [m for m in messages if m["role"] != "system"][:-1]
+    return len(history) <= 10
+
+
+def turn_until(user: Any, chat_id: int, done: Any, turns: int) -> int:
+    """Turns until ``done()`` holds; how many it took (``turns`` at most)."""
+    for number in range(1, turns + 1):
+        response = post_turn(user, chat_id, f"after recovery {number}: keep budget 40 EUR")
+        assert response.status_code == 201, response.content
+        if done():
+            return number
+    return turns + 1
+
+
+def test_a_summarizer_failing_every_call_never_fails_a_turn_and_recovers(
+    require_postgres, broker, settings, user, use_fake_openai
+) -> None:  # type: ignore[no-untyped-def]
+    """Issue 29's acceptance: with every summarizer call failing (invalid output, 5xx), 200
+    turns at the bound answer, every context within its bound; the ledger shows the turns'
+    fallback folds and the brief marks the summary as a fallback; once the summarizer answers
+    again, the next model fold replaces the fallback summary. Background folds run in a real
+    worker (and fail, and back off) with the default: no background fallback."""
+    settings.MEMORY_QUEUED_FOLD_WAIT_SECONDS = 0.2
+    use_fake_openai.set_faults(
+        "summarize", rate=1.0, faults=["empty", "truncated", "refusal", "500"], seed=29
+    )
+    chat_id = client_for(user).post("/api/v1/chats/", {"policy": "contract"}, format="json")
+    chat_id = chat_id.json()["id"]
+    worker = Worker(broker, "failing-summarizer", env=model_env(use_fake_openai))
+    try:
+        worker.wait_ready()
+        for number in range(200):
+            response = post_turn(user, chat_id, f"turn {number}: the deadline is day {number}")
+            assert response.status_code == 201, (number, response.content)
+        chats = use_fake_openai.chat_requests()
+        assert len(chats) == 200
+        assert all(context_within_contract_bound(request) for request in chats)
+        folds = Consolidation.objects.filter(chat_id=chat_id)
+        assert (
+            not folds.filter(status="succeeded")
+            .exclude(trigger=Trigger.HARD_BOUND_FALLBACK)
+            .exists()
+        )
+        fallbacks = folds.filter(trigger=Trigger.HARD_BOUND_FALLBACK, status="succeeded")
+        assert fallbacks.count() >= 50
+        assert all(row.error.startswith("fallback after: summarizer") for row in fallbacks)
+        brief = Brief.objects.get(chat_id=chat_id)
+        assert brief.fallback_since is not None and brief.fallback_reason
+        assert brief.last_consolidated == fallbacks.order_by("-id")[0].to_seq
+        fallback_summary = brief.summary
+
+        use_fake_openai.clear_faults("summarize")
+
+        def model_fold_committed() -> bool:
+            return Brief.objects.get(chat_id=chat_id).fallback_since is None
+
+        assert turn_until(user, chat_id, model_fold_committed, turns=6) <= 6
+    finally:
+        worker.stop()
+    brief = Brief.objects.get(chat_id=chat_id)
+    last = Consolidation.objects.filter(chat_id=chat_id, status="succeeded").order_by("-id")[0]
+    assert last.trigger != Trigger.HARD_BOUND_FALLBACK and not last.error
+    assert (brief.fallback_reason, brief.degraded, brief.last_error) == ("", False, "")
+    assert brief.summary != fallback_summary and brief.last_consolidated == last.to_seq
+    assert all(context_within_contract_bound(r) for r in use_fake_openai.chat_requests())
+    assert chat_violations(chat_id) == []  # the ledger's commits, fallbacks too, cover 1..W once
+
+
+def test_with_the_background_fallback_the_worker_folds_offline_and_recovers(
+    require_postgres, broker, settings, user, use_fake_openai
+) -> None:  # type: ignore[no-untyped-def]
+    """MEMORY_SUMMARIZER_FALLBACK=offline in the worker: once its fast retry also failed, a
+    background fold commits the offline summary (ledger summarizer_fallback) without a turn
+    having to; the model's next fold replaces it."""
+    use_fake_openai.set_faults("summarize", rate=1.0, faults=["empty", "refusal"], seed=7)
+    chat_id = chat_with_fold_due(user, settings)
+    env = {
+        **model_env(use_fake_openai),
+        "MEMORY_SUMMARIZER_FALLBACK": "offline",
+        "MEMORY_INVALID_OUTPUT_RETRY_SECONDS": "0.5",
+    }
+    worker = Worker(broker, "fallback", env=env)
+    try:
+        worker.wait_ready()
+        assert request_consolidation(chat_id, RequestTrigger.TURN)
+
+        def background_fallback() -> bool:
+            return Consolidation.objects.filter(
+                chat_id=chat_id, trigger=Trigger.SUMMARIZER_FALLBACK, status="succeeded"
+            ).exists()
+
+        assert wait_until(background_fallback, timeout=30), worker.log()
+        rows = list(Consolidation.objects.filter(chat_id=chat_id).order_by("id"))
+        # The first failure's fast retry (the worker's own delayed task), then the fallback.
+        assert [(r.status, r.trigger) for r in rows] == [
+            ("failed", "overflow"),
+            ("failed", "overflow"),
+            ("succeeded", Trigger.SUMMARIZER_FALLBACK),
+        ]
+        assert not any(r.synchronous for r in rows)
+        brief = Brief.objects.get(chat_id=chat_id)
+        assert brief.fallback_since is not None and brief.degraded
+        use_fake_openai.clear_faults("summarize")
+        for number in range(6):
+            assert post_turn(user, chat_id, f"recovered {number}").status_code == 201
+        assert wait_until(
+            lambda: Brief.objects.get(chat_id=chat_id).fallback_since is None, timeout=30
+        ), worker.log()
+    finally:
+        worker.stop()
+    last = Consolidation.objects.filter(chat_id=chat_id, status="succeeded").order_by("-id")[0]
+    assert last.trigger not in (Trigger.SUMMARIZER_FALLBACK, Trigger.HARD_BOUND_FALLBACK)

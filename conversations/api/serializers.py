@@ -152,6 +152,8 @@ class BriefSerializer(serializers.ModelSerializer):
             "next_attempt_at",
             "last_error",
             "withheld",
+            "fallback_since",
+            "fallback_reason",
         ]
         read_only_fields = fields
 
