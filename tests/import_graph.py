@@ -39,6 +39,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "memory_worker",  # the package itself (empty)
             "memory_worker.runtime",
             "memory_worker.locks",
+            "memory_worker.lease",
             "memory_worker.state",
         ),
     ),
