@@ -72,7 +72,11 @@ def start_beat(redis_url: str, schedule: Path) -> subprocess.Popen:
     command = [sys.executable, "-m", "celery", "-A", "chatmem_project", "beat"]
     command += ["--loglevel", "INFO", "--schedule", str(schedule)]
     return subprocess.Popen(
-        command, cwd=ROOT, env=worker_env(redis_url), stdout=log, stderr=subprocess.STDOUT
+        command,
+        cwd=ROOT,
+        env=worker_env(redis_url, LOG_LEVEL="INFO"),
+        stdout=log,
+        stderr=subprocess.STDOUT,
     )
 
 
@@ -92,7 +96,8 @@ def run(args: argparse.Namespace, database_url: str) -> dict[str, Any]:
 
         def make(slot: int) -> Worker:
             generation[str(slot)] += 1
-            return Worker(redis_url, f"killrec{slot}g{generation[str(slot)]}")
+            name = f"killrec{slot}g{generation[str(slot)]}"
+            return Worker(redis_url, name, env={"LOG_LEVEL": "INFO"})  # its "ready." line
 
         fleet = [make(slot) for slot in range(args.workers)]
         beat = start_beat(redis_url, ROOT / "artifacts" / f"kill-recovery-beat-{time.time_ns()}")

@@ -71,6 +71,8 @@ class Lease:
             return True
         if not held:
             self._lost.set()
+            if self._stopped.is_set():
+                return held  # a renewal that outlived its run's release: nothing was lost
             log.warning(
                 "the chat's lock was lost during its run; no further summarizer call",
                 extra={"event": "lock_lost", "chat_id": self._chat_id},

@@ -16,6 +16,8 @@ from conversations.models import Brief, Chat, Consolidation, Message
 from memory_worker import fold_commit, folds, runs
 from memory_worker.chat_summarizer import ChatCompletionsSummarizer
 from memory_worker.dispatch import RequestTrigger
+from memory_worker.lease import Lease
+from memory_worker.locks import LocalChatLock
 from memory_worker.state import load_snapshot
 from tests.conftest import contract_chat_after_turns, require
 from tests.fake_openai import read_fold_input
@@ -310,6 +312,30 @@ def test_chunks_stop_at_the_deadline_and_say_more_is_due(api, use_fake_openai, s
     assert len(use_fake_openai.summarize_requests()) == 1
     (only,) = Consolidation.objects.filter(chat_id=chat.pk)
     assert Brief.objects.get(chat_id=chat.pk).last_consolidated == only.to_seq < decision.to_seq
+
+
+def test_a_fold_whose_lock_was_lost_starts_no_further_summarizer_call(  # type: ignore[no-untyped-def]
+    api, use_fake_openai, settings, monkeypatch
+):
+    """Its lock lapsed (a paused worker) and another run may hold the chat: the chunk in hand
+    commits fenced, and no further summarizer call starts; the rest is handed on."""
+    settings.MEMORY_SUMMARIZER_INPUT_BUDGET = 120
+    chat, snapshot, decision = chat_with_a_fold_due(api)
+    lock = LocalChatLock(ttl_seconds=30)
+    assert lock.acquire_or_mark_pending(chat.pk, "this-run")
+    lease = Lease(lock, chat.pk, "this-run", until=time.monotonic() + 60)  # renewed per chunk
+    commit = folds.commit_fold
+
+    def commit_then_lose_the_lock(*args, **kwargs):  # type: ignore[no-untyped-def]
+        committed = commit(*args, **kwargs)
+        assert lock.release(chat.pk, "this-run") and lock.try_acquire(chat.pk, "another-run")
+        return committed
+
+    monkeypatch.setattr(folds, "commit_fold", commit_then_lose_the_lock)
+    outcome = folds.execute_fold(chat, snapshot, decision, now=timezone.now(), lease=lease)
+    assert (outcome.status, outcome.more_due, outcome.cut_short) == ("succeeded", True, True)
+    assert len(use_fake_openai.summarize_requests()) == 1 and lease.lost
+    assert Consolidation.objects.filter(chat_id=chat.pk).count() == 1
 
 
 FLUSHED: list[tuple[int, list[int], int]] = []
