@@ -3,15 +3,17 @@ real ``celery worker`` processes and a real ``celery beat`` with the default loc
 interval and sweep, PostgreSQL, a private Redis and the fake model server.
 
     python -m bench.kill_recovery [--kills 20] [--workers 3] [--summarize-latency 2]
-                                  [--out bench/results/kill_recovery.json]
+                                  [--locked-phase] [--out bench/results/kill_recovery.json]
 
-For each kill: a new ``contract`` chat with a fold due (12 unfolded messages) is queued; once
-its fold's summarizer call is in flight, the worker running it is killed with SIGKILL to its
-process group (an out-of-memory kill, a drained node: no message is handed back, the broker
-keeps it until its visibility timeout) and replaced by a fresh worker, as an orchestrator
-would. Measured: the time from the kill to the chat's fold committing (the brief's version
-moving), done by another worker; and what the chat's brief and ledger say afterwards (failures
-counted, degraded, the killed run's row).
+For each kill: a new ``contract`` chat with a fold due (12 unfolded messages) is queued at a
+random point of beat's recovery period (``--locked-phase``: at once, which puts every lapse
+just after a recovery's tick, near the worst case). Once its fold's summarizer call is in
+flight, the worker running it is killed with SIGKILL to its process group (an out-of-memory
+kill, a drained node: no message is handed back, the broker keeps it until its visibility
+timeout) and replaced by a fresh worker, as an orchestrator would. Measured: the time from the
+kill to the chat's fold committing (the brief's version moving), done by another worker; and
+what the chat's brief and ledger say afterwards (failures counted, degraded, the killed run's
+row).
 
 Needs PostgreSQL: ``--database-url`` (default ``$DATABASE_URL``) names the server; a fresh
 database is created there and dropped at the end. Worker and beat logs go to ``artifacts/``.
@@ -113,6 +115,8 @@ def run(args: argparse.Namespace, database_url: str) -> dict[str, Any]:
 
 
 def measure(args: argparse.Namespace, model: Any, fleet: list[Any], make: Any) -> dict[str, Any]:
+    from django.conf import settings
+
     from bench.common import api_client
     from conversations.models import Brief, Consolidation
     from memory_worker.dispatch import RequestTrigger
@@ -124,6 +128,11 @@ def measure(args: argparse.Namespace, model: Any, fleet: list[Any], make: Any) -
     kills: list[dict[str, Any]] = []
     for number in range(args.kills):
         chat_id = new_chat_with_fold_due(client, number)
+        if not args.locked_phase:
+            # Each kill at another point of beat's recovery period: without it every fold would
+            # start just after the previous recovery's tick, and every lapse land just after
+            # the next tick (the near-worst case, --locked-phase).
+            time.sleep(rng.uniform(0, settings.MEMORY_RECOVERY_INTERVAL_SECONDS))
         seen = [len(worker.log()) for worker in fleet]
         assert request_consolidation(chat_id, RequestTrigger.TURN)
         in_flight = wait(
@@ -206,6 +215,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--summarize-latency", type=float, default=2.0, help="seconds per call")
     parser.add_argument("--timeout", type=float, default=180.0, help="per kill, seconds")
     parser.add_argument("--seed", type=int, default=29)
+    parser.add_argument(
+        "--locked-phase",
+        action="store_true",
+        help="queue each fold as soon as the previous one committed (near the worst case)",
+    )
     parser.add_argument("--database-url", default=None, help="the PostgreSQL server to use")
     parser.add_argument("--redis-url", default=None, help="default: a private redis-server")
     parser.add_argument("--out", default="bench/results/kill_recovery.json")
