@@ -4,6 +4,7 @@ summarizer calls included), what the summarizer reads of the folded messages, an
 reruns (memory_worker.folds, fold_commit, runs)."""
 
 import itertools
+import threading
 import time
 from datetime import datetime, timedelta
 from types import SimpleNamespace
@@ -481,6 +482,26 @@ def test_a_task_whose_fold_leaves_nothing_due_reads_once_and_releases(api) -> No
     assert not lock.is_pending(chat_id)
     assert lock.acquire_or_mark_pending(chat_id, "next")  # released
     assert Brief.objects.get(chat_id=chat_id).last_consolidated == 12
+
+
+def test_a_run_renews_its_lock_while_it_folds_and_stops_when_it_ends(api, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """The lease's thread lives as long as the run: started with it, stopped before the lock
+    is released (a renewer left behind would keep a finished run's lock, or a dead one's)."""
+    chat_id = new_chat(api)
+    turns(api, chat_id, 26)
+    lock = LocalChatLock(ttl_seconds=60)
+    seen = []
+    summarize = folds.summarize_and_commit
+
+    def summarize_while_renewed(*args, **kwargs):  # type: ignore[no-untyped-def]
+        seen.append([t.name for t in threading.enumerate() if t.name.startswith("chatmem-lease")])
+        return summarize(*args, **kwargs)
+
+    monkeypatch.setattr(folds, "summarize_and_commit", summarize_while_renewed)
+    assert task_run(chat_id, lock)[0] == ["succeeded"]
+    assert seen == [[f"chatmem-lease-{chat_id}"]]
+    assert not [t for t in threading.enumerate() if t.name.startswith("chatmem-lease")]
+    assert lock.acquire_or_mark_pending(chat_id, "next")  # released
 
 
 def test_a_backlog_of_several_folds_is_folded_by_the_same_task(api) -> None:  # type: ignore[no-untyped-def]
