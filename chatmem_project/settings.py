@@ -274,12 +274,19 @@ LLM_TIMEOUT_SECONDS = env_float("LLM_TIMEOUT_SECONDS", 60.0)
 # HTTP(S) proxy in the environment the SDK always sends it.
 CHAT_DIRECT_HTTP = env_bool("CHAT_DIRECT_HTTP", True)
 MEMORY_LLM_TIMEOUT_SECONDS = env_float("MEMORY_LLM_TIMEOUT_SECONDS", 60.0)
-# Ordered deadlines (DESIGN §6): LLM < soft < hard < lock TTL < broker visibility timeout.
+# Ordered deadlines (DESIGN §6): LLM < soft < hard < the lock's last expiry (hard + one lock
+# TTL) < broker visibility timeout.
 MEMORY_TASK_SOFT_TIME_LIMIT = env_int("MEMORY_TASK_SOFT_TIME_LIMIT", 240)
 MEMORY_TASK_TIME_LIMIT = env_int("MEMORY_TASK_TIME_LIMIT", 300)
-MEMORY_LOCK_TTL_SECONDS = env_int("MEMORY_LOCK_TTL_SECONDS", 360)
+# The per-chat lock's TTL, renewed by its holder every third of it (memory_worker.lease) until
+# the run ends or its hard time limit: a dead holder's chat is free again within this.
+MEMORY_LOCK_TTL_SECONDS = env_int("MEMORY_LOCK_TTL_SECONDS", 20)
 BROKER_VISIBILITY_TIMEOUT = env_int("BROKER_VISIBILITY_TIMEOUT", 3600)
 MEMORY_SWEEP_INTERVAL_SECONDS = env_float("MEMORY_SWEEP_INTERVAL_SECONDS", 60.0)
+# How often beat looks for runs whose worker died (a ledger row "running" whose chat's lock has
+# lapsed) and queues their chats' folds: a dead worker's chat is refolded within one lock TTL,
+# this interval and one fold.
+MEMORY_RECOVERY_INTERVAL_SECONDS = env_float("MEMORY_RECOVERY_INTERVAL_SECONDS", 10.0)
 # A turn queues no consolidation task for a chat that has one queued and not started yet
 # (memory_worker.dispatch); a marker expires after this (0: no deduplication).
 MEMORY_ENQUEUE_DEDUP_SECONDS = env_float("MEMORY_ENQUEUE_DEDUP_SECONDS", 60.0)
@@ -306,6 +313,7 @@ CELERY_TASK_DEFAULT_QUEUE = "memory"
 MEMORY_SWEEP_QUEUE = "memory-sweep"
 CELERY_TASK_ROUTES = {
     "chatmem.sweep": {"queue": MEMORY_SWEEP_QUEUE},
+    "chatmem.recover_runs": {"queue": MEMORY_SWEEP_QUEUE},
     "chatmem.*": {"queue": "memory"},
 }
 CELERY_TASK_ACKS_LATE = True
@@ -338,6 +346,11 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": MEMORY_SWEEP_INTERVAL_SECONDS,
         # A sweep that could not run in time is useless: the next one covers it.
         "options": {"expires": MEMORY_SWEEP_INTERVAL_SECONDS, "queue": MEMORY_SWEEP_QUEUE},
+    },
+    "chatmem-recover-runs": {
+        "task": "chatmem.recover_runs",
+        "schedule": MEMORY_RECOVERY_INTERVAL_SECONDS,
+        "options": {"expires": MEMORY_RECOVERY_INTERVAL_SECONDS, "queue": MEMORY_SWEEP_QUEUE},
     },
 }
 

@@ -124,6 +124,9 @@ class ConsolidationStatus(models.TextChoices):
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     SUPERSEDED = "superseded"
+    # Its worker died mid-fold (kill -9, out of memory): nothing was written, and it is not the
+    # chat's failure (memory_worker.sweep).
+    INTERRUPTED = "interrupted"
 
 
 class Consolidation(models.Model):
@@ -159,7 +162,15 @@ class Consolidation(models.Model):
 
     class Meta:
         ordering = ["chat", "-id"]
-        indexes = [models.Index(fields=["chat", "status"])]
+        indexes = [
+            models.Index(fields=["chat", "status"]),
+            # The recovery looks at the running rows every few seconds: few of a large ledger.
+            models.Index(
+                fields=["started_at"],
+                condition=models.Q(status="running"),
+                name="consolidation_running",
+            ),
+        ]
 
     def __str__(self) -> str:
         return f"{self.chat_id} [{self.from_seq}..{self.to_seq}] {self.status}"

@@ -11,13 +11,18 @@ from memory_worker.backends import SUMMARIZER_BACKENDS
 from memory_worker.chat_policy import effective_policy
 from memory_worker.presets import PRESETS, synchronous_only
 
+LOCK_LIFETIME = "MEMORY_TASK_TIME_LIMIT + MEMORY_LOCK_TTL_SECONDS"
+
 
 def deadline_chain() -> list[tuple[str, float]]:
+    """The lock's TTL is per renewal: its holder renews it until the run's hard time limit, so
+    the lock lasts at most that plus one TTL, and covers the run for as long as it can live."""
+    hard = settings.MEMORY_TASK_TIME_LIMIT
     return [
         ("MEMORY_LLM_TIMEOUT_SECONDS", settings.MEMORY_LLM_TIMEOUT_SECONDS),
         ("MEMORY_TASK_SOFT_TIME_LIMIT", settings.MEMORY_TASK_SOFT_TIME_LIMIT),
-        ("MEMORY_TASK_TIME_LIMIT", settings.MEMORY_TASK_TIME_LIMIT),
-        ("MEMORY_LOCK_TTL_SECONDS", settings.MEMORY_LOCK_TTL_SECONDS),
+        ("MEMORY_TASK_TIME_LIMIT", hard),
+        (LOCK_LIFETIME, hard + settings.MEMORY_LOCK_TTL_SECONDS),
         ("BROKER_VISIBILITY_TIMEOUT", settings.BROKER_VISIBILITY_TIMEOUT),
     ]
 
@@ -31,8 +36,8 @@ def check_deadlines(app_configs: Any = None, **kwargs: Any) -> list[Error]:
             errors.append(
                 Error(
                     f"{lower_name} ({lower}) must be less than {upper_name} ({upper}): "
-                    "LLM deadline < soft time limit < hard time limit < lock TTL < broker "
-                    "visibility timeout.",
+                    "LLM deadline < soft time limit < hard time limit < the lock's last "
+                    "expiry (hard time limit + lock TTL) < broker visibility timeout.",
                     id="chatmem.E001",
                 )
             )
@@ -46,6 +51,24 @@ def check_deadlines(app_configs: Any = None, **kwargs: Any) -> list[Error]:
             )
         )
     return errors
+
+
+@register()
+def check_lock_ttl(app_configs: Any = None, **kwargs: Any) -> list[Warning]:
+    """A lock TTL from before its holder renewed it (it had to outlast the hard time limit)
+    still works, but a dead worker's chats then wait that long before another worker folds
+    them."""
+    ttl, hard = settings.MEMORY_LOCK_TTL_SECONDS, settings.MEMORY_TASK_TIME_LIMIT
+    if ttl < hard:
+        return []
+    return [
+        Warning(
+            f"MEMORY_LOCK_TTL_SECONDS ({ttl}) is not below MEMORY_TASK_TIME_LIMIT ({hard}): the "
+            "lock is renewed by its holder, so its TTL only bounds how long a dead worker keeps "
+            "a chat; 20 is the default.",
+            id="chatmem.W003",
+        )
+    ]
 
 
 @register()
@@ -105,6 +128,8 @@ SUMMARIZER_FALLBACKS = ("", "offline")
 POSITIVE_MEMORY_SETTINGS = (
     "MEMORY_LLM_TIMEOUT_SECONDS",
     "MEMORY_SWEEP_INTERVAL_SECONDS",
+    "MEMORY_RECOVERY_INTERVAL_SECONDS",
+    "MEMORY_LOCK_TTL_SECONDS",
     "MEMORY_SUMMARIZER_INPUT_BUDGET",
     "MEMORY_SWEEP_BATCH",
     "MEMORY_MAX_RERUNS_PER_TASK",

@@ -1,5 +1,5 @@
 """When a memory task stops starting summarizer calls: its soft time limit, less room for the
-commit and the hand-off of what is left to a fresh task."""
+commit and the hand-off of what is left to a fresh task; and how long a chat's lock can last."""
 
 import time
 
@@ -13,6 +13,12 @@ def time_for_a_chunk(deadline: float | None) -> bool:
     if deadline is None:
         return True
     return time.monotonic() + settings.MEMORY_LLM_TIMEOUT_SECONDS <= deadline
+
+
+def longest_lock_hold() -> float:
+    """How long a chat's lock can be held, in seconds from its acquire: renewed by its holder
+    until the holder's hard time limit (memory_worker.lease), then one more TTL at most."""
+    return settings.MEMORY_TASK_TIME_LIMIT + settings.MEMORY_LOCK_TTL_SECONDS
 
 
 def task_deadline(started: float) -> float:

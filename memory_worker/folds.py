@@ -23,6 +23,7 @@ from memory_worker.engine_state import Msg
 from memory_worker.fold_commit import commit_fold
 from memory_worker.fold_isolation import IsolationFailed, isolate
 from memory_worker.fold_ledger import WORKER_NAME, record_interrupted, record_running
+from memory_worker.lease import Lease
 from memory_worker.outcomes import FoldOutcome, FoldResult
 from memory_worker.retries import (
     CRASH_KIND,
@@ -56,10 +57,11 @@ def consolidate_once(
     now: datetime | None = None,
     due_at: datetime | None = None,
     deadline: float | None = None,
+    lease: Lease | None = None,
 ) -> FoldOutcome:
     """One policy evaluation and at most one fold (seed 000 §7: one summarization per cycle).
     ``due_at``: when the turn that asked for this run found a fold due (for the lag figure);
-    ``deadline``: see ``execute_fold``."""
+    ``deadline`` and ``lease``: see ``execute_fold``."""
     now = now or timezone.now()
     found = read_chat_and_snapshot(chat_id)
     if found is None:  # deleted while queued
@@ -73,7 +75,9 @@ def consolidate_once(
         if snapshot.next_attempt_at is not None:
             clear_failure_state(chat_id, snapshot.next_attempt_at)
         return FoldOutcome(FoldResult.NOTHING)
-    return execute_fold(chat, snapshot, decision, now=now, due_at=due_at, deadline=deadline)
+    return execute_fold(
+        chat, snapshot, decision, now=now, due_at=due_at, deadline=deadline, lease=lease
+    )
 
 
 def execute_fold(
@@ -87,6 +91,7 @@ def execute_fold(
     deadline: float | None = None,
     summarizer: Summarizer | None = None,
     fallback_reason: str = "",
+    lease: Lease | None = None,
 ) -> FoldOutcome:
     """The decided range, summarized and committed chunk by chunk. A range larger than the
     summarizer's input budget is split at turn boundaries (DESIGN §5: chunks, never trimming),
@@ -99,7 +104,9 @@ def execute_fold(
     by then (``time_for_a_chunk``); the outcome then says more is due and the caller hands on.
     The outcome is the last chunk's; ``decision`` stays the whole range's. ``summarizer``: the
     configured one (for the chat's cap) unless given; ``fallback_reason``: it is the offline
-    fallback of a model fold that failed, for that reason (fold_commit.commit_fold)."""
+    fallback of a model fold that failed, for that reason (fold_commit.commit_fold).
+    ``lease``: the chat's lock, renewed before each summarizer call; once lost, no call starts
+    and the outcome says more is due."""
     to_fold = [m for m in snapshot.unfolded if decision.from_seq <= m.seq <= decision.to_seq]
     chunks = split_for_summarizer(
         [Msg(m.seq, m.role, m.token_count) for m in to_fold],
@@ -109,6 +116,8 @@ def execute_fold(
     outcome = FoldOutcome(FoldResult.NOTHING, decision)
     for index, (first, last) in enumerate(chunks):
         if index and not time_for_a_chunk(deadline):
+            return replace(outcome, decision=decision, more_due=True, cut_short=True)
+        if lease is not None and not lease.renew():
             return replace(outcome, decision=decision, more_due=True, cut_short=True)
         chunk = engine.Decision(decision.trigger, first, last)
         batch = [m for m in to_fold if first <= m.seq <= last]

@@ -5,6 +5,9 @@ more run" are each a single atomic step (a Lua script in Redis, a mutex in-proce
 that lands between a run's last check and its release can never be lost, which is how
 check-then-release designs drop reruns.
 
+The lock's TTL is short and its holder renews it while it works (``renew``, a compare-and-set
+on the token; memory_worker.lease), so a dead holder's lock lapses within one TTL.
+
 The lock only saves work. Correctness rests on the fold's conditional UPDATE.
 """
 
@@ -23,10 +26,13 @@ class Release(Enum):
 
 
 class ChatLock(Protocol):
+    ttl_seconds: float
+
     def acquire_or_mark_pending(self, chat_id: int, token: str) -> bool: ...
     def try_acquire(self, chat_id: int, token: str) -> bool: ...
     def release_or_rerun(self, chat_id: int, token: str) -> Release: ...
     def release(self, chat_id: int, token: str) -> bool: ...
+    def renew(self, chat_id: int, token: str) -> bool: ...
     def mark_pending(self, chat_id: int) -> None: ...
     def is_pending(self, chat_id: int) -> bool: ...
     def pending_chats(self) -> list[int]: ...
@@ -68,14 +74,25 @@ end
 return 0
 """
 
+# A full TTL from now, only while the token is still ours: an expired lock is never revived
+# (another run may have taken it since), and the holder learns that it lost it.
+_RENEW = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+return 0
+"""
+
 
 class RedisChatLock:
     def __init__(self, client: "redis.Redis", ttl_seconds: float) -> None:
         self._client = client
+        self.ttl_seconds = ttl_seconds
         self._ttl_ms = int(ttl_seconds * 1000)
         self._acquire = client.register_script(_ACQUIRE)
         self._release_or_rerun = client.register_script(_RELEASE_OR_RERUN)
         self._release = client.register_script(_RELEASE)
+        self._renew = client.register_script(_RENEW)
 
     @staticmethod
     def key(chat_id: int) -> str:
@@ -97,6 +114,10 @@ class RedisChatLock:
 
     def release(self, chat_id: int, token: str) -> bool:
         return bool(self._release(keys=[self.key(chat_id)], args=[token]))
+
+    def renew(self, chat_id: int, token: str) -> bool:
+        """Whether the lock is still ours (then it lives one more TTL from now)."""
+        return bool(self._renew(keys=[self.key(chat_id)], args=[token, self._ttl_ms]))
 
     def mark_pending(self, chat_id: int) -> None:
         self._client.sadd(PENDING_SET, str(chat_id))
@@ -125,6 +146,7 @@ class LocalChatLock:
         self._mutex = threading.Lock()
         self._holders: dict[int, tuple[str, float]] = {}
         self._pending: set[int] = set()
+        self.ttl_seconds = ttl_seconds
         self._ttl = ttl_seconds
 
     def _held_by_other(self, chat_id: int, token: str) -> bool:
@@ -165,6 +187,14 @@ class LocalChatLock:
             if holder is None or holder[0] != token:
                 return False
             del self._holders[chat_id]
+            return True
+
+    def renew(self, chat_id: int, token: str) -> bool:
+        with self._mutex:
+            holder = self._holders.get(chat_id)
+            if holder is None or holder[0] != token or holder[1] <= time.monotonic():
+                return False  # as in Redis: an expired lock is gone, whoever holds it next
+            self._holders[chat_id] = (token, time.monotonic() + self._ttl)
             return True
 
     def mark_pending(self, chat_id: int) -> None:

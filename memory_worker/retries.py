@@ -14,6 +14,7 @@ from django.db.models import F
 from django.utils import timezone
 
 from conversations.models import Brief, Consolidation, ConsolidationStatus
+from memory_worker.deadlines import longest_lock_hold
 from memory_worker.dispatch import RequestTrigger
 from memory_worker.fold_ledger import failed_fold_fields
 from memory_worker.outcomes import FoldOutcome, FoldResult
@@ -40,6 +41,11 @@ def _jittered(seconds: float) -> timedelta:
 # counts as transient: it says nothing about the request itself. Database errors never get here:
 # the task retries them (tasks.consolidate_chat).
 CRASH_KIND = "crash"
+
+# A run whose worker died (memory_worker.sweep) is retried at once and not counted, until the
+# chat's background folds died this many times in a row: a fold that kills its worker every
+# time (out of memory) then counts as a crash, with backoff and then degraded.
+CRASH_AFTER_INTERRUPTIONS = 3
 
 
 TRANSIENT = "transient"  # timeout, connection, 429 rate limit, 5xx: may work in a moment
@@ -150,7 +156,7 @@ def within_visibility(delay: float | None) -> float | None:
 
 # A manual fold asked for while another run holds the chat waits for it: that run's reruns
 # judge by the policy's own triggers, which need not want what was asked for by hand. Every
-# MANUAL_WAIT_SECONDS, for as long as a lock can be held (its TTL).
+# MANUAL_WAIT_SECONDS, for as long as a lock can be held.
 MANUAL_WAIT_SECONDS = 5.0
 
 
@@ -161,7 +167,7 @@ def manual_wait_delay(
     None: not such a request, or it has waited as long as a lock can be held."""
     if outcomes or trigger != RequestTrigger.MANUAL:
         return None
-    if waited >= settings.MEMORY_LOCK_TTL_SECONDS:
+    if waited >= longest_lock_hold():
         log.warning("manual fold gave up waiting for the lock", extra={"chat_id": chat_id})
         return None
     return MANUAL_WAIT_SECONDS

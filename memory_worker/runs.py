@@ -14,6 +14,7 @@ from django.conf import settings
 from memory_worker.deadlines import task_deadline, time_for_a_chunk
 from memory_worker.dispatch import RequestTrigger, TaskByName, clear_queued, hand_off, mark_queued
 from memory_worker.folds import consolidate_once
+from memory_worker.lease import Lease
 from memory_worker.locks import ChatLock, Release
 from memory_worker.outcomes import FoldOutcome
 from memory_worker.runtime import chat_lock
@@ -81,31 +82,40 @@ def consolidate_with_lock(
         return []
     # Reruns and a fold's later chunks stop in time to end the task before its soft time limit:
     # what they leave is marked pending and handed to a fresh task. ``started``: the task's.
-    deadline = task_deadline(time.monotonic() if started is None else started)
+    started = time.monotonic() if started is None else started
+    deadline = task_deadline(started)
+    # Renewed until the run ends or its hard time limit, when the task is killed anyway.
+    lease = Lease(lock, chat_id, token, until=started + settings.MEMORY_TASK_TIME_LIMIT)
     outcomes: list[FoldOutcome] = []
     next_trigger = RequestTrigger.RERUN
     try:
-        while True:
-            outcome = consolidate_once(chat_id, trigger, due_at=due_at, deadline=deadline)
-            outcomes.append(outcome)
-            if outcome.more_due:
-                # One fold per cycle; the backlog left another due: run again, on a fresh read.
-                lock.mark_pending(chat_id)
-            # What a manual fold cut short by the deadline left was asked for by hand: a rerun
-            # judged by the policy's own triggers might leave it.
-            next_trigger = (
-                RequestTrigger.MANUAL
-                if trigger == RequestTrigger.MANUAL and outcome.cut_short
-                else RequestTrigger.RERUN
-            )
-            if len(outcomes) >= max_runs or not time_for_a_chunk(deadline):
-                break
-            release = lock.release_or_rerun(chat_id, token)
-            if release is Release.LOST:
-                log.warning("lock expired during a run", extra={"chat_id": chat_id})
-            if release is not Release.RERUN:
-                return outcomes
-            trigger = next_trigger
+        with lease:  # stopped before the lock is released, however the run ends
+            while True:
+                outcome = consolidate_once(
+                    chat_id, trigger, due_at=due_at, deadline=deadline, lease=lease
+                )
+                outcomes.append(outcome)
+                if outcome.more_due:
+                    # One fold per cycle; the backlog left another due: run again, on a fresh
+                    # read.
+                    lock.mark_pending(chat_id)
+                # What a manual fold cut short by the deadline left was asked for by hand: a
+                # rerun judged by the policy's own triggers might leave it.
+                next_trigger = (
+                    RequestTrigger.MANUAL
+                    if trigger == RequestTrigger.MANUAL and outcome.cut_short
+                    else RequestTrigger.RERUN
+                )
+                # A lost lease hands on (what is left is marked pending): another run may hold
+                # the chat now, and it serves the mark; if none does, a fresh task takes it.
+                if len(outcomes) >= max_runs or not time_for_a_chunk(deadline) or lease.lost:
+                    break
+                release = lock.release_or_rerun(chat_id, token)
+                if release is Release.LOST:
+                    log.warning("lock expired during a run", extra={"chat_id": chat_id})
+                if release is not Release.RERUN:
+                    return outcomes
+                trigger = next_trigger
     except BaseException:
         lock.release(chat_id, token)
         raise

@@ -1,61 +1,131 @@
-"""The beat sweep's judgement: runs a killed worker left "running", and the chats to queue
-(retries due, cooled chats with a fold due, chats marked pending whose run died)."""
+"""The beat sweep's judgement: runs whose worker died (their lock lapsed), and the chats to
+queue (retries due, cooled chats with a fold due, chats marked pending whose run died)."""
 
 import logging
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+import redis
 from django.conf import settings
 from django.core.cache import cache
 from django.db import transaction
 from django.db.models import F, Q
+from django.db.models.functions import Now
 
 from conversations.models import Brief, Consolidation, ConsolidationStatus
+from memory_worker import policy as engine
+from memory_worker.deadlines import longest_lock_hold
+from memory_worker.dispatch import RequestTrigger
+from memory_worker.fold_ledger import failed_fold_fields
 from memory_worker.folds import decide_for_chat
 from memory_worker.locks import ChatLock
-from memory_worker.retries import CRASH_KIND, fail_brief
+from memory_worker.retries import CRASH_AFTER_INTERRUPTIONS, CRASH_KIND, fail_brief
 from memory_worker.state import read_chat_and_snapshot
 
 log = logging.getLogger("chatmem.fold")
 
 
+INTERRUPTED = "interrupted: worker died"
 ABANDONED = "abandoned: worker died"
 
 
-def abandon_stale_runs(now: datetime) -> int:
-    """Ledger rows left ``running`` by a killed worker: nothing was written for them (each chunk
-    commits atomically), so they are marked failed once no lock can still cover them, and the
-    chat's brief counts the failure like a crash. A fold that kills its worker every time (out of
-    memory) backs off and turns degraded instead of being retried every lock TTL for ever."""
-    cutoff = now - timedelta(seconds=settings.MEMORY_LOCK_TTL_SECONDS)
-    stale = list(
-        Consolidation.objects.filter(status=ConsolidationStatus.RUNNING, started_at__lt=cutoff)
-    )
-    abandoned = 0
-    for ledger in stale:
+@dataclass(frozen=True)
+class Refold:
+    """A chat whose run died, to be folded again at once (after the marking committed)."""
+
+    chat_id: int
+    trigger: RequestTrigger
+
+
+def recover_dead_runs(now: datetime, lock: ChatLock) -> list[Refold]:
+    """Ledger rows left ``running`` by a run whose process died (kill -9, out of memory, a node
+    drained): its chunk wrote nothing (each commits atomically). A background run takes its
+    chat's lock before it writes its row, and writes the row's outcome before it releases the
+    lock, so a row still running whose chat's lock is free is dead: its holder stopped renewing
+    it. A row older than any lock can be held is dead whatever the lock says (another run took
+    the chat since; a turn's fold, which may fold without the lock, died with its web process).
+
+    A dead run is marked interrupted, not counted as the chat's failure, and its chat returned
+    to be folded at once; one that kills its worker every time (out of memory) is a crash on
+    the chat's brief from the CRASH_AFTER_INTERRUPTIONS-th death in a row (backoff, then
+    degraded), so it is not retried at once for ever."""
+    running = Consolidation.objects.filter(status=ConsolidationStatus.RUNNING)
+    # Database time: the rows were stamped by many hosts, and this one's clock may differ.
+    too_old = Now() - timedelta(seconds=longest_lock_hold())
+    expired = set(running.filter(started_at__lt=too_old).values_list("pk", flat=True))
+    refolds = []
+    for ledger in running.order_by("pk"):  # a chat's earlier deaths are counted first
         try:
-            abandoned += abandon_run(ledger, now)
+            if ledger.pk in expired or lock_lapsed(ledger, lock):
+                refold = interrupt_run(ledger, now)
+                if refold is not None:
+                    refolds.append(refold)
         except Exception:  # one chat's error must not cancel the rest of the sweep
             log.exception(
-                "could not mark an abandoned run failed",
+                "could not mark a dead run",
                 extra={"event": "sweep_error", "chat_id": ledger.chat_id},
             )
-    return abandoned
+    return refolds
 
 
-def abandon_run(ledger: Consolidation, now: datetime) -> int:
-    """1 if this sweep marked the run failed. The row and its chat's failure count change
-    together: had the count failed alone, the row (then not running) would never be counted
-    by a later sweep, and a fold that keeps killing its worker would skip its backoff."""
+def lock_lapsed(ledger: Consolidation, lock: ChatLock) -> bool:
+    if ledger.synchronous:
+        return False  # a turn may fold without the lock: only its age tells (above)
+    try:
+        return not lock.is_held(ledger.chat_id)
+    except redis.RedisError:
+        return False  # unknown: left to the age rule
+
+
+def interrupt_run(ledger: Consolidation, now: datetime) -> Refold | None:
+    """The dead run's row marked, and the chat to fold again if it is to be at once. The row
+    and a crash's count on the brief change together: had the count failed alone, the row
+    (then not running) would never be counted by a later sweep."""
+    crash = not ledger.synchronous and deaths_in_a_row(ledger) >= CRASH_AFTER_INTERRUPTIONS
+    status, error = (
+        (ConsolidationStatus.FAILED, ABANDONED)
+        if crash
+        else (ConsolidationStatus.INTERRUPTED, INTERRUPTED)
+    )
     with transaction.atomic():
         # Conditional: a row that finished meanwhile keeps its own outcome.
         marked = Consolidation.objects.filter(
             pk=ledger.pk, status=ConsolidationStatus.RUNNING
-        ).update(status=ConsolidationStatus.FAILED, error=ABANDONED, finished_at=now)
-        # A synchronous fold dies with its web process (a gunicorn timeout): not a reason to
-        # hold the chat's background folds back.
-        if marked and not ledger.synchronous:
+        ).update(status=status, error=error, finished_at=now)
+        if marked and crash:
             fail_brief(ledger, ledger.base_version, ABANDONED, CRASH_KIND, now)
-    return marked
+    if not marked or crash:
+        return None
+    log.warning(
+        "fold interrupted: its worker died",
+        extra={
+            **failed_fold_fields(ledger),
+            "ledger_id": ledger.pk,
+            "outcome": str(ConsolidationStatus.INTERRUPTED),
+        },
+    )
+    # A synchronous fold died with its web process: the chat's next turn judges it again.
+    if ledger.synchronous:
+        return None
+    manual = ledger.trigger == engine.Trigger.MANUAL
+    return Refold(ledger.chat_id, RequestTrigger.MANUAL if manual else RequestTrigger.SWEEP)
+
+
+def deaths_in_a_row(ledger: Consolidation) -> int:
+    """How many of the chat's latest background attempts, this one included, died with their
+    worker, up to CRASH_AFTER_INTERRUPTIONS: a fold that commits or fails ends the run."""
+    earlier = (
+        Consolidation.objects.filter(chat_id=ledger.chat_id, synchronous=False, pk__lt=ledger.pk)
+        .exclude(status=ConsolidationStatus.RUNNING)
+        .order_by("-pk")
+        .values_list("status", "error")[: CRASH_AFTER_INTERRUPTIONS - 1]
+    )
+    deaths = 1
+    for status, error in earlier:
+        if status != ConsolidationStatus.INTERRUPTED and error != ABANDONED:
+            break
+        deaths += 1
+    return deaths
 
 
 def sweep_candidates(now: datetime, lock: ChatLock, limit: int) -> list[int]:

@@ -16,7 +16,7 @@ from memory_worker.dispatch import RequestTrigger, clear_queued
 from memory_worker.outcomes import FoldResult
 from memory_worker.runs import CONSOLIDATE_CHAT, consolidate_with_lock, request_consolidation
 from memory_worker.runtime import chat_lock
-from memory_worker.sweep import abandon_stale_runs, sweep_candidates
+from memory_worker.sweep import recover_dead_runs, sweep_candidates
 from memory_worker.task_base import WorkerDeadlinesTask
 
 log = logging.getLogger("chatmem.tasks")
@@ -116,13 +116,25 @@ def _queue_again(
 @shared_task(name="chatmem.sweep", queue=settings.MEMORY_SWEEP_QUEUE, base=WorkerDeadlinesTask)
 def sweep() -> int:
     now = timezone.now()
-    abandon_stale_runs(now)
+    recover_runs()  # also here: beat's own recovery entry may be missing (an older beat)
     chat_ids = sweep_candidates(now, chat_lock(), settings.MEMORY_SWEEP_BATCH)
     for chat_id in chat_ids:
         request_consolidation(chat_id, RequestTrigger.SWEEP)
     hooks.replay_missed_daily_notes(now)  # daily-notes hooks whose publish failed
     log.info("sweep", extra={"event": "sweep", "enqueued": len(chat_ids)})
     return len(chat_ids)
+
+
+# Every MEMORY_RECOVERY_INTERVAL_SECONDS, on the sweep's queue: a run whose worker died is
+# found once its lock lapses (one MEMORY_LOCK_TTL_SECONDS at most), and its chat folded at once.
+@shared_task(
+    name="chatmem.recover_runs", queue=settings.MEMORY_SWEEP_QUEUE, base=WorkerDeadlinesTask
+)
+def recover_runs() -> int:
+    refolds = recover_dead_runs(timezone.now(), chat_lock())
+    for refold in refolds:  # after the rows' marking committed
+        request_consolidation(refold.chat_id, refold.trigger)
+    return len(refolds)
 
 
 # A hook that fails (the daily notes' model call hit a 429, the database blinked, the soft time

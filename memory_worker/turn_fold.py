@@ -20,6 +20,7 @@ from memory_worker.backends import offline_summarizer, summarizer_backend_name
 from memory_worker.chat_policy import policy_for_chat
 from memory_worker.dispatch import RequestTrigger, fold_queued
 from memory_worker.folds import execute_fold
+from memory_worker.lease import Lease
 from memory_worker.locks import ChatLock
 from memory_worker.outcomes import FoldOutcome, FoldResult
 from memory_worker.runs import request_consolidation
@@ -75,11 +76,15 @@ def fold_before_turn(
     if waited is Wait.EXPIRED:
         before_fold()
         return _fold_or_fall_back(chat, snapshot, decision, prompt_tokens)
+    # Renewed while the turn folds (one summarizer call can outlast the TTL), for no longer
+    # than a task could hold it: a web process that dies frees the chat within one TTL.
+    lease = Lease(lock, chat.pk, token, until=time.monotonic() + settings.MEMORY_TASK_TIME_LIMIT)
     try:
-        if brief_version(chat.pk) != snapshot.version:
-            return _waited(chat.pk, started)  # a fold committed between the last look and now
-        before_fold()
-        return _fold_or_fall_back(chat, snapshot, decision, prompt_tokens)
+        with lease:
+            if brief_version(chat.pk) != snapshot.version:
+                return _waited(chat.pk, started)  # a fold committed since the last look
+            before_fold()
+            return _fold_or_fall_back(chat, snapshot, decision, prompt_tokens)
     finally:
         release(chat.pk, token, lock)
 
@@ -101,7 +106,7 @@ def acquire_or_wait(
 ) -> Wait:
     """Take the lock when no fold is in flight; else wait until a fold commits (the brief's
     version moves) or the one in flight ends. A fold still in flight at ``deadline`` (its holder
-    stuck, or dead until the lock's TTL) is not waited for longer. The turn's acquire leaves
+    stuck, or dead less than one lock TTL ago) is not waited for longer. The turn's acquire leaves
     the pending set alone: it decided its range before taking the lock, so it cannot serve a
     rerun that was asked for, and a trigger it met is the holder's to serve already."""
     queued_until = started + settings.MEMORY_QUEUED_FOLD_WAIT_SECONDS

@@ -146,7 +146,7 @@ def broker(settings, clean_redis):  # type: ignore[no-untyped-def]
     previous = point_celery_at(clean_redis)
     settings.REDIS_URL = clean_redis
     settings.MEMORY_DISPATCH = "celery"
-    settings.MEMORY_LOCK_TTL_SECONDS = 8
+    settings.MEMORY_LOCK_TTL_SECONDS = 3  # as the workers' (tests.workers.FAST_DEADLINES)
     _lock.cache_clear()
     yield clean_redis
     point_celery_at(previous)

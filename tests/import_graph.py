@@ -40,6 +40,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "memory_worker",  # the package itself (empty)
             "memory_worker.runtime",
             "memory_worker.locks",
+            "memory_worker.lease",
             "memory_worker.state",
         ),
     ),

@@ -62,10 +62,10 @@ def test_deadline_order_is_checked_at_start_up(settings) -> None:  # type: ignor
     from memory_worker.checks import check_deadlines
 
     assert check_deadlines() == []
-    settings.MEMORY_LOCK_TTL_SECONDS = 100  # below the hard time limit
+    settings.BROKER_VISIBILITY_TIMEOUT = 310  # below the lock's last expiry (300 + 20)
     errors = check_deadlines()
     assert [error.id for error in errors] == ["chatmem.E001"]
-    assert "MEMORY_TASK_TIME_LIMIT" in errors[0].msg
+    assert "MEMORY_TASK_TIME_LIMIT + MEMORY_LOCK_TTL_SECONDS" in errors[0].msg
 
 
 def test_unknown_default_policy_is_refused_at_start_up(settings) -> None:  # type: ignore[no-untyped-def]

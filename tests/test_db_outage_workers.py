@@ -156,7 +156,7 @@ def test_a_fold_whose_commit_fails_on_the_database_is_retried(
     api: Any, ladder: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The task retries itself: failing and being acknowledged would lose the manual request
-    and leave the ledger row "running" until the sweep abandons it a lock TTL later."""
+    and leave the ledger row "running" until the recovery marks it interrupted."""
     published = queued_retries(monkeypatch)
     chat_id = contract_chat_after_turns(api, 6)  # 12 unfolded messages: a fold is due
 

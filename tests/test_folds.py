@@ -4,6 +4,7 @@ summarizer calls included), what the summarizer reads of the folded messages, an
 reruns (memory_worker.folds, fold_commit, runs)."""
 
 import itertools
+import threading
 import time
 from datetime import datetime, timedelta
 from types import SimpleNamespace
@@ -16,6 +17,8 @@ from conversations.models import Brief, Chat, Consolidation, Message
 from memory_worker import fold_commit, folds, runs
 from memory_worker.chat_summarizer import ChatCompletionsSummarizer
 from memory_worker.dispatch import RequestTrigger
+from memory_worker.lease import Lease
+from memory_worker.locks import LocalChatLock
 from memory_worker.state import load_snapshot
 from tests.conftest import contract_chat_after_turns, require
 from tests.fake_openai import read_fold_input
@@ -315,6 +318,30 @@ def test_chunks_stop_at_the_deadline_and_say_more_is_due(api, use_fake_openai, s
     assert Brief.objects.get(chat_id=chat.pk).last_consolidated == only.to_seq < decision.to_seq
 
 
+def test_a_fold_whose_lock_was_lost_starts_no_further_summarizer_call(  # type: ignore[no-untyped-def]
+    api, use_fake_openai, settings, monkeypatch
+):
+    """Its lock lapsed (a paused worker) and another run may hold the chat: the chunk in hand
+    commits fenced, and no further summarizer call starts; the rest is handed on."""
+    settings.MEMORY_SUMMARIZER_INPUT_BUDGET = 120
+    chat, snapshot, decision = chat_with_a_fold_due(api)
+    lock = LocalChatLock(ttl_seconds=30)
+    assert lock.acquire_or_mark_pending(chat.pk, "this-run")
+    lease = Lease(lock, chat.pk, "this-run", until=time.monotonic() + 60)  # renewed per chunk
+    commit = folds.commit_fold
+
+    def commit_then_lose_the_lock(*args, **kwargs):  # type: ignore[no-untyped-def]
+        committed = commit(*args, **kwargs)
+        assert lock.release(chat.pk, "this-run") and lock.try_acquire(chat.pk, "another-run")
+        return committed
+
+    monkeypatch.setattr(folds, "commit_fold", commit_then_lose_the_lock)
+    outcome = folds.execute_fold(chat, snapshot, decision, now=timezone.now(), lease=lease)
+    assert (outcome.status, outcome.more_due, outcome.cut_short) == ("succeeded", True, True)
+    assert len(use_fake_openai.summarize_requests()) == 1 and lease.lost
+    assert Consolidation.objects.filter(chat_id=chat.pk).count() == 1
+
+
 FLUSHED: list[tuple[int, list[int], int]] = []
 
 
@@ -458,6 +485,26 @@ def test_a_task_whose_fold_leaves_nothing_due_reads_once_and_releases(api) -> No
     assert not lock.is_pending(chat_id)
     assert lock.acquire_or_mark_pending(chat_id, "next")  # released
     assert Brief.objects.get(chat_id=chat_id).last_consolidated == 12
+
+
+def test_a_run_renews_its_lock_while_it_folds_and_stops_when_it_ends(api, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """The lease's thread lives as long as the run: started with it, stopped before the lock
+    is released (a renewer left behind would keep a finished run's lock, or a dead one's)."""
+    chat_id = new_chat(api)
+    turns(api, chat_id, 26)
+    lock = LocalChatLock(ttl_seconds=60)
+    seen = []
+    summarize = folds.summarize_and_commit
+
+    def summarize_while_renewed(*args, **kwargs):  # type: ignore[no-untyped-def]
+        seen.append([t.name for t in threading.enumerate() if t.name.startswith("chatmem-lease")])
+        return summarize(*args, **kwargs)
+
+    monkeypatch.setattr(folds, "summarize_and_commit", summarize_while_renewed)
+    assert task_run(chat_id, lock)[0] == ["succeeded"]
+    assert seen == [[f"chatmem-lease-{chat_id}"]]
+    assert not [t for t in threading.enumerate() if t.name.startswith("chatmem-lease")]
+    assert lock.acquire_or_mark_pending(chat_id, "next")  # released
 
 
 def test_a_backlog_of_several_folds_is_folded_by_the_same_task(api) -> None:  # type: ignore[no-untyped-def]

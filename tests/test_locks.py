@@ -1,11 +1,13 @@
 """The per-chat lock contract, on real Redis and in-process: acquire-or-mark-pending and
-release-or-rerun are atomic, so a trigger during a run yields exactly one rerun."""
+release-or-rerun are atomic, so a trigger during a run yields exactly one rerun; a short TTL
+that its holder renews (memory_worker.lease) until the run ends or reaches its deadline."""
 
 import threading
 import time
 
 import pytest
 
+from memory_worker.lease import Lease
 from memory_worker.locks import LocalChatLock, RedisChatLock, Release
 from tests.workers import wait_until
 
@@ -100,3 +102,78 @@ def test_races_between_triggers_and_release_lose_no_rerun(lock) -> None:  # type
         else:
             assert lock.release_or_rerun(chat_id, "trigger") is Release.RELEASED
         assert not lock.is_pending(chat_id)
+
+
+# --- Renewal: a short TTL that its holder keeps alive ------------------------------------
+
+
+def test_a_renewed_lock_outlives_its_ttl_and_a_lapsed_one_goes_to_another_token(make_lock) -> None:  # type: ignore[no-untyped-def]
+    ttl = 0.3
+    lock = make_lock(ttl)
+    acquired_at = time.monotonic()
+    assert lock.acquire_or_mark_pending(7, "a")
+    # Renewed every 50 ms for more than three TTLs: still a's, and nobody else gets it.
+    assert wait_until(
+        lambda: lock.renew(7, "a") and time.monotonic() - acquired_at > 3 * ttl,
+        timeout=10,
+        interval=0.05,
+    )
+    assert not lock.try_acquire(7, "b")
+    # No longer renewed: it lapses, another token takes it, and the old holder's renewal
+    # reports the loss instead of reviving it.
+    assert wait_until(lambda: lock.try_acquire(7, "b"), timeout=10, interval=0.02)
+    assert not lock.renew(7, "a")
+    assert lock.renew(7, "b")
+    assert not lock.release(7, "a")
+    assert lock.release(7, "b")
+    assert not lock.renew(7, "b")  # released: nothing to renew
+
+
+def test_the_lease_renews_the_lock_until_its_deadline_then_lets_it_lapse(make_lock) -> None:  # type: ignore[no-untyped-def]
+    """The renewer thread keeps the lock through a silent stretch (one long summarizer call)
+    longer than its TTL, but not past the holder's own deadline: a stuck holder's lock
+    lapses one TTL after it."""
+    ttl = 0.3
+    lock = make_lock(ttl)
+    assert lock.acquire_or_mark_pending(8, "a")
+    until = time.monotonic() + 4 * ttl
+    lease = Lease(lock, 8, "a", until=until).start()
+    try:
+        while time.monotonic() < until:  # never free while the lease renews it
+            assert lock.is_held(8) and not lock.try_acquire(8, "b")
+            time.sleep(0.02)
+        assert wait_until(lambda: not lease.renewing, timeout=5)
+        assert wait_until(lambda: lock.try_acquire(8, "b"), timeout=5, interval=0.02)
+        assert time.monotonic() >= until
+        assert not lease.lost  # it stopped at its deadline, it did not lose the lock
+    finally:
+        lease.stop()
+
+
+def test_a_stopped_lease_renews_no_more(make_lock) -> None:  # type: ignore[no-untyped-def]
+    """The run ended (or its process died): nothing keeps the lock beyond one TTL."""
+    ttl = 0.3
+    lock = make_lock(ttl)
+    assert lock.acquire_or_mark_pending(9, "a")
+    lease = Lease(lock, 9, "a", until=time.monotonic() + 60).start()
+    assert lease.renewing
+    lease.stop()
+    assert not lease.renewing
+    stopped_at = time.monotonic()
+    assert wait_until(lambda: lock.try_acquire(9, "b"), timeout=5, interval=0.02)
+    assert time.monotonic() - stopped_at < 10 * ttl
+
+
+def test_a_lease_whose_lock_was_taken_reports_it_lost(make_lock) -> None:  # type: ignore[no-untyped-def]
+    lock = make_lock(0.3)
+    assert lock.acquire_or_mark_pending(11, "a")
+    lease = Lease(lock, 11, "a", until=time.monotonic() + 60).start()
+    try:
+        assert lease.renew() and not lease.lost
+        assert lock.release(11, "a") and lock.try_acquire(11, "b")  # as after a lapse
+        assert wait_until(lambda: lease.lost, timeout=5, interval=0.02)
+        assert wait_until(lambda: not lease.renewing, timeout=5)
+        assert not lease.renew()
+        assert lock.release(11, "b")  # the new holder's lock was left alone
+    finally:
+        lease.stop()

@@ -431,7 +431,7 @@ def test_a_manual_fold_waits_for_a_run_holding_the_chat(api, settings, monkeypat
     assert Brief.objects.get(chat_id=chat_id).last_consolidated == 2
     # It waits for as long as a lock can be held, no longer.
     assert lock.acquire_or_mark_pending(chat_id, "another-run")
-    waited = float(settings.MEMORY_LOCK_TTL_SECONDS)
+    waited = float(settings.MEMORY_TASK_TIME_LIMIT + settings.MEMORY_LOCK_TTL_SECONDS)
     assert tasks.consolidate_chat(chat_id, "manual", waited=waited) == []
     assert len(published) == 1
     lock.release(chat_id, "another-run")

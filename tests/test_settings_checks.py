@@ -226,7 +226,8 @@ def test_celery_refuses_to_start_misconfigured(
             *extra,
         ],
         cwd=ROOT,
-        env=worker_env(redis_url, MEMORY_LOCK_TTL_SECONDS="100"),  # below the hard time limit
+        # The lock's last expiry (300 + 4000 s) after the visibility timeout (3600 s).
+        env=worker_env(redis_url, MEMORY_LOCK_TTL_SECONDS="4000"),
         capture_output=True,
         text=True,
         timeout=DEADLINE,

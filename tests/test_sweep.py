@@ -18,6 +18,7 @@ from django.utils import timezone
 
 from conversations.models import Brief, Chat, Consolidation
 from memory_worker import folds, retries, sweep, tasks
+from memory_worker.dispatch import RequestTrigger
 from memory_worker.locks import LocalChatLock
 from tests.test_folds import new_chat, turns
 from tests.workers import ROOT, Worker, point_celery_at, wait_until
@@ -109,49 +110,146 @@ def test_the_sweep_reaches_every_chat_however_many_have_nothing_due(api) -> None
     assert sweep.next_cooled_candidates(now, 5) == [*idle[8:12], due]
 
 
-# --- Runs a killed worker left running ---------------------------------------------------
+# --- Runs whose worker died --------------------------------------------------------------
+
+
+def running_row(chat_id: int, *, age: float = 0.0, **fields: Any) -> Consolidation:
+    """A ledger row left "running", started ``age`` seconds ago."""
+    values = {"trigger": "turn", "from_seq": 1, "to_seq": 2, "base_version": 0, **fields}
+    row = Consolidation.objects.create(chat_id=chat_id, **values)
+    if age:
+        started_at = timezone.now() - timedelta(seconds=age)
+        Consolidation.objects.filter(pk=row.pk).update(started_at=started_at)
+    return row
+
+
+def status_of(row: Consolidation) -> str:
+    row.refresh_from_db()
+    return row.status
 
 
 @pytest.mark.django_db
-def test_abandoned_running_rows_are_marked_failed(api, settings) -> None:  # type: ignore[no-untyped-def]
-    chat_id = new_chat(api)
-    old = Consolidation.objects.create(
-        chat_id=chat_id, trigger="turn", from_seq=1, to_seq=2, base_version=0
-    )
-    fresh = Consolidation.objects.create(
-        chat_id=chat_id, trigger="turn", from_seq=1, to_seq=2, base_version=0
-    )
-    Consolidation.objects.filter(pk=old.pk).update(
-        started_at=timezone.now() - timedelta(seconds=settings.MEMORY_LOCK_TTL_SECONDS + 1)
-    )
+def test_a_running_row_whose_lock_lapsed_is_interrupted_and_refolded_at_once(api) -> None:  # type: ignore[no-untyped-def]
+    """A background run takes its chat's lock before it writes its row and finishes the row
+    before it releases the lock: a running row whose lock is free died with its worker,
+    however young. It is not the chat's failure: no count, no backoff, and the chat is
+    folded again at once (a manual fold stays manual)."""
+    lock = LocalChatLock(ttl_seconds=30)
+    dead, live, manual = new_chat(api), new_chat(api), new_chat(api)
+    dead_row = running_row(dead)
+    live_row = running_row(live)
+    assert lock.acquire_or_mark_pending(live, "its-run")
+    manual_row = running_row(manual, trigger="manual")
     now = timezone.now()
-    assert sweep.abandon_stale_runs(now) == 1
-    old.refresh_from_db()
-    fresh.refresh_from_db()
-    assert (old.status, fresh.status) == ("failed", "running")
-    assert "abandoned" in old.error
-    # Counted on the brief like a crash: a fold that kills its worker every time backs off and
-    # degrades instead of being retried every lock TTL for ever.
-    brief = Brief.objects.get(chat_id=chat_id)
-    assert (brief.consecutive_failures, brief.last_error) == (1, old.error)
-    assert brief.next_attempt_at is not None and brief.next_attempt_at > now
-    # A synchronous fold dies with its web process: no reason to hold background folds back.
-    killed_turn = Consolidation.objects.create(
-        chat_id=chat_id,
-        trigger="hard_bound",
-        from_seq=1,
-        to_seq=2,
-        base_version=0,
-        synchronous=True,
+    refolds = sweep.recover_dead_runs(now, lock)
+    assert refolds == [
+        sweep.Refold(dead, RequestTrigger.SWEEP),
+        sweep.Refold(manual, RequestTrigger.MANUAL),
+    ]
+    assert (status_of(dead_row), status_of(live_row), status_of(manual_row)) == (
+        "interrupted",
+        "running",
+        "interrupted",
     )
-    Consolidation.objects.filter(pk=killed_turn.pk).update(started_at=old.started_at)
-    assert sweep.abandon_stale_runs(timezone.now()) == 1
-    assert Brief.objects.get(chat_id=chat_id).consecutive_failures == 1
-    # A run that read an older version than the brief's is old news for the brief.
-    Brief.objects.filter(chat_id=chat_id).update(version=5)
-    Consolidation.objects.filter(pk=fresh.pk).update(started_at=old.started_at)
-    assert sweep.abandon_stale_runs(timezone.now()) == 1
-    assert Brief.objects.get(chat_id=chat_id).consecutive_failures == 1
+    assert dead_row.error == "interrupted: worker died" and dead_row.finished_at is not None
+    brief = Brief.objects.get(chat_id=dead)
+    assert (brief.consecutive_failures, brief.next_attempt_at, brief.degraded) == (0, None, False)
+    assert brief.last_error == ""
+    # Once its lock is free (the run ended without finishing its row), the live row too.
+    assert lock.release(live, "its-run")
+    assert sweep.recover_dead_runs(timezone.now(), lock) == [
+        sweep.Refold(live, RequestTrigger.SWEEP)
+    ]
+
+
+@pytest.mark.django_db
+def test_a_row_older_than_any_lock_can_be_held_is_dead_whatever_the_lock_says(  # type: ignore[no-untyped-def]
+    api, settings
+):
+    """Another run holds the chat now (it took the lapsed lock), or the row is a turn's fold,
+    which may fold without the lock: only the row's age, in database time, tells. A turn's
+    fold that died with its web process is not the background's to redo."""
+    lock = LocalChatLock(ttl_seconds=30)
+    longest = settings.MEMORY_TASK_TIME_LIMIT + settings.MEMORY_LOCK_TTL_SECONDS
+    chat_id = new_chat(api)
+    assert lock.acquire_or_mark_pending(chat_id, "a-later-run")
+    young_turn = running_row(chat_id, synchronous=True)
+    old_turn = running_row(chat_id, age=longest + 5, synchronous=True)
+    old_task = running_row(chat_id, age=longest + 5)
+    young_task = running_row(chat_id, age=longest - 5)
+    assert sweep.recover_dead_runs(timezone.now(), lock) == [
+        sweep.Refold(chat_id, RequestTrigger.SWEEP)
+    ]
+    assert [status_of(row) for row in (young_turn, old_turn, old_task, young_task)] == [
+        "running",
+        "interrupted",
+        "interrupted",
+        "running",
+    ]
+    assert Brief.objects.get(chat_id=chat_id).consecutive_failures == 0
+
+
+@pytest.mark.django_db
+def test_a_fold_that_kills_its_worker_three_times_in_a_row_counts_as_a_crash(api) -> None:  # type: ignore[no-untyped-def]
+    """Out of memory on every attempt: retried at once twice, then counted on the brief like a
+    crash (backoff, then degraded) instead of being retried at once for ever. A committed or
+    failed fold between the deaths starts the count again."""
+    lock = LocalChatLock(ttl_seconds=30)
+    chat_id = new_chat(api)
+    for _ in range(retries.CRASH_AFTER_INTERRUPTIONS - 1):
+        running_row(chat_id)
+        assert sweep.recover_dead_runs(timezone.now(), lock) == [
+            sweep.Refold(chat_id, RequestTrigger.SWEEP)
+        ]
+    third = running_row(chat_id)
+    now = timezone.now()
+    assert sweep.recover_dead_runs(now, lock) == []
+    assert (status_of(third), third.error) == ("failed", "abandoned: worker died")
+    brief = Brief.objects.get(chat_id=chat_id)
+    assert (brief.consecutive_failures, brief.last_error) == (1, third.error)
+    assert brief.next_attempt_at is not None and brief.next_attempt_at > now
+    fourth = running_row(chat_id)  # still dying: still counted
+    assert sweep.recover_dead_runs(timezone.now(), lock) == []
+    assert status_of(fourth) == "failed"
+    assert Brief.objects.get(chat_id=chat_id).consecutive_failures == 2
+    # A fold that finished (here: failed on the model) ends the streak; a turn's fold that
+    # died with its web process neither counts nor ends it.
+    Consolidation.objects.create(
+        chat_id=chat_id, trigger="turn", from_seq=1, to_seq=2, base_version=0, status="failed"
+    )
+    running_row(chat_id, age=10_000, synchronous=True)
+    fifth = running_row(chat_id)
+    assert sweep.recover_dead_runs(timezone.now(), lock) == [
+        sweep.Refold(chat_id, RequestTrigger.SWEEP)
+    ]
+    assert status_of(fifth) == "interrupted"
+
+
+@pytest.mark.django_db
+def test_a_run_that_finishes_while_the_recovery_looks_keeps_its_outcome(api, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """The recovery reads the running rows, then the lock: a run that commits and releases in
+    between is seen with its lock free, and its row, no longer running, is left as it is."""
+    lock = LocalChatLock(ttl_seconds=30)
+    chat_id = new_chat(api)
+    row = running_row(chat_id)
+    real = sweep.lock_lapsed
+
+    def commit_then_look(ledger, chat_lock):  # type: ignore[no-untyped-def]
+        Consolidation.objects.filter(pk=ledger.pk).update(status="succeeded")
+        return real(ledger, chat_lock)
+
+    monkeypatch.setattr(sweep, "lock_lapsed", commit_then_look)
+    assert sweep.recover_dead_runs(timezone.now(), lock) == []
+    assert status_of(row) == "succeeded"
+
+
+@pytest.mark.django_db
+def test_the_recovery_task_queues_the_dead_runs_chats(api, sweep_recorder) -> None:  # type: ignore[no-untyped-def]
+    chat_id = new_chat(api)
+    running_row(chat_id)
+    assert tasks.recover_runs() == 1
+    assert sweep_recorder["requested"] == [chat_id]
+    assert tasks.sweep() == 0  # the row is marked: the sweep has nothing more to recover
 
 
 # --- One chat cannot cancel the sweep ----------------------------------------------------
@@ -217,11 +315,18 @@ def test_an_error_abandoning_one_run_does_not_cancel_the_sweep(  # type: ignore[
     failing = new_chat(api)
     Brief.objects.filter(chat_id=failing).update(next_attempt_at=now - timedelta(seconds=1))
     first, second = new_chat(api), new_chat(api)
-    for chat_id in (first, second):  # runs whose workers died, longer ago than any lock TTL
-        ledger = Consolidation.objects.create(
-            chat_id=chat_id, trigger="turn", from_seq=1, to_seq=2, base_version=0
-        )
-        Consolidation.objects.filter(pk=ledger.pk).update(started_at=now - timedelta(days=1))
+    dead = {}
+    for chat_id in (first, second):  # a fold that killed its worker a third time in a row
+        for _ in range(retries.CRASH_AFTER_INTERRUPTIONS - 1):
+            Consolidation.objects.create(
+                chat_id=chat_id,
+                trigger="turn",
+                from_seq=1,
+                to_seq=2,
+                base_version=0,
+                status="interrupted",
+            )
+        dead[chat_id] = running_row(chat_id, age=86_400)
     real = retries.fail_brief
 
     def fail_brief(ledger, *args):  # type: ignore[no-untyped-def]
@@ -231,10 +336,9 @@ def test_an_error_abandoning_one_run_does_not_cancel_the_sweep(  # type: ignore[
 
     monkeypatch.setattr(sweep, "fail_brief", fail_brief)
     tasks.sweep()
-    statuses = dict(Consolidation.objects.values_list("chat_id", "status"))
     # The run whose count failed stays running, so the next sweep counts it: marked failed
     # alone, no sweep would have counted it again.
-    assert statuses == {first: "running", second: "failed"}
+    assert (status_of(dead[first]), status_of(dead[second])) == ("running", "failed")
     assert Brief.objects.get(chat_id=first).consecutive_failures == 0
     assert Brief.objects.get(chat_id=second).consecutive_failures == 1
     assert failing in sweep_recorder["requested"]

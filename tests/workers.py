@@ -23,12 +23,13 @@ def test_database_url() -> str:
 
 
 # Short, correctly ordered deadlines (checked at worker start-up) so that lock expiry and
-# redelivery happen within a test's patience.
+# redelivery happen within a test's patience: a dead holder's lock lapses within 3 s (renewed
+# every second while its holder lives), and hard limit + lock TTL (9 s) < visibility (10 s).
 FAST_DEADLINES = {
     "MEMORY_LLM_TIMEOUT_SECONDS": "4",
     "MEMORY_TASK_SOFT_TIME_LIMIT": "5",
     "MEMORY_TASK_TIME_LIMIT": "6",
-    "MEMORY_LOCK_TTL_SECONDS": "8",
+    "MEMORY_LOCK_TTL_SECONDS": "3",
     "BROKER_VISIBILITY_TIMEOUT": "10",
 }
 
