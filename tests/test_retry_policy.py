@@ -267,7 +267,8 @@ def test_a_second_invalid_summary_in_a_row_is_degraded_and_left_to_the_ladder(
 ) -> None:  # type: ignore[no-untyped-def]
     published = queued_retries(monkeypatch)
     chat_id = chat_with_fold_due(api)
-    use_fake_openai.queue_faults("summarize", ["empty", "refusal"])
+    # Not a refusal second: a repeated refusal bisects the range first (test_poison_message).
+    use_fake_openai.queue_faults("summarize", ["empty", "truncated"])
     assert tasks.consolidate_chat(chat_id, "turn") == ["failed"]
     due_now(chat_id)
     before = timezone.now()
@@ -300,7 +301,8 @@ def test_a_background_fold_falls_back_once_no_fast_retry_is_left_and_the_brief_s
     ladder.MEMORY_SUMMARIZER_FALLBACK = "offline"
     published = queued_retries(monkeypatch)
     chat_id = chat_with_fold_due(api)
-    use_fake_openai.queue_faults("summarize", ["empty", "refusal"])
+    # Not a refusal second: a repeated refusal bisects the range first (test_poison_message).
+    use_fake_openai.queue_faults("summarize", ["empty", "truncated"])
     assert tasks.consolidate_chat(chat_id, "turn") == ["failed"]  # the fast retry first
     assert len(published) == 1
     due_now(chat_id)
