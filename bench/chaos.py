@@ -366,14 +366,25 @@ def create_chats(client: Any, count: int, policy: str) -> list[int]:
 
 
 @closing_db
-def sweeper(stop: threading.Event, interval: float, chat_ids: list[int], tally: Tally) -> None:
+def sweeper(
+    stop: threading.Event, interval: float, recovery: float, chat_ids: list[int], tally: Tally
+) -> None:
+    """What beat runs: the sweep every ``interval`` seconds, the recovery of dead runs every
+    ``recovery`` seconds between them (the sweep runs it too)."""
     from conversations.models import Brief
     from memory_worker import tasks
 
-    while not stop.wait(interval):
+    tick = min(interval, recovery)
+    next_sweep = time.monotonic() + interval
+    while not stop.wait(tick):
+        sweeping = time.monotonic() >= next_sweep
         try:
-            tasks.sweep()
-            tally.sweeps += 1
+            if sweeping:
+                next_sweep += interval
+                tasks.sweep()
+                tally.sweeps += 1
+            else:
+                tasks.recover_runs()
         except Exception:  # Redis or PostgreSQL hiccup: the next tick tries again
             tally.sweep_errors += 1
         sample = dict(
@@ -519,7 +530,9 @@ def drive(args: argparse.Namespace, model: Any, fleet: Fleet, faults: list[str])
     model.set_faults("summarize", args.fault_rate, faults, seed=args.seed)
     started = time.monotonic()
     sweep_thread = threading.Thread(
-        target=sweeper, args=(stop, args.sweep_interval, chat_ids, tally), daemon=True
+        target=sweeper,
+        args=(stop, args.sweep_interval, args.recovery_interval, chat_ids, tally),
+        daemon=True,
     )
     kill_thread = threading.Thread(
         target=killer,
@@ -591,6 +604,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--clients", type=int, default=4, help="threads sending turns")
     parser.add_argument("--policy", default="contract", help="memory preset of every chat")
     parser.add_argument("--sweep-interval", type=float, default=1.0)
+    parser.add_argument(
+        "--recovery-interval", type=float, default=10.0, help="beat's recover_runs (default 10 s)"
+    )
     parser.add_argument("--converge-timeout", type=float, default=120.0)
     parser.add_argument("--seed", type=int, default=4)
     parser.add_argument("--database-url", default=None, help="the PostgreSQL server to use")
