@@ -141,6 +141,9 @@ class Consolidation(models.Model):
     duration_ms = models.PositiveIntegerField(null=True, blank=True)
     error = models.TextField(blank=True)
     worker = models.CharField(max_length=200, blank=True)
+    # A committed fold's loss report: the exact details of its input (old summary and folded
+    # messages) absent from its summary, the first DROPPED_DETAILS_KEPT of them.
+    dropped_details = models.JSONField(default=list, blank=True)
 
     class Meta:
         ordering = ["chat", "-id"]

@@ -22,6 +22,7 @@ from memory_worker.dispatch import RequestTrigger
 from memory_worker.engine_state import Msg
 from memory_worker.fold_commit import commit_fold
 from memory_worker.fold_ledger import WORKER_NAME, record_interrupted, record_running
+from memory_worker.guarded_summary import summarize_guarded
 from memory_worker.outcomes import FoldOutcome, FoldResult
 from memory_worker.retries import CRASH_KIND, clear_failure_state, in_backoff, record_failure
 from memory_worker.state import MemorySnapshot, engine_state, read_chat_and_snapshot
@@ -95,7 +96,8 @@ def execute_fold(
         settings.MEMORY_SUMMARIZER_INPUT_BUDGET,
     )
     # The chat's own summary cap: its policy's bound and the synchronous fold's plan count on it.
-    summarizer = summarizer or get_summarizer(policy_for_chat(chat).summary_token_cap)
+    cap_tokens = policy_for_chat(chat).summary_token_cap
+    summarizer = summarizer or get_summarizer(cap_tokens)
     outcome = FoldOutcome(FoldResult.NOTHING, decision)
     for index, (first, last) in enumerate(chunks):
         if index and not time_for_a_chunk(deadline):
@@ -111,6 +113,7 @@ def execute_fold(
             now=now,
             synchronous=synchronous,
             due_at=due_at,
+            cap_tokens=cap_tokens,
         )
         if outcome.status != FoldResult.SUCCEEDED:
             return replace(outcome, decision=decision)
@@ -136,6 +139,7 @@ def fold_chunk(
     now: datetime,
     synchronous: bool,
     due_at: datetime | None,
+    cap_tokens: int,
 ) -> tuple[FoldOutcome, MemorySnapshot]:
     """One summarizer call over ``batch`` (the chunk's messages) and its commit. Returns the
     outcome and the snapshot as it stands after it (``snapshot`` unless it committed)."""
@@ -163,7 +167,15 @@ def fold_chunk(
         return FoldOutcome(FoldResult.NOTHING, chunk), snapshot
     try:
         return summarize_and_commit(
-            chat, snapshot, chunk, batch, summarizer, ledger, now=now, started=started
+            chat,
+            snapshot,
+            chunk,
+            batch,
+            summarizer,
+            ledger,
+            now=now,
+            started=started,
+            cap_tokens=cap_tokens,
         )
     except DATABASE_ERRORS as error:
         # The database failed under the fold (PostgreSQL restarting, the connection killed
@@ -184,12 +196,17 @@ def summarize_and_commit(
     *,
     now: datetime,
     started: float,
+    cap_tokens: int,
 ) -> tuple[FoldOutcome, MemorySnapshot]:
-    """The summarizer call, with no transaction open, then the commit (or the failure's record)
-    of the chunk whose ledger row ``record_running`` wrote."""
+    """The summarizer call (and the fold guard's repair, memory_worker.guarded_summary), with no
+    transaction open, then the commit (or the failure's record) of the chunk whose ledger row
+    ``record_running`` wrote."""
     try:
-        result = summarizer.summarize(
-            snapshot.summary, [FoldMessage(m.seq, m.role, m.content) for m in batch]
+        guarded = summarize_guarded(
+            summarizer,
+            snapshot.summary,
+            [FoldMessage(m.seq, m.role, m.content) for m in batch],
+            cap_tokens,
         )
     except SummarizerError as error:
         plan = record_failure(
@@ -215,4 +232,13 @@ def summarize_and_commit(
             chat.pk, snapshot, ledger, error=failure, kind=CRASH_KIND, now=now, started=started
         )
         raise
-    return commit_fold(chat, snapshot, chunk, ledger, result, now=now, started=started)
+    return commit_fold(
+        chat,
+        snapshot,
+        chunk,
+        ledger,
+        guarded.result,
+        now=now,
+        started=started,
+        dropped_details=guarded.dropped_details,
+    )

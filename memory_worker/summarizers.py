@@ -19,7 +19,7 @@ import json
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Literal, Protocol, runtime_checkable
 
 import openai
 
@@ -66,7 +66,10 @@ class SummaryResult:
 
 
 # The transport's kinds, and what makes a summary unusable.
-ErrorKind = Literal[TransportErrorKind, "empty", "truncated", "refused", "over_cap", "malformed"]
+# "lossy": the fold guard refused the summary, and its repair (memory_worker.guarded_summary).
+ErrorKind = Literal[
+    TransportErrorKind, "empty", "truncated", "refused", "over_cap", "malformed", "lossy"
+]
 
 # Worth retrying with backoff: the same request may succeed later. Everything else (a rejected
 # request, an exhausted quota, an unusable summary) fails the same way again.
@@ -87,6 +90,23 @@ class Summarizer(Protocol):
 
     def summarize(self, current_summary: str, messages: Sequence[FoldMessage]) -> SummaryResult:
         """The complete new summary: ``current_summary`` rewritten to include ``messages``."""
+        ...
+
+
+@runtime_checkable
+class RepairingSummarizer(Summarizer, Protocol):
+    """A summarizer the fold guard can ask once to put back what its draft lost."""
+
+    def repair(
+        self,
+        current_summary: str,
+        messages: Sequence[FoldMessage],
+        draft: str,
+        keep: Sequence[str],
+    ) -> SummaryResult:
+        """``draft`` (its own summary of the same input) rewritten to keep each of ``keep``:
+        lines of ``current_summary`` it dropped though no message changed them. Its own calls
+        and tokens only."""
         ...
 
 
@@ -171,4 +191,15 @@ def shorten_request(draft_tokens: int, cap_tokens: int) -> str:
         f"That summary is {draft_tokens} tokens, over the hard cap of {cap_tokens} tokens. "
         f"Rewrite it in at most {target} tokens: the same five headings, shorter bullets, the "
         "least durable details dropped first. Output only the summary."
+    )
+
+
+def repair_request(keep: Sequence[str], cap_tokens: int) -> str:
+    """The fold guard's one repair: what the draft dropped, named line by line."""
+    lines = "\n".join(f"- {line}" for line in keep)
+    return (
+        "That summary drops these lines of EXISTING_SUMMARY, which no new turn changed or "
+        f"revoked:\n{lines}\nRewrite it keeping each of them, with its exact values, within "
+        f"{cap_tokens} tokens: the same five headings, the least durable details dropped first. "
+        "Output only the summary."
     )

@@ -26,6 +26,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "memory_worker.turn_groups",
             "memory_worker.text",
             "memory_worker.tokens",
+            "memory_worker.retention_rules",
+            "memory_worker.fold_guard",
         ),
     ),
     (

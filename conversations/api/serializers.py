@@ -147,6 +147,16 @@ class BriefSerializer(serializers.ModelSerializer):
 
 
 class ConsolidationSerializer(serializers.ModelSerializer):
+    dropped_details = serializers.ListField(
+        child=serializers.CharField(),
+        read_only=True,
+        help_text=(
+            "A committed fold's loss report: exact details of its input (numbers, codes, dates, "
+            "URLs, e-mail addresses, file names, identifiers) absent from its summary; at most "
+            "50."
+        ),
+    )
+
     class Meta:
         model = Consolidation
         fields = [
@@ -165,6 +175,7 @@ class ConsolidationSerializer(serializers.ModelSerializer):
             "finished_at",
             "duration_ms",
             "error",
+            "dropped_details",
         ]
         read_only_fields = fields
 
