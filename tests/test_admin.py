@@ -611,3 +611,23 @@ def test_the_backing_off_filter_finds_chats_waiting_to_retry_a_fold(
     )
     listing = staff.get("/admin/conversations/chat/?memory=backing_off").content.decode()
     assert "waiting-chat" in listing and "fine-chat" not in listing
+
+
+def test_the_ledger_shows_each_folds_dropped_details_read_only(staff: Client, user: Any) -> None:
+    chat = chat_service.create_chat(user)
+    ledger = Consolidation.objects.create(
+        chat=chat,
+        trigger="window",
+        status="succeeded",
+        from_seq=1,
+        to_seq=2,
+        base_version=0,
+        dropped_details=["QX-7719", "ana@example.org"],
+    )
+    listing = staff.get("/admin/conversations/consolidation/")
+    [row] = listing.context["cl"].result_list
+    assert listing.context["cl"].model_admin.dropped(row) == 2
+    assert "dropped details" in listing.content.decode().lower()
+    page = staff.get(f"/admin/conversations/consolidation/{ledger.pk}/change/").content.decode()
+    assert "QX-7719" in page and "ana@example.org" in page
+    assert 'name="dropped_details"' not in page  # shown, not an input
