@@ -50,6 +50,9 @@ DIGIT_GROUPING = re.compile(r"(?<=\d),(?=\d{3})")
 # Most of a rule's words gone, and its values with them: the rule is gone, not reworded.
 RULE_WORDS_KEPT = 0.5
 ROOM_MARGIN = 2  # tokens
+# A message restating a line's subject shares most of its words: "my locker number" is not
+# "my flat number".
+SAME_SUBJECT = 0.5
 
 
 class Said(Protocol):
@@ -172,18 +175,20 @@ def line_loss(line: str, kept: SummaryText) -> Loss | None:
 
 
 def superseded(line: str, folded: Sequence[Said]) -> bool:
-    """A folded message states the line's subject anew: it names one of the line's values or
-    shares a subject word with it, and takes something back ("forget", "no longer",
-    "instead", "cancel") or gives a value the line does not have. Loose on purpose: a refused
-    fold costs a call, and what a missed loss drops is still in the loss report."""
+    """A folded message takes the line back: it names one of the line's values or shares a
+    subject word with it, and says so ("forget", "no longer", "instead", "cancel"); or it
+    states the line's subject anew: more than half of the line's subject words, with a value
+    the line does not have ("New door code: 7730"). Loose on purpose: a refused fold costs a
+    call, and what a missed loss drops is still in the loss report."""
     subject = subject_words(line)
     values = {detail_key(value) for value in details_of(line)}
     for message in folded:
         text = message.content
         named = {detail_key(value) for value in details_of(text)}
-        if not (subject & subject_words(text) or values & named):
-            continue
-        if REVOKES.search(text) or CHANGE_MARKERS.search(text) or named - values:
+        shared = subject & subject_words(text)
+        if (shared or values & named) and (REVOKES.search(text) or CHANGE_MARKERS.search(text)):
+            return True
+        if len(shared) > len(subject) * SAME_SUBJECT and named - values:
             return True
     return False
 

@@ -79,6 +79,13 @@ def test_the_guard_accepts_a_drop_a_folded_message_revoked(message: str) -> None
     assert fold_guard.losses(OLD, said("Unrelated chatter.", message), new) == []
 
 
+def test_a_new_value_on_a_subject_that_only_shares_a_word_does_not_excuse_a_drop() -> None:
+    old = "## Facts / Constraints\n- My locker number is 48213."
+    messages = said("My flat is number 55120 on the long street.")
+    [loss] = fold_guard.losses(old, messages, summary("Flat number 55120."))
+    assert loss.missing == ("48213",)
+
+
 def test_a_message_on_another_subject_does_not_excuse_a_drop() -> None:
     new = KEPT.replace("Budget at most $4000.", "")
     messages = said("Forget the lunch plans.", "The code review is at 15:30.")
