@@ -3,8 +3,8 @@ of a new summary against the old one and the folded messages. Standard library o
 
 - ``losses``: the lines of the old summary that state a rule or an exact value
   (memory_worker.retention_rules) whose values, or for a rule without one most of its words,
-  are not in the new summary though it had room for them under its cap, unless a folded
-  message superseded the line.
+  are not in the new summary though it had room for them under its cap (free, or taken by
+  lines that state no rule or value), unless a folded message superseded the line.
 - ``dropped_details``: every exact detail of the fold's input (old summary and folded messages)
   that is not in the new summary, whatever the reason: what the fold let go.
 """
@@ -50,6 +50,9 @@ DIGIT_GROUPING = re.compile(r"(?<=\d),(?=\d{3})")
 # Most of a rule's words gone, and its values with them: the rule is gone, not reworded.
 RULE_WORDS_KEPT = 0.5
 ROOM_MARGIN = 2  # tokens
+# A summarizer cannot count its own tokens to the last: one that stopped within this share of
+# its cap was cutting for the cap.
+CAP_SLACK = 0.1
 # A message restating a line's subject shares most of its words: "my locker number" is not
 # "my flat number".
 SAME_SUBJECT = 0.5
@@ -81,7 +84,8 @@ def losses(
 ) -> list[Loss]:
     """The rules and exact values of ``old_summary`` that ``new_summary`` dropped and no message
     of ``folded`` superseded, one ``Loss`` per line, in the old summary's order. With
-    ``cap_tokens``, only a line the new summary had room for: at the cap something must go."""
+    ``cap_tokens``, only a line the new summary had room for (``SummaryText``): at the cap,
+    with nothing weaker left to drop, something must go."""
     kept = SummaryText(new_summary, cap_tokens)
     found: list[Loss] = []
     seen: set[str] = set()
@@ -150,7 +154,17 @@ class SummaryText:
     def __init__(self, summary: str, cap_tokens: int | None = None) -> None:
         self.key = detail_key(" ".join(summary.split()))
         self.words = content_words(summary)
-        self.room = None if cap_tokens is None else cap_tokens - count_tokens(summary)
+        self.room: int | None = None
+        if cap_tokens is not None:
+            # Free tokens below the cap's usable part, plus what its lines that state no rule
+            # or value take: dropping those instead would have made room.
+            weaker = sum(
+                count_tokens(f"- {line.text}\n")
+                for line in summary_lines(summary)
+                if not is_rule_or_value(line.text)
+            )
+            usable = int(cap_tokens * (1 - CAP_SLACK))
+            self.room = usable - count_tokens(summary) + weaker
 
     def has(self, detail: str) -> bool:
         return detail_key(detail) in self.key

@@ -195,12 +195,27 @@ def test_a_summary_that_loses_nothing_takes_one_call() -> None:
     assert guarded.dropped_details == ["ZZ-9001"]
 
 
+def smallest_cap_that_refuses(old: str, new: str) -> int:
+    return next(cap for cap in range(1, 2000) if fold_guard.losses(old, said("hi"), new, cap))
+
+
 def test_a_drop_with_no_room_left_under_the_cap_is_the_cap_biting() -> None:
-    new = DROPS_CODE
-    room = count_tokens(new) + count_tokens("- The door code is 4821.\n") + fold_guard.ROOM_MARGIN
-    assert fold_guard.losses(OLD, said("hi"), new, cap_tokens=room - 1) == []
-    [loss] = fold_guard.losses(OLD, said("hi"), new, cap_tokens=room)
+    cap = smallest_cap_that_refuses(OLD, DROPS_CODE)
+    needed = count_tokens(DROPS_CODE) + count_tokens("- The door code is 4821.\n")
+    needed += fold_guard.ROOM_MARGIN
+    # The cap's last tenth is no room: a summarizer that stopped there was cutting for it.
+    usable = 1 - fold_guard.CAP_SLACK
+    assert int(cap * usable) >= needed > int((cap - 1) * usable)
+    assert fold_guard.losses(OLD, said("hi"), DROPS_CODE, cap - 1) == []
+
+
+def test_small_talk_kept_at_the_cap_is_room_a_dropped_rule_could_have_had() -> None:
+    small_talk = "\n- We chatted about sourdough baking, houseplants and the weather lately."
+    rules = "\n- Never deploy the billing service on a Friday afternoon or a public holiday."
+    chatty, strict = DROPS_CODE + small_talk * 2, DROPS_CODE + rules * 2
+    [loss] = fold_guard.losses(OLD, said("hi"), chatty, count_tokens(chatty))
     assert loss.missing == ("4821",)
+    assert fold_guard.losses(OLD, said("hi"), strict, count_tokens(strict)) == []
 
 
 SUBJECTS = [
