@@ -326,6 +326,7 @@ class ConsolidationAdmin(ReadOnlyAdmin):
         "to_seq",
         "duration_ms",
         "lag_ms",
+        "dropped",
     ]
     list_filter = ["status", TriggerFilter, "synchronous"]
     list_select_related = ["chat"]
@@ -339,6 +340,10 @@ class ConsolidationAdmin(ReadOnlyAdmin):
         if ledger.finished_at is None or ledger.due_at is None:
             return None
         return lag_ms(ledger.due_at, ledger.finished_at)
+
+    @admin.display(description="dropped details")
+    def dropped(self, ledger: Consolidation) -> int:
+        return len(ledger.dropped_details)
 
 
 @admin.register(Brief)

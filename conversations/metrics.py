@@ -6,8 +6,8 @@ Three sources, so the memory code stays free of metric calls:
 - the model client (``TimedChatModel``, wrapped around the configured model): model latency and
   time to first token;
 - the structured log events the services already write (``MetricsLogHandler``): folds by trigger
-  and outcome, fold duration, summarizer tokens, synchronous folds, lock contention, reruns,
-  enqueue failures;
+  and outcome, fold duration, summarizer tokens, dropped details, fold guard verdicts,
+  synchronous folds, lock contention, reruns, enqueue failures;
 - and, read from the database at scrape time (conversations.metrics_endpoint): unfolded
   messages, chats waiting for a retry, degraded chats.
 
@@ -86,6 +86,17 @@ CONSOLIDATION_LAG_SECONDS = Histogram(
 SUMMARIZER_TOKENS = Counter(
     "chatmem_summarizer_tokens_total", "Tokens sent to and received from the summarizer.", ["kind"]
 )
+DROPPED_DETAILS = Counter(
+    "chatmem_fold_dropped_details_total",
+    "Exact details (numbers, codes, dates, URLs, names) of committed folds' input absent from "
+    "their summary: the loss report.",
+)
+FOLD_GUARD = Counter(
+    "chatmem_fold_guard_total",
+    "Fold guard verdicts on a summary that dropped a rule or exact value: repair (one more "
+    "summarizer call), repaired, refused.",
+    ["outcome"],
+)
 SYNC_FOLDS = Counter(
     "chatmem_sync_folds_total", "Folds run on the request path before a model call."
 )
@@ -158,6 +169,8 @@ class MetricsLogHandler(logging.Handler):
         try:
             if event == "fold":
                 self.fold(record)
+            elif event == "fold_guard":
+                FOLD_GUARD.labels(str(getattr(record, "outcome", "unknown"))).inc()
             elif event == "sync_fold":
                 SYNC_FOLDS.inc()
             elif event == "sync_fold_wait":
@@ -178,9 +191,13 @@ class MetricsLogHandler(logging.Handler):
         duration_ms = getattr(record, "duration_ms", None)
         if isinstance(duration_ms, int | float):
             FOLD_SECONDS.observe(duration_ms / 1000)
+        succeeded = getattr(record, "outcome", "") == "succeeded"
         lag = getattr(record, "lag_ms", None)
-        if isinstance(lag, int | float) and getattr(record, "outcome", "") == "succeeded":
+        if isinstance(lag, int | float) and succeeded:
             CONSOLIDATION_LAG_SECONDS.observe(lag / 1000)
+        dropped = getattr(record, "dropped_details", None)
+        if isinstance(dropped, int) and dropped > 0 and succeeded:
+            DROPPED_DETAILS.inc(dropped)
         for kind in ("input_tokens", "output_tokens"):
             tokens = getattr(record, kind, None)
             if isinstance(tokens, int) and tokens > 0:

@@ -159,6 +159,9 @@ class Consolidation(models.Model):
     # Seqs of this fold's range it withheld from the summarizer (it refused them alone).
     withheld_seqs = models.JSONField(default=list, blank=True)
     worker = models.CharField(max_length=200, blank=True)
+    # A committed fold's loss report: the exact details of its input (old summary and folded
+    # messages) absent from its summary, the first DROPPED_DETAILS_KEPT of them.
+    dropped_details = models.JSONField(default=list, blank=True)
 
     class Meta:
         ordering = ["chat", "-id"]

@@ -1,5 +1,6 @@
 """The Chat Completions summarizer: any OpenAI-compatible endpoint (OpenAI, vLLM, Ollama...),
-with our instructions and one stricter retry of an over-cap summary. Plain Python (no Django)."""
+with our instructions, one stricter retry of an over-cap summary and the fold guard's repair.
+Plain Python (no Django)."""
 
 import logging
 from collections.abc import Sequence
@@ -16,6 +17,7 @@ from memory_worker.summarizers import (
     SummaryResult,
     error_from_openai,
     format_fold_input,
+    repair_request,
     shorten_request,
     summary_instructions,
 )
@@ -71,11 +73,7 @@ class ChatCompletionsSummarizer:
         self.strict = strict  # the stricter prompt: the retry after an invalid summary
 
     def summarize(self, current_summary: str, messages: Sequence[FoldMessage]) -> SummaryResult:
-        instructions = summary_instructions(self.cap_tokens, strict=self.strict)
-        conversation = [
-            {"role": "system", "content": instructions},
-            {"role": "user", "content": format_fold_input(current_summary, messages)},
-        ]
+        conversation = self._conversation(current_summary, messages)
         first = self._call(conversation)
         try:
             return self._result(first)
@@ -103,6 +101,36 @@ class ChatCompletionsSummarizer:
             self.name,
             calls=2,
         )
+
+    def repair(
+        self,
+        current_summary: str,
+        messages: Sequence[FoldMessage],
+        draft: str,
+        keep: Sequence[str],
+    ) -> SummaryResult:
+        """The fold guard's repair: the model corrects its own draft, as in the stricter retry,
+        so the request names only what is missing."""
+        return self._result(
+            self._call(
+                [
+                    *self._conversation(current_summary, messages),
+                    {"role": "assistant", "content": draft},
+                    {"role": "user", "content": repair_request(keep, self.cap_tokens)},
+                ]
+            )
+        )
+
+    def _conversation(
+        self, current_summary: str, messages: Sequence[FoldMessage]
+    ) -> list[dict[str, str]]:
+        return [
+            {
+                "role": "system",
+                "content": summary_instructions(self.cap_tokens, strict=self.strict),
+            },
+            {"role": "user", "content": format_fold_input(current_summary, messages)},
+        ]
 
     def _call(self, conversation: list[dict[str, str]]) -> Draft:
         limit: dict[str, Any] = {self.token_limit_field: self.output_token_limit}

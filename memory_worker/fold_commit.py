@@ -20,6 +20,7 @@ from conversations.models import Brief, Chat, Consolidation, ConsolidationStatus
 from memory_worker import policy as engine
 from memory_worker.fold_isolation import Withheld
 from memory_worker.fold_ledger import lag_ms
+from memory_worker.guarded_summary import DROPPED_DETAILS_KEPT
 from memory_worker.outcomes import FoldOutcome, FoldResult
 from memory_worker.signals import messages_folded
 from memory_worker.state import MemorySnapshot, after_fold
@@ -40,12 +41,15 @@ def commit_fold(
     started: float,
     withheld: Sequence[Withheld] = (),
     fallback_reason: str = "",
+    dropped_details: Sequence[str] = (),
 ) -> tuple[FoldOutcome, MemorySnapshot]:
     """``withheld``: messages of the range folded past without their content (an isolation's;
     memory_worker.fold_isolation), recorded on the ledger row and added to the brief's list.
     ``decision.to_seq`` is where W moves (an isolation may stop short of the row's range).
     ``fallback_reason``: this is the offline summarizer's fold after the model's failed (why,
-    for the brief and the ledger row)."""
+    for the brief and the ledger row). ``dropped_details``: the fold's loss report
+    (memory_worker.guarded_summary), all of it for the log line and the metric; the ledger row
+    keeps the first DROPPED_DETAILS_KEPT."""
     duration_ms = int((time.monotonic() - started) * 1000)
     summary_tokens = count_tokens(result.text)
     finished_at = timezone.now()
@@ -75,6 +79,7 @@ def commit_fold(
             **summary_source_values(snapshot, fallback_reason, now),
             "updated_at": timezone.now(),
         },
+        dropped_details=list(dropped_details[:DROPPED_DETAILS_KEPT]),
         ledger_values=ledger_values,
     )
     if withheld:
@@ -112,6 +117,7 @@ def commit_fold(
             "output_tokens": result.output_tokens,
             "summarizer_calls": result.calls,
             "withheld_seqs": [item.seq for item in withheld],
+            "dropped_details": len(dropped_details),
             "duration_ms": duration_ms,
             "lag_ms": lag_ms(ledger.due_at, finished_at),
             "fallback": bool(fallback_reason),
@@ -156,6 +162,7 @@ class FoldWrite:
     snapshot: MemorySnapshot  # what the fold read: the fencing step's version and W
     ledger_id: int
     summary_tokens: int  # the new summary's
+    dropped_details: list[str]  # on the ledger row if it commits: a superseded summary lost nothing
     brief_values: dict[str, Any]
     ledger_values: dict[str, Any]
 
@@ -193,6 +200,7 @@ def commit_in_transaction(write: FoldWrite) -> bool:
         Consolidation.objects.filter(pk=write.ledger_id).update(
             status=status,
             summary_tokens_after=write.summary_tokens if committed else snapshot.summary_tokens,
+            dropped_details=write.dropped_details if committed else [],
             **write.ledger_values,
         )
     return committed
@@ -216,12 +224,16 @@ def commit_in_one_statement(write: FoldWrite) -> bool:
         f"AND {column(Brief, 'last_consolidated')} = %s RETURNING 1) "
         f"UPDATE {rows.quoted_table(Consolidation)} SET {ledger_sets}, "
         f"{column(Consolidation, 'status')} = CASE WHEN {won} THEN %s ELSE %s END, "
-        f"{column(Consolidation, 'summary_tokens_after')} = CASE WHEN {won} THEN %s ELSE %s END "
+        f"{column(Consolidation, 'summary_tokens_after')} = CASE WHEN {won} THEN %s ELSE %s END, "
+        f"{column(Consolidation, 'dropped_details')} = CASE WHEN {won} THEN %s ELSE %s END "
         f"WHERE {column(Consolidation, 'id')} = %s RETURNING {won}"
     )
     params += [write.chat_id, snapshot.version, snapshot.last_consolidated, *ledger_params]
     params += [ConsolidationStatus.SUCCEEDED.value, ConsolidationStatus.SUPERSEDED.value]
-    params += [write.summary_tokens, snapshot.summary_tokens, write.ledger_id]
+    params += [write.summary_tokens, snapshot.summary_tokens]
+    details = rows.model_field(Consolidation, "dropped_details")
+    params += [details.get_db_prep_save(write.dropped_details, connection)]
+    params += [details.get_db_prep_save([], connection), write.ledger_id]
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         found = cursor.fetchone()

@@ -23,6 +23,7 @@ from memory_worker.engine_state import Msg
 from memory_worker.fold_commit import commit_fold
 from memory_worker.fold_isolation import IsolationFailed, isolate
 from memory_worker.fold_ledger import WORKER_NAME, record_interrupted, record_running
+from memory_worker.guarded_summary import summarize_guarded
 from memory_worker.lease import Lease
 from memory_worker.outcomes import FoldOutcome, FoldResult
 from memory_worker.retries import (
@@ -112,6 +113,8 @@ def execute_fold(
         [Msg(m.seq, m.role, m.token_count) for m in to_fold],
         settings.MEMORY_SUMMARIZER_INPUT_BUDGET,
     )
+    # The chat's own summary cap: its policy's bound and the synchronous fold's plan count on it.
+    cap_tokens = policy_for_chat(chat).summary_token_cap
     summarizer = summarizer or summarizer_for(chat, snapshot)
     outcome = FoldOutcome(FoldResult.NOTHING, decision)
     for index, (first, last) in enumerate(chunks):
@@ -132,6 +135,7 @@ def execute_fold(
             due_at=due_at,
             deadline=deadline,
             fallback_reason=fallback_reason,
+            cap_tokens=cap_tokens,
         )
         if outcome.status != FoldResult.SUCCEEDED:
             return replace(outcome, decision=decision)
@@ -171,6 +175,7 @@ def fold_chunk(
     due_at: datetime | None,
     deadline: float | None = None,
     fallback_reason: str = "",
+    cap_tokens: int,
 ) -> tuple[FoldOutcome, MemorySnapshot]:
     """One summarizer call over ``batch`` (the chunk's messages) and its commit. Returns the
     outcome and the snapshot as it stands after it (``snapshot`` unless it committed).
@@ -209,6 +214,7 @@ def fold_chunk(
             started=started,
             deadline=deadline,
             fallback_reason=fallback_reason,
+            cap_tokens=cap_tokens,
         )
     except DATABASE_ERRORS as error:
         # The database failed under the fold (PostgreSQL restarting, the connection killed
@@ -252,6 +258,7 @@ def fall_back(
         synchronous=False,
         due_at=due_at,
         fallback_reason=reason,
+        cap_tokens=cap,
     )
 
 
@@ -267,15 +274,17 @@ def summarize_and_commit(
     started: float,
     deadline: float | None = None,
     fallback_reason: str = "",
+    cap_tokens: int,
 ) -> tuple[FoldOutcome, MemorySnapshot]:
-    """The summarizer call, with no transaction open, then the commit (or the failure's record)
-    of the chunk whose ledger row ``record_running`` wrote. A background fold whose range the
+    """The summarizer call (and the fold guard's repair, memory_worker.guarded_summary), with no
+    transaction open, then the commit (or the failure's record) of the chunk whose ledger row
+    ``record_running`` wrote. A background fold whose range the
     summarizer has refused often enough (policy.isolation_due) is bisected in the same attempt
     (memory_worker.fold_isolation); a turn's fold is not: it falls back to the offline
     summarizer (memory_worker.turn_fold) and must not spend the turn's time on probes."""
     messages = [FoldMessage(m.seq, m.role, m.content) for m in batch]
     try:
-        result = summarizer.summarize(snapshot.summary, messages)
+        guarded = summarize_guarded(summarizer, snapshot.summary, messages, cap_tokens)
     except SummarizerError as error:
         return fold_after_error(
             chat,
@@ -297,10 +306,11 @@ def summarize_and_commit(
         snapshot,
         chunk,
         ledger,
-        result,
+        guarded.result,
         now=now,
         started=started,
         fallback_reason=fallback_reason,
+        dropped_details=guarded.dropped_details,
     )
 
 

@@ -7,6 +7,15 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from memory_worker.presets import MIN_SUMMARY_TOKEN_CAP
+from memory_worker.retention_rules import (
+    CHANGE_MARKERS,
+    FILE_NAME,
+    LINE_MARKUP,
+    content_words,
+    is_rule_or_value,
+    normalise,
+    summary_lines,
+)
 from memory_worker.summarizers import (
     ARTIFACTS,
     DECISIONS,
@@ -54,27 +63,14 @@ CATEGORY_RULES: tuple[tuple[str, re.Pattern[str]], ...] = (
     (
         ARTIFACTS,
         re.compile(
-            r"https?://\S+"  # URLs
-            r"|\b[\w-]+\.(?:py|js|ts|md|txt|json|csv|pdf|ya?ml|toml|html|sql|docx?|xlsx?)\b"
-            r'|"[^"]{2,}"|`[^`]+`'  # quoted names, code spans
+            r"https?://\S+|"  # URLs
+            + FILE_NAME
+            + r'|"[^"]{2,}"|`[^`]+`'  # quoted names, code spans
             r"|\b(?=[\w-]*[A-Za-z])(?=[\w-]*\d)[\w-]{2,}\b",  # names with digits: v2, ABC-123
             re.IGNORECASE,
         ),
     ),
 )
-# A newer decision with one of these words replaces older decisions about the same thing.
-CHANGE_MARKERS = re.compile(
-    r"\b(instead|actually|changed?|switch(?:ed)?|no longer|rather than|anymore|replace[sd]?)\b",
-    re.IGNORECASE,
-)
-# Words too common (or too much about deciding itself) to say two decisions share a subject.
-STOPWORD_TEXT = (
-    "that this with from have will would should could into about their there them they then "
-    "than what when which your also just some more most very been were does done make made "
-    "instead actually change changed switch switched longer rather anymore replace replaced "
-    "decided decide agreed agree chose chosen going settled let's"
-)
-STOPWORDS = frozenset(STOPWORD_TEXT.split())
 FILLER = frozenset(
     {
         "hi",
@@ -111,23 +107,14 @@ ACKNOWLEDGEMENT = re.compile(
     r"okay|ok|thanks|thank you|sounds good|perfect|great|all set|makes sense|continuing"
     r"(?: with the plan)?)(?: |$))+$"
 )
-# What the cap keeps first (DESIGN §5): rules, limits and exact values, then decisions, open
-# items and preferences, then other facts; an assistant's sentence that is none of these
-# (explanation, chatter) goes first. Within a weight, the oldest goes first.
-KEEP_RULES = re.compile(
-    r"\b(must|mustn't|never|always|don't|do not|cannot|can't|shall not|forbidden|prohibited|"
-    r"not allowed|required?|requires|limit|budget|deadline|at most|at least|no more than|"
-    r"no later than|avoid|confidential|secret|password)\b",
-    re.IGNORECASE,
-)
-# An exact value: a number of three digits or more, a formatted one (3,417; 12:30; 2032-01-01),
-# a code (VX-81Q2, R5539, v2), a URL, an e-mail address, a code span. Not any digit: small talk
-# ("we were 12 at lunch") must not outrank a rule.
-EXACT_VALUE = re.compile(r"\d{3,}|\d[,.:/-]\d|[A-Za-z]-?\d|\d[A-Za-z]|https?://|\S@\S|`[^`]+`")
+# What the cap keeps first (DESIGN §5): rules, limits and exact values
+# (memory_worker.retention_rules), then decisions, open items and preferences, then other facts;
+# an assistant's sentence that is none of these (explanation, chatter) goes first. Within a
+# weight, the oldest goes first.
 RULE_OR_VALUE, PRIORITY, FACT, CHATTER = 3, 2, 1, 0
+MUST_KEEP = 4  # a line the fold guard's repair names: never dropped for another
 PRIORITY_CATEGORIES = frozenset({DECISIONS, OPEN_ITEMS, GOALS, ARTIFACTS})
 SENTENCE_BREAK = re.compile(r"(?<=[.!?])\s+")
-LINE_MARKUP = re.compile(r"^\s*(?:[-*+>#]+|\d+[.)])\s*")
 # Words that identify one of our headings in a summary, also when a model varied the wording.
 HEADING_WORDS = {
     "facts": FACTS,
@@ -140,7 +127,6 @@ HEADING_WORDS = {
     "artifacts": ARTIFACTS,
     "references": ARTIFACTS,
 }
-HEADING_LINE = re.compile(r"^\s*#{1,6}\s*(?P<title>.+?)\s*$")
 MAX_BULLET_CHARS = 300
 
 
@@ -169,8 +155,24 @@ class OfflineSummarizer:
         self.cap_tokens = cap_tokens
 
     def summarize(self, current_summary: str, messages: Sequence[FoldMessage]) -> SummaryResult:
+        return self._summarize(current_summary, messages, frozenset())
+
+    def repair(
+        self,
+        current_summary: str,
+        messages: Sequence[FoldMessage],
+        draft: str,
+        keep: Sequence[str],
+    ) -> SummaryResult:
+        """The fold guard's repair: the same rewrite with the ``keep`` lines of
+        ``current_summary`` dropped last. Deterministic, so the draft adds nothing."""
+        return self._summarize(current_summary, messages, frozenset(map(normalise, keep)))
+
+    def _summarize(
+        self, current_summary: str, messages: Sequence[FoldMessage], keep: frozenset[str]
+    ) -> SummaryResult:
         candidates = [
-            *oldest_first(list(bullets_from_summary(current_summary))),
+            *oldest_first(list(bullets_from_summary(current_summary, keep))),
             *(
                 bullet
                 for message in messages
@@ -193,22 +195,19 @@ def is_offline_echo(message: FoldMessage) -> bool:
     return message.role == "assistant" and message.content.startswith(OFFLINE_MODEL_MARKER)
 
 
-def bullets_from_summary(summary: str) -> Iterator[Bullet]:
+def bullets_from_summary(summary: str, keep: frozenset[str] = frozenset()) -> Iterator[Bullet]:
     """Bullets under one of our headings keep their category, so repeated folds are stable;
-    any other text is classified like message text."""
-    category: str | None = None
-    for line in summary.splitlines():
-        heading = HEADING_LINE.match(line)
-        if heading:
-            category = category_for_heading(heading.group("title"))
-            continue
-        text = clip(LINE_MARKUP.sub("", line).strip())
-        if not text or text.rstrip(".").lower() == "none":
-            continue
-        if category is not None:
+    any other text is classified like message text. A line whose normalised text is in
+    ``keep`` (a repair's must-keep lines) is kept whole and dropped last."""
+    for line in summary_lines(summary):
+        category = category_for_heading(line.heading) if line.heading else None
+        if normalise(line.text) in keep:
+            yield Bullet(category or categorize(line.text), line.text, MUST_KEEP)
+        elif category is not None:
+            text = clip(line.text)
             yield Bullet(category, text, weight_of(category, text, "summary"))
         else:
-            yield from bullets_from_text(line, "summary")
+            yield from bullets_from_text(line.text, "summary")
 
 
 def oldest_first(bullets: Sequence[Bullet]) -> list[Bullet]:
@@ -238,7 +237,7 @@ def bullets_from_text(text: str, role: str) -> Iterator[Bullet]:
 def weight_of(category: str, text: str, role: str) -> int:
     """What the cap keeps first. ``role``: the message's, or "summary" for a bullet of the
     previous summary (kept once already, so never chatter)."""
-    if KEEP_RULES.search(text) or EXACT_VALUE.search(text):
+    if is_rule_or_value(text):
         return RULE_OR_VALUE
     if category == DECISIONS or (category in PRIORITY_CATEGORIES and role != "assistant"):
         return PRIORITY
@@ -275,10 +274,6 @@ def clip(text: str) -> str:
     return text[: MAX_BULLET_CHARS - 1].rsplit(" ", 1)[0] + "…"
 
 
-def normalise(text: str) -> str:
-    return " ".join(re.findall(r"[a-z0-9']+", text.lower()))
-
-
 def deduplicate(bullets: Sequence[Bullet]) -> list[Bullet]:
     """One bullet per normalised text, at the position of its latest occurrence: a repeated
     statement is recent, so it is among the last to be dropped for the cap."""
@@ -294,7 +289,8 @@ def deduplicate(bullets: Sequence[Bullet]) -> list[Bullet]:
 
 def drop_superseded_decisions(bullets: Sequence[Bullet]) -> list[Bullet]:
     """Latest explicit decision wins, kept simple: a decision that says it changes something
-    ("instead", "switch", "no longer"...) removes earlier decisions sharing a content word."""
+    ("instead", "switch", "no longer"...) removes earlier decisions sharing a content word,
+    unless a repair named them."""
     kept: list[Bullet] = []
     for bullet in bullets:
         if bullet.category == DECISIONS and CHANGE_MARKERS.search(bullet.text):
@@ -302,14 +298,12 @@ def drop_superseded_decisions(bullets: Sequence[Bullet]) -> list[Bullet]:
             kept = [
                 earlier
                 for earlier in kept
-                if earlier.category != DECISIONS or not words & content_words(earlier.text)
+                if earlier.category != DECISIONS
+                or earlier.weight == MUST_KEEP
+                or not words & content_words(earlier.text)
             ]
         kept.append(bullet)
     return kept
-
-
-def content_words(text: str) -> set[str]:
-    return {word for word in normalise(text).split() if len(word) >= 4 and word not in STOPWORDS}
 
 
 def render(bullets: Sequence[Bullet]) -> str:
@@ -323,7 +317,8 @@ def render(bullets: Sequence[Bullet]) -> str:
 def fit_to_cap(bullets: Sequence[Bullet], cap_tokens: int) -> str:
     """Render, dropping bullets until it fits: the lightest first, the oldest first among equals
     (``bullets`` is in the order things were said). Binary search over how many to drop: each
-    probe is one render and one count, instead of one per dropped bullet."""
+    probe is one render and one count, instead of one per dropped bullet. A dropped rule or
+    value that still fits afterwards goes back in (``refill``)."""
     if fits(bullets, cap_tokens):
         return render(bullets)
     drop_order = sorted(range(len(bullets)), key=lambda index: (bullets[index].weight, index))
@@ -340,10 +335,24 @@ def fit_to_cap(bullets: Sequence[Bullet], cap_tokens: int) -> str:
         else:
             low = middle + 1
     if low < len(bullets):
-        return render(without(low))
+        return render(refill(bullets, drop_order[:low], cap_tokens))
     # Not even the weightiest, newest bullet fits whole: keep as much of it as fits, never an
     # empty memory.
     return render([shrink_to_fit(bullets[drop_order[-1]], cap_tokens)])
+
+
+def refill(bullets: Sequence[Bullet], dropped: Sequence[int], cap_tokens: int) -> list[Bullet]:
+    """The bullets without ``dropped`` (indexes), then each dropped rule or value that fits in
+    the room left, the weightiest and newest first: a shorter rule dropped before a longer one
+    must not be lost with room to spare (the fold guard would refuse that summary)."""
+    left_out = set(dropped)
+    for index in reversed(dropped):
+        if bullets[index].weight < RULE_OR_VALUE:
+            break
+        left_out.discard(index)
+        if not fits([b for i, b in enumerate(bullets) if i not in left_out], cap_tokens):
+            left_out.add(index)
+    return [bullet for index, bullet in enumerate(bullets) if index not in left_out]
 
 
 def fits(bullets: Sequence[Bullet], cap_tokens: int) -> bool:

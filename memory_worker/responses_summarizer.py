@@ -15,6 +15,7 @@ from memory_worker.summarizers import (
     SummaryResult,
     error_from_openai,
     format_fold_input,
+    repair_request,
 )
 from memory_worker.summary_validation import validate_summary
 from memory_worker.tokens import count_tokens
@@ -51,7 +52,26 @@ class ResponsesSummarizer:
 
     def summarize(self, current_summary: str, messages: Sequence[FoldMessage]) -> SummaryResult:
         fold_input = format_fold_input(current_summary, messages)
-        response = self._call(fold_input)
+        return self._result(self._call(fold_input), fold_input)
+
+    def repair(
+        self,
+        current_summary: str,
+        messages: Sequence[FoldMessage],
+        draft: str,
+        keep: Sequence[str],
+    ) -> SummaryResult:
+        """The fold guard's repair: the fold input unchanged as the first input item, the
+        draft and what it lost after it; the hosted prompt's instructions stay as they are."""
+        fold_input = format_fold_input(current_summary, messages)
+        conversation = [
+            {"role": "user", "content": fold_input},
+            {"role": "assistant", "content": draft},
+            {"role": "user", "content": repair_request(keep, self.cap_tokens)},
+        ]
+        return self._result(self._call(conversation), fold_input)
+
+    def _result(self, response: Any, fold_input: str) -> SummaryResult:
         model = getattr(response, "model", None)
         text = validate_summary(
             response.output_text,
@@ -75,14 +95,14 @@ class ResponsesSummarizer:
             reference["version"] = self.prompt_version
         return reference
 
-    def _call(self, fold_input: str) -> Any:
+    def _call(self, fold_input: str | list[dict[str, str]]) -> Any:
         options: dict[str, Any] = {}
         if self.max_output_tokens:
             options["max_output_tokens"] = self.max_output_tokens
         try:
             response = self.client.responses.create(
                 prompt=cast(Any, self.prompt_reference()),
-                input=fold_input,
+                input=cast(Any, fold_input),
                 timeout=self.timeout,
                 **options,
             )

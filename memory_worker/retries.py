@@ -51,13 +51,16 @@ CRASH_AFTER_INTERRUPTIONS = 3
 TRANSIENT = "transient"  # timeout, connection, 429 rate limit, 5xx: may work in a moment
 
 
-INVALID_OUTPUT = "invalid_output"  # empty, truncated, refused, over cap, not a summary
+# Empty, truncated, refused, over cap, not a summary, or one the fold guard refused ("lossy").
+INVALID_OUTPUT = "invalid_output"
 
 
 REJECTED = "rejected"  # exhausted quota, other 4xx: only a human (billing, config) fixes it
 
 
-INVALID_OUTPUT_KINDS = frozenset({"empty", "truncated", "refused", "over_cap", "malformed"})
+INVALID_OUTPUT_KINDS = frozenset(
+    {"empty", "truncated", "refused", "over_cap", "malformed", "lossy"}
+)
 
 
 REJECTED_KINDS = frozenset({"quota", "client_error", "request_refused"})

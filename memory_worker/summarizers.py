@@ -19,7 +19,7 @@ import json
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Literal, Protocol, runtime_checkable
 
 import openai
 
@@ -66,9 +66,17 @@ class SummaryResult:
 
 
 # The transport's kinds, a request the provider refused for what it holds, and what makes a
-# summary unusable.
+# summary unusable. "lossy": the fold guard refused the summary, and its repair
+# (memory_worker.guarded_summary).
 ErrorKind = Literal[
-    TransportErrorKind, "request_refused", "empty", "truncated", "refused", "over_cap", "malformed"
+    TransportErrorKind,
+    "request_refused",
+    "empty",
+    "truncated",
+    "refused",
+    "over_cap",
+    "malformed",
+    "lossy",
 ]
 
 # A 400 or 422 names the request itself (a content filter answers so), not the account or the
@@ -94,6 +102,23 @@ class Summarizer(Protocol):
 
     def summarize(self, current_summary: str, messages: Sequence[FoldMessage]) -> SummaryResult:
         """The complete new summary: ``current_summary`` rewritten to include ``messages``."""
+        ...
+
+
+@runtime_checkable
+class RepairingSummarizer(Summarizer, Protocol):
+    """A summarizer the fold guard can ask once to put back what its draft lost."""
+
+    def repair(
+        self,
+        current_summary: str,
+        messages: Sequence[FoldMessage],
+        draft: str,
+        keep: Sequence[str],
+    ) -> SummaryResult:
+        """``draft`` (its own summary of the same input) rewritten to keep each of ``keep``:
+        lines of ``current_summary`` it dropped though no message changed them. Its own calls
+        and tokens only."""
         ...
 
 
@@ -192,4 +217,15 @@ def shorten_request(draft_tokens: int, cap_tokens: int) -> str:
         f"That summary is {draft_tokens} tokens, over the hard cap of {cap_tokens} tokens. "
         f"Rewrite it in at most {target} tokens: the same five headings, shorter bullets, the "
         "least durable details dropped first. Output only the summary."
+    )
+
+
+def repair_request(keep: Sequence[str], cap_tokens: int) -> str:
+    """The fold guard's one repair: what the draft dropped, named line by line."""
+    lines = "\n".join(f"- {line}" for line in keep)
+    return (
+        "That summary drops these lines of EXISTING_SUMMARY, which no new turn changed or "
+        f"revoked:\n{lines}\nRewrite it keeping each of them, with its exact values, within "
+        f"{cap_tokens} tokens: the same five headings, the least durable details dropped first. "
+        "Output only the summary."
     )

@@ -257,17 +257,22 @@ def render_summary(bullets: list[tuple[str, str]]) -> str:
 
 
 def summary_text(body: dict[str, Any], cap_words: int) -> str:
-    """A valid seed-000/003 summary: old bullets kept, new ones added, oldest dropped over cap."""
-    source = next(text for text in reversed(request_texts(body)) if is_fold_input(text))
+    """A valid seed-000/003 summary: old bullets kept, new ones added, oldest dropped over cap.
+    A follow-up naming lines to keep (the fold guard's repair) keeps those and drops others."""
+    texts = request_texts(body)
+    source = next(text for text in reversed(texts) if is_fold_input(text))
     existing, messages = read_fold_input(source)
+    follow_up = texts[-1] if texts[-1] != source else ""
+    keep = {line[2:].strip().lower() for line in follow_up.splitlines() if line.startswith("- ")}
     bullets, seen = [], set()
     for heading, text in existing_bullets(existing) + turn_bullets(messages):
         if text.lower() not in seen:
             seen.add(text.lower())
             bullets.append((heading, text))
     rendered = render_summary(bullets)
-    while bullets and len(rendered.split()) > cap_words:
-        bullets.pop(0)  # the oldest facts go first, like a real rewrite under a cap
+    droppable = [bullet for bullet in bullets if bullet[1].lower() not in keep]
+    while droppable and len(rendered.split()) > cap_words:
+        bullets.remove(droppable.pop(0))  # the oldest go first, like a real rewrite under a cap
         rendered = render_summary(bullets)
     return rendered
 

@@ -27,6 +27,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "memory_worker.text",
             "memory_worker.tokens",
             "memory_worker.bundled_encodings",
+            "memory_worker.retention_rules",
+            "memory_worker.fold_guard",
         ),
     ),
     (

@@ -629,3 +629,23 @@ def test_a_fallback_summary_is_shown_as_one_and_briefs_filter_by_it(
     listing = staff.get("/admin/conversations/brief/?fallback_since__isempty=0")
     shown = [brief.chat_id for brief in listing.context["cl"].result_list]
     assert shown == [fallback.pk] and model.pk not in shown
+
+
+def test_the_ledger_shows_each_folds_dropped_details_read_only(staff: Client, user: Any) -> None:
+    chat = chat_service.create_chat(user)
+    ledger = Consolidation.objects.create(
+        chat=chat,
+        trigger="window",
+        status="succeeded",
+        from_seq=1,
+        to_seq=2,
+        base_version=0,
+        dropped_details=["QX-7719", "ana@example.org"],
+    )
+    listing = staff.get("/admin/conversations/consolidation/")
+    [row] = listing.context["cl"].result_list
+    assert listing.context["cl"].model_admin.dropped(row) == 2
+    assert "dropped details" in listing.content.decode().lower()
+    page = staff.get(f"/admin/conversations/consolidation/{ledger.pk}/change/").content.decode()
+    assert "QX-7719" in page and "ana@example.org" in page
+    assert 'name="dropped_details"' not in page  # shown, not an input

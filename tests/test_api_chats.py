@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from conversations.models import Brief, Chat, Message
+from conversations.models import Brief, Chat, Consolidation, Message
 
 pytestmark = pytest.mark.django_db
 
@@ -373,3 +373,22 @@ def test_effective_policy_shows_the_thresholds_derived_below_each_bound(api) -> 
     assert thresholds["fold_target"] == 500 + (4800 - 500) // 8
     listed = {p["name"]: p["parameters"] for p in api.get("/api/v1/policies/").json()["results"]}
     assert listed["contract"]["thresholds"]["message_trigger"] == 8  # K + B less one turn
+
+
+def test_the_ledger_shows_what_each_fold_let_go(api) -> None:  # type: ignore[no-untyped-def]
+    chat_id = api.post("/api/v1/chats/", {}, format="json").json()["id"]
+    for details in (["QX-7719", "https://example.com/inv/88213"], []):
+        Consolidation.objects.create(
+            chat_id=chat_id,
+            trigger="window",
+            status="succeeded",
+            from_seq=1,
+            to_seq=2,
+            base_version=0,
+            dropped_details=details,
+        )
+    rows = api.get(f"/api/v1/chats/{chat_id}/consolidations/").json()["results"]
+    assert [row["dropped_details"] for row in rows] == [
+        [],
+        ["QX-7719", "https://example.com/inv/88213"],
+    ]

@@ -44,9 +44,11 @@ def work_off(chat_id: int) -> None:
 
 
 def folded_sections(server) -> list[tuple[int, str]]:  # type: ignore[no-untyped-def]
+    """Each fold attempt's input: its first summarize request. A follow-up in the same attempt
+    (the fold guard's repair, an over-cap retry) resends the input; it folds nothing again."""
     sections = []
     for index, record in enumerate(server.requests):
-        if record.kind == "summarize":
+        if record.kind == "summarize" and len(record.body["messages"]) <= 2:
             _, messages = read_fold_input(record.text)
             assert messages, "summarize request without the seed 003 sections"
             sections.append((index, "\n".join(content for _, content in messages)))

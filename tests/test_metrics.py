@@ -30,6 +30,13 @@ from conversations import metrics_endpoint
 from conversations.models import Brief, Chat, Consolidation
 from memory_worker.dispatch import RequestTrigger
 from memory_worker.folds import consolidate_once
+from tests.test_folds import (
+    VAULT_RULE,
+    chat_remembering_the_vault_rule,
+    chat_with_planted_values,
+    is_repair,
+    summary_of,
+)
 from tests.workers import ROOT, Worker, wait_until
 
 pytestmark = pytest.mark.django_db
@@ -106,6 +113,32 @@ def test_consolidation_lag_counts_from_the_turn_that_found_the_fold_due(
     name = "chatmem_consolidation_lag_seconds"
     assert value(after, f"{name}_count") - value(before, f"{name}_count") == 1
     assert value(after, f"{name}_sum") - value(before, f"{name}_sum") >= 3
+
+
+def test_dropped_details_and_guard_verdicts_are_counted(
+    client: Any, api: Any, use_fake_openai: Any
+) -> None:
+    before = scrape(client)
+    lossy = chat_with_planted_values(api)
+    use_fake_openai.summary_fn = lambda body: summary_of("Order QX-7719 ships by 2031-04-02.")
+    assert consolidate_once(lossy, RequestTrigger.MANUAL).status == "succeeded"
+    repaired = chat_remembering_the_vault_rule(api)
+    use_fake_openai.summary_fn = lambda body: summary_of(*([VAULT_RULE] if is_repair(body) else []))
+    assert consolidate_once(repaired, RequestTrigger.MANUAL).status == "succeeded"
+    after = scrape(client)
+
+    def grew(name: str, **labels: str) -> float:
+        return value(after, name, **labels) - value(before, name, **labels)
+
+    [three] = Consolidation.objects.filter(chat_id=lossy).values_list("dropped_details", flat=True)
+    [none] = Consolidation.objects.filter(chat_id=repaired).values_list(
+        "dropped_details", flat=True
+    )
+    assert (len(three), none) == (3, [])
+    assert grew("chatmem_fold_dropped_details_total") == 3
+    assert grew("chatmem_fold_guard_total", outcome="repair") == 1
+    assert grew("chatmem_fold_guard_total", outcome="repaired") == 1
+    assert grew("chatmem_fold_guard_total", outcome="refused") == 0
 
 
 def test_a_metrics_token_is_required_when_set(client: Any, settings: Any) -> None:

@@ -839,3 +839,61 @@ def test_a_hosted_prompt_need_not_ask_for_headings() -> None:
     with pytest.raises(SummarizerError) as caught:
         validate_summary("I'm sorry, I can't do that.", "stop", 500, None)
     assert caught.value.kind == "refused"
+
+
+# ---------------------------------------------------------------------------------------------
+# The fold guard's repair (memory_worker.guarded_summary): each backend puts back what it is
+# told its draft lost.
+
+RULES_SUMMARY = "## Facts / Constraints\n" + "\n".join(
+    f"- Never use tool {name} before {1000 + n}." for n, name in enumerate(["ab", "cd", "ef"])
+)
+KEEP = ["Never use tool ab before 1000."]
+
+
+def test_offline_repair_keeps_the_named_lines_the_cap_would_drop() -> None:
+    summarizer = OfflineSummarizer(cap_tokens=64)
+    messages = [FoldMessage(1, "user", f"Never run job {n} after {2000 + n}.") for n in range(3)]
+    draft = summarizer.summarize(RULES_SUMMARY, messages).text
+    assert "1000" not in draft  # the oldest rule goes first when the cap bites
+    repaired = summarizer.repair(RULES_SUMMARY, messages, draft, KEEP)
+    assert KEEP[0] in repaired.text and count_tokens(repaired.text) <= 64
+    assert repaired.calls == 1
+
+
+def test_offline_repair_keeps_a_named_decision_a_later_one_would_replace() -> None:
+    current = "## Decisions\n- We decided to host on server A-17."
+    messages = [FoldMessage(1, "user", "Actually, we decided to host on server B-22 instead.")]
+    assert "A-17" not in OfflineSummarizer().summarize(current, messages).text
+    keep = ["We decided to host on server A-17."]
+    assert "A-17" in OfflineSummarizer().repair(current, messages, "", keep).text
+
+
+def test_chat_repair_corrects_its_own_draft_naming_what_it_lost(server: ScriptedServer) -> None:
+    server.script(chat_reply(SUMMARY, usage=(300, 30)))
+    result = chat_summarizer(server).repair(RULES_SUMMARY, TWO_TURNS, "## Facts\n- x", KEEP)
+    assert (result.text, result.calls, result.input_tokens, result.output_tokens) == (
+        SUMMARY,
+        1,
+        300,
+        30,
+    )
+    [request] = server.requests
+    _, fold_input, draft, ask = request.body["messages"]
+    assert fold_input["content"] == format_fold_input(RULES_SUMMARY, TWO_TURNS)
+    assert draft == {"role": "assistant", "content": "## Facts\n- x"}
+    assert ask["role"] == "user" and f"- {KEEP[0]}\n" in ask["content"]
+    assert "within 500 tokens" in ask["content"]
+
+
+def test_responses_repair_sends_the_exact_input_then_the_draft_and_what_it_lost(
+    server: ScriptedServer,
+) -> None:
+    server.script(responses_reply(SUMMARY))
+    result = responses_summarizer(server).repair(RULES_SUMMARY, TWO_TURNS, "draft", KEEP)
+    assert result.text == SUMMARY.strip()
+    [request] = server.requests
+    fold_input, draft, ask = request.body["input"]
+    assert fold_input == {"role": "user", "content": format_fold_input(RULES_SUMMARY, TWO_TURNS)}
+    assert draft == {"role": "assistant", "content": "draft"}
+    assert KEEP[0] in ask["content"] and request.body["prompt"]["id"] == PROMPT_ID

@@ -160,6 +160,15 @@ class BriefSerializer(serializers.ModelSerializer):
 
 class ConsolidationSerializer(serializers.ModelSerializer):
     withheld_seqs = serializers.ListField(child=serializers.IntegerField(), read_only=True)
+    dropped_details = serializers.ListField(
+        child=serializers.CharField(),
+        read_only=True,
+        help_text=(
+            "A committed fold's loss report: exact details of its input (numbers, codes, dates, "
+            "URLs, e-mail addresses, file names, identifiers) absent from its summary; at most "
+            "50."
+        ),
+    )
 
     class Meta:
         model = Consolidation
@@ -180,6 +189,7 @@ class ConsolidationSerializer(serializers.ModelSerializer):
             "duration_ms",
             "error",
             "withheld_seqs",
+            "dropped_details",
         ]
         read_only_fields = fields
 

@@ -1,0 +1,211 @@
+"""The fold guard and the loss report (docs/policies.md, "The fold guard"): deterministic checks
+of a new summary against the old one and the folded messages. Standard library only.
+
+- ``losses``: the lines of the old summary that state a rule or an exact value
+  (memory_worker.retention_rules) whose values, or for a rule without one most of its words,
+  are not in the new summary though it had room for them under its cap (free, or taken by
+  lines that state no rule or value), unless a folded message superseded the line.
+- ``dropped_details``: every exact detail of the fold's input (old summary and folded messages)
+  that is not in the new summary, whatever the reason: what the fold let go.
+"""
+
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from memory_worker.retention_rules import (
+    CHANGE_MARKERS,
+    EXACT_VALUE,
+    FILE_NAME,
+    KEEP_RULES,
+    content_words,
+    is_rule_or_value,
+    summary_lines,
+)
+from memory_worker.tokens import count_tokens
+
+# A message that takes something back: the change markers, and plain revocations.
+REVOKES = re.compile(
+    r"\b(forget|cancel(?:led|s)?|revoke[ds]?|drop(?:ped)?|remove[ds]?|ignore|disregard|scrap|"
+    r"never mind|no need|not needed|obsolete|outdated|lift(?:ed)?|void)\b",
+    re.IGNORECASE,
+)
+# Rule words say how, not what: two lines sharing only "must" share no subject.
+RULE_WORD_TEXT = (
+    "must mustn't never always cannot can't don't required require requires allowed avoid least "
+    "later shall"
+)
+RULE_WORDS = frozenset(RULE_WORD_TEXT.split())
+# Details found whole, before the text is cut into words: URLs, e-mail addresses, code spans,
+# file names.
+WHOLE_DETAIL = re.compile(
+    r"https?://[^\s<>\"'`)\]]+[^\s<>\"'`)\].,;:!?]|[\w.+-]+@[\w-]+(?:\.[\w-]+)+|`[^`\n]+`|"
+    + FILE_NAME,
+    re.IGNORECASE,
+)
+WORD_EDGES = "\"'()[]{}<>.,;:!?*_"
+ORDINAL = re.compile(r"\d+(?:st|nd|rd|th)", re.IGNORECASE)
+DIGIT_GROUPING = re.compile(r"(?<=\d),(?=\d{3})")
+# Most of a rule's words gone, and its values with them: the rule is gone, not reworded.
+RULE_WORDS_KEPT = 0.5
+ROOM_MARGIN = 2  # tokens
+# A summarizer cannot count its own tokens to the last: one that stopped within this share of
+# its cap was cutting for the cap.
+CAP_SLACK = 0.1
+# A message restating a line's subject shares most of its words: "my locker number" is not
+# "my flat number".
+SAME_SUBJECT = 0.5
+
+
+class Said(Protocol):
+    """A folded message, as the guard reads it (memory_worker.summarizers.FoldMessage)."""
+
+    @property
+    def seq(self) -> int: ...
+
+    @property
+    def content(self) -> str: ...
+
+
+@dataclass(frozen=True)
+class Loss:
+    line: str  # the old summary's line
+    missing: tuple[str, ...]  # its exact values not in the new summary; () for a rule's words
+
+    def describe(self) -> str:
+        if not self.missing:
+            return self.line
+        return f"{', '.join(self.missing)} (from: {self.line})"
+
+
+def losses(
+    old_summary: str, folded: Sequence[Said], new_summary: str, cap_tokens: int | None = None
+) -> list[Loss]:
+    """The rules and exact values of ``old_summary`` that ``new_summary`` dropped and no message
+    of ``folded`` superseded, one ``Loss`` per line, in the old summary's order. With
+    ``cap_tokens``, only a line the new summary had room for (``SummaryText``): at the cap,
+    with nothing weaker left to drop, something must go."""
+    kept = SummaryText(new_summary, cap_tokens)
+    found: list[Loss] = []
+    seen: set[str] = set()
+    for line in summary_lines(old_summary):
+        text = line.text
+        if text in seen or not is_rule_or_value(text):
+            continue
+        seen.add(text)
+        loss = line_loss(text, kept)
+        if loss is not None and kept.has_room_for(text) and not superseded(text, folded):
+            found.append(loss)
+    return found
+
+
+def still_lost(
+    named: Iterable[Loss], new_summary: str, cap_tokens: int | None = None
+) -> list[Loss]:
+    """Those of ``named`` (a refused draft's losses) that ``new_summary`` still drops (with
+    room for them: see ``losses``)."""
+    kept = SummaryText(new_summary, cap_tokens)
+    return [
+        loss
+        for loss in named
+        if line_loss(loss.line, kept) is not None and kept.has_room_for(loss.line)
+    ]
+
+
+def dropped_details(old_summary: str, folded: Sequence[Said], new_summary: str) -> list[str]:
+    """The exact details of the fold's input absent from ``new_summary``, each once, in the
+    order the input gives them (old summary first, then the messages by seq)."""
+    kept = SummaryText(new_summary)
+    texts = [old_summary, *(message.content for message in sorted(folded, key=seq_of))]
+    dropped: dict[str, str] = {}
+    for text in texts:
+        for detail in details_of(text):
+            key = detail_key(detail)
+            if key not in dropped and not kept.has(detail):
+                dropped[key] = detail
+    return list(dropped.values())
+
+
+def seq_of(message: Said) -> int:
+    return message.seq
+
+
+def details_of(text: str) -> list[str]:
+    """Numbers of three digits or more, formatted numbers, dates and times, codes and
+    identifiers with digits, URLs, e-mail addresses, code spans, file names."""
+    found = [match.group(0) for match in WHOLE_DETAIL.finditer(text)]
+    for word in WHOLE_DETAIL.sub(" ", text).split():
+        word = word.strip(WORD_EDGES)
+        if word and EXACT_VALUE.search(word) and not ORDINAL.fullmatch(word):
+            found.append(word)
+    return found
+
+
+def detail_key(detail: str) -> str:
+    """How a detail is compared: case and digit grouping aside ("$4,000" is "$4000"), a code
+    span by its text."""
+    return DIGIT_GROUPING.sub("", detail.strip("`").lower())
+
+
+class SummaryText:
+    """A new summary, as the checks look things up in it."""
+
+    def __init__(self, summary: str, cap_tokens: int | None = None) -> None:
+        self.key = detail_key(" ".join(summary.split()))
+        self.words = content_words(summary)
+        self.room: int | None = None
+        if cap_tokens is not None:
+            # Free tokens below the cap's usable part, plus what its lines that state no rule
+            # or value take: dropping those instead would have made room.
+            weaker = sum(
+                count_tokens(f"- {line.text}\n")
+                for line in summary_lines(summary)
+                if not is_rule_or_value(line.text)
+            )
+            usable = int(cap_tokens * (1 - CAP_SLACK))
+            self.room = usable - count_tokens(summary) + weaker
+
+    def has(self, detail: str) -> bool:
+        return detail_key(detail) in self.key
+
+    def has_room_for(self, line: str) -> bool:
+        """Whether ``line`` as one more bullet fits under the cap, with a token or two to spare
+        for where it would go: when in doubt, no room, and no refusal."""
+        return self.room is None or count_tokens(f"- {line}\n") + ROOM_MARGIN <= self.room
+
+
+def line_loss(line: str, kept: SummaryText) -> Loss | None:
+    values = details_of(line)
+    if values:
+        missing = tuple(dict.fromkeys(value for value in values if not kept.has(value)))
+        return Loss(line, missing) if missing else None
+    if not KEEP_RULES.search(line):
+        return None
+    words = subject_words(line)
+    if not words or len(words & kept.words) >= len(words) * RULE_WORDS_KEPT:
+        return None
+    return Loss(line, ())
+
+
+def superseded(line: str, folded: Sequence[Said]) -> bool:
+    """A folded message takes the line back: it names one of the line's values or shares a
+    subject word with it, and says so ("forget", "no longer", "instead", "cancel"); or it
+    states the line's subject anew: more than half of the line's subject words, with a value
+    the line does not have ("New door code: 7730"). Loose on purpose: a refused fold costs a
+    call, and what a missed loss drops is still in the loss report."""
+    subject = subject_words(line)
+    values = {detail_key(value) for value in details_of(line)}
+    for message in folded:
+        text = message.content
+        named = {detail_key(value) for value in details_of(text)}
+        shared = subject & subject_words(text)
+        if (shared or values & named) and (REVOKES.search(text) or CHANGE_MARKERS.search(text)):
+            return True
+        if len(shared) > len(subject) * SAME_SUBJECT and named - values:
+            return True
+    return False
+
+
+def subject_words(text: str) -> set[str]:
+    return content_words(text) - RULE_WORDS
