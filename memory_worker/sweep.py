@@ -19,6 +19,7 @@ from memory_worker.dispatch import RequestTrigger
 from memory_worker.fold_ledger import failed_fold_fields
 from memory_worker.folds import decide_for_chat
 from memory_worker.locks import ChatLock
+from memory_worker.provider_recovery import catch_up
 from memory_worker.retries import CRASH_AFTER_INTERRUPTIONS, CRASH_KIND, fail_brief
 from memory_worker.state import read_chat_and_snapshot
 
@@ -131,7 +132,9 @@ def deaths_in_a_row(ledger: Consolidation) -> int:
 def sweep_candidates(now: datetime, lock: ChatLock, limit: int) -> list[int]:
     """Chats the beat sweep should look at: failed chats whose retry is due, chats whose
     cooldown has passed with messages beyond the watermark, and chats marked pending whose
-    run died."""
+    run died. Provider-wide failures are caught up first once the provider answers again
+    (provider_recovery)."""
+    catch_up(now, limit)
     retry_due = Brief.objects.filter(next_attempt_at__lte=now).values_list("chat_id", flat=True)
     chosen = dict.fromkeys([*retry_due[:limit], *lock.pending_chats()[:limit]])
     # Only as many as the batch has room for: the rotation moves past every chat it judges,

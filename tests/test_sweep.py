@@ -424,3 +424,53 @@ def test_a_worker_reaches_the_sweep_before_draining_the_fold_backlog(  # type: i
         ), worker.log()
     finally:
         worker.stop()
+
+
+# --- Catching up when the provider recovers (memory_worker/provider_recovery.py) ------------
+
+
+def failed_an_hour_ago(api, now, kind: str, minutes_ago: int):  # type: ignore[no-untyped-def]
+    """A chat whose last fold failed with ``kind`` and waits an hour for its retry."""
+    chat_id = new_chat(api)
+    Brief.objects.filter(chat_id=chat_id).update(
+        failure_kind=kind,
+        consecutive_failures=3,
+        degraded=True,
+        next_attempt_at=now + timedelta(hours=1),
+        updated_at=now - timedelta(minutes=minutes_ago),
+    )
+    return chat_id
+
+
+def succeeded_fold(chat_id: int, finished_at, trigger: str = "window") -> None:  # type: ignore[no-untyped-def]
+    Consolidation.objects.create(
+        chat_id=chat_id, trigger=trigger, status="succeeded", from_seq=1, to_seq=2,
+        base_version=0, finished_at=finished_at,
+    )  # fmt: skip
+
+
+@pytest.mark.django_db
+def test_provider_wide_failures_retry_once_a_model_fold_succeeds_and_content_ones_wait(
+    api, sweep_recorder
+) -> None:  # type: ignore[no-untyped-def]
+    now = timezone.now()
+    quota = failed_an_hour_ago(api, now, "quota", minutes_ago=10)
+    outage = failed_an_hour_ago(api, now, "server_error", minutes_ago=5)
+    malformed = failed_an_hour_ago(api, now, "malformed", minutes_ago=20)
+    # No model fold has succeeded since: one probe, the provider-wide failure waiting longest.
+    assert tasks.sweep() == 1
+    assert sweep_recorder["requested"] == [quota]
+    # A fallback's success is the offline summarizer's: the provider may still be down.
+    Brief.objects.filter(chat_id=quota).update(next_attempt_at=now + timedelta(hours=1))
+    succeeded_fold(malformed, now - timedelta(minutes=1), trigger="summarizer_fallback")
+    sweep_recorder["requested"].clear()
+    tasks.sweep()
+    assert sweep_recorder["requested"] == [quota]  # the probe again, not everyone
+    # A model fold succeeded after both provider failures: both retry now; the content failure
+    # keeps its ladder (another chat's success says nothing about its input).
+    Brief.objects.filter(chat_id=quota).update(next_attempt_at=now + timedelta(hours=1))
+    succeeded_fold(malformed, now - timedelta(minutes=1))
+    sweep_recorder["requested"].clear()
+    tasks.sweep()
+    assert sorted(sweep_recorder["requested"]) == sorted([quota, outage])
+    assert Brief.objects.get(chat_id=malformed).next_attempt_at > timezone.now()

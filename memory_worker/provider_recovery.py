@@ -1,0 +1,44 @@
+"""Catching up when the provider recovers (issue 29). A failure that says nothing about the chat
+(a rate limit, an outage, a spent quota, a bad key: ``PROVIDER_WIDE_KINDS``) puts the chat on
+the retry ladder, up to an hour apart; once the provider answers again, waiting out that ladder
+leaves memories stale for nothing. So the sweep lets such chats retry now once a model fold
+anywhere has succeeded since they failed, and while none has, lets the longest-waiting one
+retry early as the service's probe: one summarizer call per sweep however many chats wait.
+Content failures (invalid output, a refused request, a crash) keep their ladder: another
+chat's success says nothing about them."""
+
+from datetime import datetime
+
+from django.db.models import Max
+
+from conversations.models import Brief, Consolidation, ConsolidationStatus
+from memory_worker import policy as engine
+from memory_worker.summarizers import TRANSIENT_KINDS
+
+PROVIDER_WIDE_KINDS = TRANSIENT_KINDS | {"quota", "client_error"}
+# A fallback fold's success is the offline summarizer's: no sign the provider is back.
+FALLBACK_TRIGGERS = (engine.Trigger.HARD_BOUND_FALLBACK, engine.Trigger.SUMMARIZER_FALLBACK)
+
+
+def latest_model_success() -> datetime | None:
+    found: datetime | None = (
+        Consolidation.objects.filter(status=ConsolidationStatus.SUCCEEDED)
+        .exclude(trigger__in=FALLBACK_TRIGGERS)
+        .aggregate(latest=Max("finished_at"))["latest"]
+    )
+    return found
+
+
+def catch_up(now: datetime, limit: int) -> list[int]:
+    """Chats whose provider-wide failure's retry is moved to ``now`` (at most ``limit``): all
+    that failed before the latest model success, else the one waiting longest (the probe).
+    Conditional on the retry time still being later: a retry that came meanwhile wins."""
+    waiting = Brief.objects.filter(next_attempt_at__gt=now, failure_kind__in=PROVIDER_WIDE_KINDS)
+    latest = latest_model_success()
+    recovered = waiting.filter(updated_at__lt=latest) if latest is not None else waiting.none()
+    chosen = list(recovered.order_by("next_attempt_at").values_list("chat_id", flat=True)[:limit])
+    if not chosen and limit > 0:
+        chosen = list(waiting.order_by("updated_at").values_list("chat_id", flat=True)[:1])
+    if chosen:
+        waiting.filter(chat_id__in=chosen).update(next_attempt_at=now)
+    return chosen
