@@ -473,4 +473,5 @@ def test_provider_wide_failures_retry_once_a_model_fold_succeeds_and_content_one
     sweep_recorder["requested"].clear()
     tasks.sweep()
     assert sorted(sweep_recorder["requested"]) == sorted([quota, outage])
-    assert Brief.objects.get(chat_id=malformed).next_attempt_at > timezone.now()
+    waiting = Brief.objects.get(chat_id=malformed).next_attempt_at
+    assert waiting is not None and waiting > timezone.now()
