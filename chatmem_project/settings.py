@@ -224,7 +224,12 @@ REST_FRAMEWORK = {
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_PAGINATION_CLASS": "conversations.api.pagination.StandardPagination",
     "PAGE_SIZE": 50,
-    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    # JSON first: a client that does not ask for HTML (any token client) gets JSON. A browser
+    # gets the browsable API; its forms post with the session's CSRF token (DRF checks it).
+    "DEFAULT_RENDERER_CLASSES": [
+        "rest_framework.renderers.JSONRenderer",
+        "rest_framework.renderers.BrowsableAPIRenderer",
+    ],
     "DEFAULT_PARSER_CLASSES": ["conversations.api.parsers.StrictJSONParser"],
     "EXCEPTION_HANDLER": "conversations.api.errors.exception_handler",
     "DEFAULT_SCHEMA_CLASS": "conversations.api.schema.ChatmemAutoSchema",
