@@ -238,7 +238,11 @@ REST_FRAMEWORK = {
 SPECTACULAR_SETTINGS = {
     "TITLE": "chatmem API",
     "DESCRIPTION": "Chats with summarization memory. Token authentication: "
-    "`Authorization: Token <key>`. Turns answer JSON or server-sent events (docs/streaming.md).",
+    "`Authorization: Token <key>` (or a session login at /api-auth/login/); the "
+    "OpenAI-compatible API under /v1/ takes the same key as `Authorization: Bearer <key>`. "
+    "Turns answer JSON or server-sent events (docs/streaming.md).",
+    # Tags and operation ids from the path after /api/v1 or /v1 ("chats", chats_create).
+    "SCHEMA_PATH_PREFIX": r"/(api/)?v1",
     "VERSION": "1",
     "SERVE_INCLUDE_SCHEMA": False,
     "SWAGGER_UI_DIST": "SIDECAR",

@@ -61,7 +61,7 @@ def test_filters_combine(api: Any, three_chats: dict[str, int]) -> None:
 
 def test_ordering_by_each_allowed_field(api: Any, three_chats: dict[str, int]) -> None:
     newest_first = ["Lisbon flat hunt", "Tax return 2026", "Trip to Lisbon"]
-    assert titles(api, "") == newest_first
+    assert titles(api, "") == titles(api, "ordering=") == newest_first
     assert titles(api, "ordering=created_at") == newest_first[::-1]
     assert titles(api, "ordering=title") == [
         "Lisbon flat hunt",

@@ -76,5 +76,9 @@ def test_swagger_try_it_out_creates_a_chat_takes_a_turn_and_reads_the_brief(
         assert Brief.objects.filter(chat=chat).exists()
         assert try_it_out(driver, "chats_partial_update", chat.pk) == "200"
         assert Chat.objects.get(pk=chat.pk).title == "Trip planning (Lisbon)"
+    except Exception:
+        ARTIFACTS.mkdir(exist_ok=True)  # what the page showed when a step failed
+        driver.save_screenshot(str(ARTIFACTS / "first-hour-failure.png"))
+        raise
     finally:
         driver.quit()

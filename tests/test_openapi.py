@@ -14,6 +14,7 @@ from django.urls import URLPattern, URLResolver, get_resolver
 from rest_framework.test import APIClient
 
 from memory_worker.presets import MAX_KNOB, PolicyError, _coerce, knob_names
+from tests.test_bad_input import bearer
 
 API_PREFIX = "/api/v1/"
 NOT_DOCUMENTED = {"/api/v1/", "/api/v1/schema/", "/api/v1/docs/"}  # API root, the schema itself
@@ -216,18 +217,23 @@ def test_every_operation_with_a_body_has_an_example(schema: dict) -> None:
 
 
 @pytest.mark.django_db(transaction=True)  # a streamed turn stores from its own thread
-def test_every_request_example_succeeds_as_it_stands(schema: dict, api: APIClient) -> None:
+def test_every_request_example_succeeds_as_it_stands(
+    schema: dict, api: APIClient, user: Any
+) -> None:
     """What Swagger UI's "Try it out" sends unchanged (the first example) and every other
-    example: each answers 2xx on a chat of the user's own."""
+    example: each answers 2xx on a chat of the user's own (/v1/ with the token as Bearer)."""
     examples = request_examples(schema)
     assert {path for _, path, _, _ in examples} >= {
         "/api/v1/chats/",
         "/api/v1/chats/{id}/",
         "/api/v1/chats/{id}/turns/",
+        "/v1/chat/completions",
     }
+    openai = bearer(user)
     for method, path, name, body in examples:
         chat_id = api.post("/api/v1/chats/", {}, format="json").json()["id"]
-        response = getattr(api, method)(path.format(id=chat_id), body, format="json")
+        client = openai if path.startswith("/v1/") else api
+        response = getattr(client, method)(path.format(id=chat_id), body, format="json")
         answer = b"".join(response.streaming_content) if response.streaming else response.content
         assert 200 <= response.status_code < 300, (method, path, name, answer)
         if response.streaming:
@@ -240,7 +246,7 @@ def test_the_chat_list_documents_search_filters_and_ordering(schema: dict) -> No
     assert "contract" in parameters["policy"]["schema"]["enum"]
     assert parameters["degraded"]["schema"]["enum"] == ["true", "false"]
     pattern = re.compile(parameters["ordering"]["schema"]["pattern"])
-    for good in ("title", "-updated_at", "title,-created_at,id"):
+    for good in ("", "title", "-updated_at", "title,-created_at,id"):
         assert pattern.match(good), good
     for bad in ("updated", "last_seq", "title,", "--title"):
         assert not pattern.match(bad), bad
@@ -263,3 +269,20 @@ def test_a_chat_is_changed_by_patch_and_put_is_not_offered(schema: dict) -> None
     assert body["additionalProperties"] is False
     assert body["properties"]["policy_overrides"]["additionalProperties"] is False
     assert "required" not in body
+
+
+def test_the_openai_compatible_api_is_documented_in_its_own_shapes(schema: dict) -> None:
+    completions = schema["paths"]["/v1/chat/completions"]["post"]
+    models = schema["paths"]["/v1/models"]["get"]
+    for operation in (completions, models):
+        assert operation["security"] == [{"bearerAuth": []}]
+        unauthenticated = operation["responses"]["401"]["content"]["application/json"]["schema"]
+        assert unauthenticated["required"] == ["error"]  # OpenAI's error shape, not DRF's
+    assert schema["components"]["securitySchemes"]["bearerAuth"]["scheme"] == "bearer"
+    body = completions["requestBody"]["content"]["application/json"]
+    assert body["schema"]["required"] == ["model", "messages"]
+    assert set(completions["responses"]["200"]["content"]) == {
+        "application/json",
+        "text/event-stream",
+    }
+    assert "400" in completions["responses"]

@@ -19,6 +19,7 @@ from rest_framework import serializers
 from rest_framework.permissions import IsAuthenticated
 
 from conversations.api.agent_serializers import AgentStateSerializer
+from conversations.api.openai_schema import OPENAI_UNAUTHENTICATED
 from conversations.api.serializers import (
     BriefSerializer,
     ChatSerializer,
@@ -32,7 +33,10 @@ from conversations.services.chat_list import ORDERING_FIELDS
 from conversations.variants import model_variants
 from memory_worker.presets import PRESETS, knob_json_schema
 
-ORDERING_PATTERN = "^-?({fields})(,-?({fields}))*$".format(fields="|".join(ORDERING_FIELDS))
+# DRF's CharField refuses NUL characters (and the URL check, in a query string).
+NO_NUL = "^[^\\u0000]*$"
+# Empty: the default order, as DRF's OrderingFilter has it.
+ORDERING_PATTERN = "^(-?({fields})(,-?({fields}))*)?$".format(fields="|".join(ORDERING_FIELDS))
 
 # --- Bodies that have no serializer of their own ----------------------------------------------
 
@@ -54,12 +58,14 @@ UNAUTHENTICATED = OpenApiResponse(
 )
 NOT_FOUND = OpenApiResponse(ErrorSerializer, description="No such chat, or not yours.")
 PAGE_NOT_FOUND = OpenApiResponse(ErrorSerializer, description="No such page.")
+API_PREFIXES = ("/api/v1/", "/v1/")
 
 
 def only_rest_api(endpoints: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
-    """Preprocessing hook: this schema documents chatmem's REST API under /api/v1/. The
-    OpenAI-compatible surface under /v1/ follows OpenAI's own API reference and error shape."""
-    return [endpoint for endpoint in endpoints if str(endpoint[0]).startswith("/api/v1/")]
+    """Preprocessing hook: this schema documents chatmem's REST API under /api/v1/ and the
+    OpenAI-compatible API under /v1/ (in OpenAI's shapes, conversations/api/openai_schema.py);
+    not the admin, the browsable API's login or the metrics."""
+    return [endpoint for endpoint in endpoints if str(endpoint[0]).startswith(API_PREFIXES)]
 
 
 class ChatmemAutoSchema(AutoSchema):
@@ -71,7 +77,8 @@ class ChatmemAutoSchema(AutoSchema):
         responses: dict[str, Any] = super()._get_response_bodies(direction)
         shared = {}
         if any(isinstance(p, IsAuthenticated) for p in self.view.get_permissions()):
-            shared["401"] = UNAUTHENTICATED
+            openai = self.path.startswith("/v1/")
+            shared["401"] = OPENAI_UNAUTHENTICATED if openai else UNAUTHENTICATED
         if "{id}" in self.path:
             shared["404"] = NOT_FOUND
         elif self.method == "GET" and self._get_paginator() is not None:
@@ -286,7 +293,7 @@ AFTER_SEQ = OpenApiParameter(
 LIST_PARAMETERS = [
     OpenApiParameter(
         "search",
-        str,
+        {"type": "string", "pattern": NO_NUL},
         OpenApiParameter.QUERY,
         description="Only chats whose title contains every word of it (case-insensitive).",
     ),
@@ -390,7 +397,6 @@ __all__ = ["chat_schema", "policy_schema"]
 
 # --- Request constraints the serializers enforce -----------------------------------------------
 
-NO_NUL = "^[^\\u0000]*$"  # DRF's CharField refuses NUL characters
 NON_BLANK = "^[^\\u0000]*[^\\s\\u0000][^\\u0000]*$"  # a message must say something
 # Unknown keys are refused.
 STRICT_COMPONENTS = ("AgentContextRequest", "EntityRequest", "ChatRequest", "PatchedChatRequest")

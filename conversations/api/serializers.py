@@ -25,6 +25,15 @@ class StrictCharField(serializers.CharField):
         return super().to_internal_value(data)
 
 
+class StrictBooleanField(serializers.BooleanField):
+    """true or false only, as the schema says (and /v1 checks): DRF's would take 0, "yes"…"""
+
+    def to_internal_value(self, data: Any) -> bool:
+        if not isinstance(data, bool):
+            self.fail("invalid", input=data)
+        return data
+
+
 class ChatSerializer(serializers.ModelSerializer):
     title = StrictCharField(max_length=200, required=False, allow_blank=True, trim_whitespace=False)
     system_prompt = StrictCharField(
@@ -101,7 +110,7 @@ class TurnRequestSerializer(serializers.Serializer):
     content = StrictCharField(trim_whitespace=False)
     model_variant = StrictCharField(required=False, allow_blank=True, max_length=100)
     # Absent: the Accept header decides (text/event-stream streams).
-    stream = serializers.BooleanField(
+    stream = StrictBooleanField(
         required=False,
         help_text="Answer with server-sent events (accepted, delta..., done | error).",
     )
