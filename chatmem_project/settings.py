@@ -224,7 +224,12 @@ REST_FRAMEWORK = {
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_PAGINATION_CLASS": "conversations.api.pagination.StandardPagination",
     "PAGE_SIZE": 50,
-    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    # JSON first: a client that does not ask for HTML (any token client) gets JSON. A browser
+    # gets the browsable API; its forms post with the session's CSRF token (DRF checks it).
+    "DEFAULT_RENDERER_CLASSES": [
+        "rest_framework.renderers.JSONRenderer",
+        "rest_framework.renderers.BrowsableAPIRenderer",
+    ],
     "DEFAULT_PARSER_CLASSES": ["conversations.api.parsers.StrictJSONParser"],
     "EXCEPTION_HANDLER": "conversations.api.errors.exception_handler",
     "DEFAULT_SCHEMA_CLASS": "conversations.api.schema.ChatmemAutoSchema",
@@ -233,7 +238,11 @@ REST_FRAMEWORK = {
 SPECTACULAR_SETTINGS = {
     "TITLE": "chatmem API",
     "DESCRIPTION": "Chats with summarization memory. Token authentication: "
-    "`Authorization: Token <key>`. Turns answer JSON or server-sent events (docs/streaming.md).",
+    "`Authorization: Token <key>` (or a session login at /api-auth/login/); the "
+    "OpenAI-compatible API under /v1/ takes the same key as `Authorization: Bearer <key>`. "
+    "Turns answer JSON or server-sent events (docs/streaming.md).",
+    # Tags and operation ids from the path after /api/v1 or /v1 ("chats", chats_create).
+    "SCHEMA_PATH_PREFIX": r"/(api/)?v1",
     "VERSION": "1",
     "SERVE_INCLUDE_SCHEMA": False,
     "SWAGGER_UI_DIST": "SIDECAR",

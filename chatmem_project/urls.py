@@ -6,6 +6,8 @@ from conversations.metrics_endpoint import metrics_view
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("api/v1/", include("conversations.api.urls")),
+    # The browsable API's log in / log out links (session authentication).
+    path("api-auth/", include("rest_framework.urls")),
     path("v1/", include("conversations.api.openai_urls")),
     path("metrics", metrics_view, name="metrics"),
 ]

@@ -144,6 +144,17 @@ def test_missing_content_and_malformed_turn_json(api) -> None:  # type: ignore[n
     assert Message.objects.count() == 0
 
 
+@pytest.mark.parametrize("stream", [0, 1, "true", "yes", None])
+def test_stream_must_be_true_or_false(api, stream) -> None:  # type: ignore[no-untyped-def]
+    """As the schema says: DRF's BooleanField took 0 and "yes" for false and true."""
+    chat = create_chat(api)
+    body = {"content": "hi", "stream": stream}
+    response = api.post(f"/api/v1/chats/{chat['id']}/turns/", body, format="json")
+    assert response.status_code == 400, response.content
+    assert "stream" in response.json()
+    assert Message.objects.count() == 0
+
+
 def test_message_size_limit_is_configurable(api, settings) -> None:  # type: ignore[no-untyped-def]
     settings.CHATMEM_MAX_MESSAGE_CHARS = 10
     chat = create_chat(api)

@@ -14,6 +14,7 @@ from django.urls import URLPattern, URLResolver, get_resolver
 from rest_framework.test import APIClient
 
 from memory_worker.presets import MAX_KNOB, PolicyError, _coerce, knob_names
+from tests.test_bad_input import bearer
 
 API_PREFIX = "/api/v1/"
 NOT_DOCUMENTED = {"/api/v1/", "/api/v1/schema/", "/api/v1/docs/"}  # API root, the schema itself
@@ -187,3 +188,101 @@ def test_the_schema_documents_a_turns_413(django_db_blocker: Any) -> None:
     with django_db_blocker.unblock():
         schema = APIClient().get("/api/v1/schema/?format=json").json()
     assert "413" in schema["paths"]["/api/v1/chats/{id}/turns/"]["post"]["responses"]
+
+
+# --- "Try it out": every request example works as it stands ---------------------------------------
+
+
+def request_examples(schema: dict) -> list[tuple[str, str, str, Any]]:
+    """(method, path, example name, body) of every request body example in the schema."""
+    found = []
+    for path, operations in schema["paths"].items():
+        for method, operation in operations.items():
+            body = operation.get("requestBody", {}).get("content", {}).get("application/json")
+            for name, example in (body or {}).get("examples", {}).items():
+                found.append((method, path, name, example["value"]))
+    return found
+
+
+def test_every_operation_with_a_body_has_an_example(schema: dict) -> None:
+    with_examples = {(method, path) for method, path, _, _ in request_examples(schema)}
+    with_bodies = {
+        (method, path)
+        for path, operations in schema["paths"].items()
+        for method, operation in operations.items()
+        if "requestBody" in operation
+    }
+    assert len(with_bodies) >= 3
+    assert with_bodies <= with_examples, with_bodies - with_examples
+
+
+@pytest.mark.django_db(transaction=True)  # a streamed turn stores from its own thread
+def test_every_request_example_succeeds_as_it_stands(
+    schema: dict, api: APIClient, user: Any
+) -> None:
+    """What Swagger UI's "Try it out" sends unchanged (the first example) and every other
+    example: each answers 2xx on a chat of the user's own (/v1/ with the token as Bearer)."""
+    examples = request_examples(schema)
+    assert {path for _, path, _, _ in examples} >= {
+        "/api/v1/chats/",
+        "/api/v1/chats/{id}/",
+        "/api/v1/chats/{id}/turns/",
+        "/v1/chat/completions",
+    }
+    openai = bearer(user)
+    for method, path, name, body in examples:
+        chat_id = api.post("/api/v1/chats/", {}, format="json").json()["id"]
+        client = openai if path.startswith("/v1/") else api
+        response = getattr(client, method)(path.format(id=chat_id), body, format="json")
+        answer = b"".join(response.streaming_content) if response.streaming else response.content
+        assert 200 <= response.status_code < 300, (method, path, name, answer)
+        if response.streaming:
+            assert b"event: done" in answer, answer
+
+
+def test_the_chat_list_documents_search_filters_and_ordering(schema: dict) -> None:
+    parameters = {p["name"]: p for p in schema["paths"]["/api/v1/chats/"]["get"]["parameters"]}
+    assert {"search", "policy", "degraded", "ordering", "page", "page_size"} <= set(parameters)
+    assert "contract" in parameters["policy"]["schema"]["enum"]
+    assert parameters["degraded"]["schema"]["enum"] == ["true", "false"]
+    pattern = re.compile(parameters["ordering"]["schema"]["pattern"])
+    for good in ("", "title", "-updated_at", "title,-created_at,id"):
+        assert pattern.match(good), good
+    for bad in ("updated", "last_seq", "title,", "--title"):
+        assert not pattern.match(bad), bad
+
+
+def test_a_chat_is_changed_by_patch_and_put_is_not_offered(schema: dict) -> None:
+    detail = schema["paths"]["/api/v1/chats/{id}/"]
+    assert "put" not in detail
+    patch = detail["patch"]
+    assert {"200", "400", "401", "404"} <= set(patch["responses"])
+    ref = patch["requestBody"]["content"]["application/json"]["schema"]["$ref"]
+    body = schema["components"]["schemas"][ref.rsplit("/", 1)[1]]
+    assert set(body["properties"]) == {
+        "title",
+        "system_prompt",
+        "policy",
+        "policy_overrides",
+        "model_variant",
+    }
+    assert body["additionalProperties"] is False
+    assert body["properties"]["policy_overrides"]["additionalProperties"] is False
+    assert "required" not in body
+
+
+def test_the_openai_compatible_api_is_documented_in_its_own_shapes(schema: dict) -> None:
+    completions = schema["paths"]["/v1/chat/completions"]["post"]
+    models = schema["paths"]["/v1/models"]["get"]
+    for operation in (completions, models):
+        assert operation["security"] == [{"bearerAuth": []}]
+        unauthenticated = operation["responses"]["401"]["content"]["application/json"]["schema"]
+        assert unauthenticated["required"] == ["error"]  # OpenAI's error shape, not DRF's
+    assert schema["components"]["securitySchemes"]["bearerAuth"]["scheme"] == "bearer"
+    body = completions["requestBody"]["content"]["application/json"]
+    assert body["schema"]["required"] == ["model", "messages"]
+    assert set(completions["responses"]["200"]["content"]) == {
+        "application/json",
+        "text/event-stream",
+    }
+    assert "400" in completions["responses"]

@@ -17,8 +17,10 @@ from conversations.llm import UPSTREAM_TIMEOUT, ModelError
 from conversations.models import Chat
 from conversations.rows import database_unreachable
 from conversations.services.bounded_context import ContextOverBound
+from conversations.services.chats import NoRoomInWindow
 from conversations.services.turn_slot import TurnInProgress
 from conversations.variants import UnknownVariant
+from memory_worker.presets import PolicyError
 
 log = logging.getLogger("chatmem.api")
 
@@ -128,6 +130,22 @@ def turn_refusals() -> Iterator[None]:
         raise exceptions.ValidationError({"model_variant": [str(error)]}) from error
     except (TurnInProgress, ContextOverBound, ModelError, Chat.DoesNotExist) as error:
         raise turn_error(error) from error
+
+
+@contextlib.contextmanager
+def chat_settings_refusals() -> Iterator[None]:
+    """A chat's settings refused by the service (creating or editing it) as a 400 naming the
+    field; a chat deleted meanwhile as a 404."""
+    try:
+        yield
+    except UnknownVariant as error:
+        raise exceptions.ValidationError({"model_variant": [str(error)]}) from error
+    except NoRoomInWindow as error:  # the system prompt and the summary cap together
+        raise exceptions.ValidationError({"non_field_errors": [str(error)]}) from error
+    except PolicyError as error:
+        raise exceptions.ValidationError({"policy_overrides": [str(error)]}) from error
+    except Chat.DoesNotExist as error:
+        raise exceptions.NotFound() from error
 
 
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:

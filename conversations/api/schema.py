@@ -19,6 +19,7 @@ from rest_framework import serializers
 from rest_framework.permissions import IsAuthenticated
 
 from conversations.api.agent_serializers import AgentStateSerializer
+from conversations.api.openai_schema import OPENAI_UNAUTHENTICATED
 from conversations.api.serializers import (
     BriefSerializer,
     ChatSerializer,
@@ -28,8 +29,14 @@ from conversations.api.serializers import (
     TurnRequestSerializer,
     TurnResponseSerializer,
 )
+from conversations.services.chat_list import ORDERING_FIELDS
 from conversations.variants import model_variants
-from memory_worker.presets import knob_json_schema
+from memory_worker.presets import PRESETS, knob_json_schema
+
+# DRF's CharField refuses NUL characters (and the URL check, in a query string).
+NO_NUL = "^[^\\u0000]*$"
+# Empty: the default order, as DRF's OrderingFilter has it.
+ORDERING_PATTERN = "^(-?({fields})(,-?({fields}))*)?$".format(fields="|".join(ORDERING_FIELDS))
 
 # --- Bodies that have no serializer of their own ----------------------------------------------
 
@@ -51,12 +58,14 @@ UNAUTHENTICATED = OpenApiResponse(
 )
 NOT_FOUND = OpenApiResponse(ErrorSerializer, description="No such chat, or not yours.")
 PAGE_NOT_FOUND = OpenApiResponse(ErrorSerializer, description="No such page.")
+API_PREFIXES = ("/api/v1/", "/v1/")
 
 
 def only_rest_api(endpoints: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
-    """Preprocessing hook: this schema documents chatmem's REST API under /api/v1/. The
-    OpenAI-compatible surface under /v1/ follows OpenAI's own API reference and error shape."""
-    return [endpoint for endpoint in endpoints if str(endpoint[0]).startswith("/api/v1/")]
+    """Preprocessing hook: this schema documents chatmem's REST API under /api/v1/ and the
+    OpenAI-compatible API under /v1/ (in OpenAI's shapes, conversations/api/openai_schema.py);
+    not the admin, the browsable API's login or the metrics."""
+    return [endpoint for endpoint in endpoints if str(endpoint[0]).startswith(API_PREFIXES)]
 
 
 class ChatmemAutoSchema(AutoSchema):
@@ -68,7 +77,8 @@ class ChatmemAutoSchema(AutoSchema):
         responses: dict[str, Any] = super()._get_response_bodies(direction)
         shared = {}
         if any(isinstance(p, IsAuthenticated) for p in self.view.get_permissions()):
-            shared["401"] = UNAUTHENTICATED
+            openai = self.path.startswith("/v1/")
+            shared["401"] = OPENAI_UNAUTHENTICATED if openai else UNAUTHENTICATED
         if "{id}" in self.path:
             shared["404"] = NOT_FOUND
         elif self.method == "GET" and self._get_paginator() is not None:
@@ -150,6 +160,46 @@ class BriefResponseSerializer(BriefSerializer):
         read_only_fields = fields
 
 
+# Request examples are what Swagger UI's "Try it out" sends unchanged: each must succeed.
+CREATE_EXAMPLES = [
+    OpenApiExample(
+        "A chat with the default policy",
+        value={"title": "Trip planning", "system_prompt": "You are a helpful assistant."},
+        request_only=True,
+    ),
+    OpenApiExample(
+        "A chat with a preset and an override",
+        value={
+            "title": "Support",
+            "policy": "contract",
+            "policy_overrides": {"safety_user_turns": 8},
+        },
+        request_only=True,
+    ),
+]
+PATCH_EXAMPLES = [
+    OpenApiExample("Rename", value={"title": "Trip planning (Lisbon)"}, request_only=True),
+    OpenApiExample(
+        "Another policy, from the next fold",
+        value={"policy": "sliding-window", "policy_overrides": {}},
+        request_only=True,
+    ),
+]
+# `stream` stated: Swagger UI sends `Accept: text/event-stream` (its first success media type),
+# which would stream a turn whose body leaves `stream` out.
+TURN_EXAMPLES = [
+    OpenApiExample(
+        "A message, the stored turn as JSON",
+        value={"content": "Hello", "stream": False},
+        request_only=True,
+    ),
+    OpenApiExample(
+        "A message, the reply streamed (server-sent events)",
+        value={"content": "Hello", "stream": True},
+        request_only=True,
+    ),
+]
+
 # --- Turns ------------------------------------------------------------------------------------
 
 TURN_STREAM_DESCRIPTION = """Server-sent events, when the body has `"stream": true` (or no
@@ -191,6 +241,7 @@ SSE_EVENT = {
 turn_schema = extend_schema(
     summary="Send a user message; get the stored reply (JSON) or stream it (SSE)",
     request=TurnRequestSerializer,
+    examples=TURN_EXAMPLES,
     responses={
         (201, "application/json"): OpenApiResponse(
             TurnResponseSerializer, description="The turn, stored: the user message and reply."
@@ -239,12 +290,58 @@ AFTER_SEQ = OpenApiParameter(
     description="Only messages with a larger seq (resume after the last one you have).",
 )
 
+LIST_PARAMETERS = [
+    OpenApiParameter(
+        "search",
+        {"type": "string", "pattern": NO_NUL},
+        OpenApiParameter.QUERY,
+        description="Only chats whose title contains every word of it (case-insensitive).",
+    ),
+    OpenApiParameter(
+        "policy",
+        str,
+        OpenApiParameter.QUERY,
+        enum=sorted(PRESETS),
+        description="Only chats with this memory policy.",
+    ),
+    OpenApiParameter(
+        "degraded",
+        {"type": "string", "enum": ["true", "false"]},
+        OpenApiParameter.QUERY,
+        description="Only chats whose memory is (true) or is not (false) degraded: folds have "
+        "kept failing (the brief's `degraded`).",
+    ),
+    OpenApiParameter(
+        "ordering",
+        {"type": "string", "pattern": ORDERING_PATTERN},
+        OpenApiParameter.QUERY,
+        description=f"Comma-separated fields among {', '.join(ORDERING_FIELDS)}, each "
+        "optionally prefixed with - (descending). Default -created_at (newest first). Any "
+        "other field is a 400.",
+        examples=[OpenApiExample("Recently updated first", value="-updated_at")],
+    ),
+]
+
 chat_schema = extend_schema_view(
     create=extend_schema(
         summary="Create a chat",
+        examples=CREATE_EXAMPLES,
         responses={201: ChatSerializer, 400: VALIDATION_ERROR},
     ),
-    list=extend_schema(summary="Your chats", responses={200: ChatSerializer}),
+    list=extend_schema(
+        summary="Your chats, searched, filtered and ordered",
+        parameters=LIST_PARAMETERS,
+        responses={200: ChatSerializer, 400: VALIDATION_ERROR},
+    ),
+    partial_update=extend_schema(
+        summary="Change a chat: title, system prompt, policy, overrides, default variant",
+        description="Only the fields sent change, with the checks creation makes (400, nothing "
+        "stored). A new policy or overrides apply from the chat's next fold decision; the "
+        "memory (summary, watermark, version) is kept. The answer echoes the effective policy. "
+        "PUT is not supported (405): send PATCH.",
+        examples=PATCH_EXAMPLES,
+        responses={200: ChatSerializer, 400: VALIDATION_ERROR},
+    ),
     retrieve=extend_schema(summary="A chat", responses={200: ChatSerializer}),
     destroy=extend_schema(
         summary="Delete a chat with its messages and memory",
@@ -300,9 +397,9 @@ __all__ = ["chat_schema", "policy_schema"]
 
 # --- Request constraints the serializers enforce -----------------------------------------------
 
-NO_NUL = "^[^\\u0000]*$"  # DRF's CharField refuses NUL characters
 NON_BLANK = "^[^\\u0000]*[^\\s\\u0000][^\\u0000]*$"  # a message must say something
-STRICT_COMPONENTS = ("AgentContextRequest", "EntityRequest")  # unknown keys are refused
+# Unknown keys are refused.
+STRICT_COMPONENTS = ("AgentContextRequest", "EntityRequest", "ChatRequest", "PatchedChatRequest")
 
 
 def _no_nul_strings(schema: Any) -> None:
@@ -331,13 +428,14 @@ def request_constraints(result: dict[str, Any], **_: Any) -> dict[str, Any]:
     turn = schemas["TurnRequestRequest"]["properties"]
     turn["content"].update(pattern=NON_BLANK, maxLength=settings.CHATMEM_MAX_MESSAGE_CHARS)
     turn["model_variant"] = variant
-    chat = schemas["ChatRequest"]["properties"]
-    chat["model_variant"] = variant
-    chat["policy_overrides"] = {
-        "type": "object",
-        "description": "Any of the preset's knobs (GET /api/v1/policies/). Rules between "
-        "knobs, such as max_summary_tokens < max_tokens, are checked too (400).",
-        "properties": knob_json_schema(),
-        "additionalProperties": False,
-    }
+    for name in ("ChatRequest", "PatchedChatRequest"):
+        chat = schemas[name]["properties"]
+        chat["model_variant"] = variant
+        chat["policy_overrides"] = {
+            "type": "object",
+            "description": "Any of the preset's knobs (GET /api/v1/policies/). Rules between "
+            "knobs, such as max_summary_tokens < max_tokens, are checked too (400).",
+            "properties": knob_json_schema(),
+            "additionalProperties": False,
+        }
     return result

@@ -25,6 +25,15 @@ class StrictCharField(serializers.CharField):
         return super().to_internal_value(data)
 
 
+class StrictBooleanField(serializers.BooleanField):
+    """true or false only, as the schema says (and /v1 checks): DRF's would take 0, "yes"…"""
+
+    def to_internal_value(self, data: Any) -> bool:
+        if not isinstance(data, bool):
+            self.fail("invalid", input=data)
+        return data
+
+
 class ChatSerializer(serializers.ModelSerializer):
     title = StrictCharField(max_length=200, required=False, allow_blank=True, trim_whitespace=False)
     system_prompt = StrictCharField(
@@ -58,13 +67,30 @@ class ChatSerializer(serializers.ModelSerializer):
     def get_effective_policy(self, chat: Chat) -> dict[str, object]:
         return policy_parameters(policy_for_chat(chat), variant_context_tokens(chat))
 
+    def to_internal_value(self, data: Any) -> dict[str, Any]:
+        # A misspelt knob or field ("polcy") silently ignored would give a chat the client did
+        # not ask for. Read-only fields are ignored, as DRF does: a client may send back what
+        # it read.
+        if isinstance(data, dict):
+            unknown = sorted(str(key) for key in data if key not in self.fields)
+            if unknown:
+                raise serializers.ValidationError(
+                    {key: [f"Unknown field; the fields are {WRITABLE}."] for key in unknown}
+                )
+        return dict(super().to_internal_value(data))
+
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        if self.instance is not None:
+            return attrs  # an edit: chat_service.update_chat checks the row as it then is
         preset = attrs.get("policy") or settings.MEMORY_POLICY
         try:
             policy_for_new_settings(preset, attrs.get("policy_overrides") or {})
         except PolicyError as error:
             raise serializers.ValidationError({"policy_overrides": [str(error)]}) from error
         return attrs
+
+
+WRITABLE = ", ".join(chat_service.API_EDITABLE_FIELDS)
 
 
 # Read-only. Fields declared rather than introspected (ModelSerializer): every turn answers with
@@ -84,7 +110,7 @@ class TurnRequestSerializer(serializers.Serializer):
     content = StrictCharField(trim_whitespace=False)
     model_variant = StrictCharField(required=False, allow_blank=True, max_length=100)
     # Absent: the Accept header decides (text/event-stream streams).
-    stream = serializers.BooleanField(
+    stream = StrictBooleanField(
         required=False,
         help_text="Answer with server-sent events (accepted, delta..., done | error).",
     )

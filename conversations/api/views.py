@@ -4,10 +4,10 @@ requesting user, so another user's chat is a 404 on every endpoint."""
 from typing import Any
 
 from django.db.models import QuerySet
-from django.http import StreamingHttpResponse
+from django.http import HttpRequest, StreamingHttpResponse
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
-from rest_framework.exceptions import NotFound, ValidationError
+from rest_framework.exceptions import MethodNotAllowed, NotFound, ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -29,15 +29,20 @@ from conversations.models import Chat
 from conversations.services import agent_state as agent_service
 from conversations.services import chats as chat_service
 from conversations.services import turns as turn_service
+from conversations.services.chat_list import BadListQuery, owned_chats
 from conversations.services.turn_model import release_db_connection
 from conversations.services.turn_slot import Claimed, claim_owned_chat
 from conversations.throttling import TurnRateThrottle
-from conversations.variants import UnknownVariant, chat_variant
+from conversations.variants import chat_variant
 from memory_worker.chat_policy import effective_policy
 from memory_worker.dispatch import RequestTrigger
 from memory_worker.presets import PRESETS, policy_parameters
 from memory_worker.runs import request_consolidation
 
+PUT_NOT_ALLOWED = (
+    'Method "PUT" not allowed: change a chat with PATCH, sending only the fields to change '
+    "(title, system_prompt, policy, policy_overrides, model_variant)."
+)
 NOT_QUEUED = (
     "The fold could not be queued (the task broker is unavailable, or MEMORY_DISPATCH is off); "
     "nothing changed. Retry later: the cooldown sweep also folds whatever falls due."
@@ -55,11 +60,18 @@ class ChatViewSet(
     serializer_class = ChatSerializer
 
     def get_queryset(self) -> QuerySet[Chat]:
-        return Chat.objects.filter(owner_id=self.request.user.pk)
+        owner_id = self.request.user.pk
+        # The schema generator calls this with no user (swagger_fake_view).
+        if self.action != "list" or owner_id is None:
+            return Chat.objects.filter(owner_id=owner_id)
+        try:
+            return owned_chats(owner_id, self.request.query_params)
+        except BadListQuery as error:
+            raise ValidationError({error.parameter: [str(error)]}) from error
 
     def perform_create(self, serializer: ChatSerializer) -> None:  # type: ignore[override]
         data = serializer.validated_data
-        try:
+        with errors.chat_settings_refusals():
             serializer.instance = chat_service.create_chat(
                 self.request.user,  # type: ignore[arg-type]
                 title=data.get("title", ""),
@@ -68,10 +80,20 @@ class ChatViewSet(
                 policy_overrides=data.get("policy_overrides"),
                 model_variant=data.get("model_variant", ""),
             )
-        except UnknownVariant as error:
-            raise ValidationError({"model_variant": [str(error)]}) from error
-        except chat_service.NoRoomInWindow as error:  # the prompt and the cap together
-            raise ValidationError({"non_field_errors": [str(error)]}) from error
+
+    def partial_update(self, request: Request, pk: str | None = None) -> Response:
+        chat = self.get_object()  # another user's chat: 404 before the body is read
+        payload = ChatSerializer(chat, data=request.data, partial=True)
+        payload.is_valid(raise_exception=True)
+        with errors.chat_settings_refusals():
+            chat = chat_service.update_chat(chat.owner_id, chat.pk, dict(payload.validated_data))
+        return Response(ChatSerializer(chat).data)
+
+    def http_method_not_allowed(self, request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
+        # As DRF's, with a pointer to PATCH for PUT: a full replacement would reset what the
+        # client left out.
+        detail = PUT_NOT_ALLOWED if request.method == "PUT" else None
+        raise MethodNotAllowed(request.method or "", detail=detail)
 
     @action(
         detail=True,

@@ -55,6 +55,31 @@ def create_chat(
     return chat
 
 
+# What an owner may change through the API (PATCH): EDITABLE_FIELDS less the owner and the
+# OpenAI-compatible name, which only the admin edits.
+API_EDITABLE_FIELDS = ("title", "system_prompt", "policy", "policy_overrides", "model_variant")
+
+
+def update_chat(owner_id: int, chat_id: int, changes: dict[str, object]) -> Chat:
+    """Applies ``changes`` (API_EDITABLE_FIELDS) to the owner's chat with the checks creation
+    makes, on the row as it is now (locked, so two edits cannot each pass the checks and
+    combine into a chat that fails them), or stores nothing: Chat.DoesNotExist, PolicyError,
+    NoRoomInWindow, UnknownVariant. The brief is not touched: W and the summary stay valid, and
+    a new policy applies from the chat's next fold decision."""
+    unknown = set(changes) - set(API_EDITABLE_FIELDS)
+    if unknown:
+        raise ValueError(f"not editable: {sorted(unknown)}")
+    with transaction.atomic():
+        chat = Chat.objects.select_for_update().get(pk=chat_id, owner_id=owner_id)
+        if not changes:
+            return chat
+        for field, value in changes.items():
+            setattr(chat, field, value)
+        validate_chat_settings(chat)
+        save_chat(chat)
+    return chat
+
+
 EDITABLE_FIELDS = (
     "title",
     "owner",

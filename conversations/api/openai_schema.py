@@ -1,0 +1,158 @@
+"""OpenAPI descriptions of the OpenAI-compatible API under /v1/ (docs/openai-compatible.md):
+OpenAI's request and response shapes, its error shape, and bearer authentication. Applied in
+openai_urls.py, so the views' module (openai_compat.py) stays about behaviour."""
+
+from typing import Any
+
+from drf_spectacular.extensions import OpenApiAuthenticationExtension
+from drf_spectacular.utils import OpenApiExample, OpenApiResponse, extend_schema
+
+OPENAI_ERROR_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "error": {
+            "type": "object",
+            "properties": {
+                "message": {"type": "string"},
+                "type": {"type": "string"},
+                "param": {"type": "string", "nullable": True},
+                "code": {"type": "string", "nullable": True},
+            },
+            "required": ["message", "type"],
+        }
+    },
+    "required": ["error"],
+}
+
+
+def openai_error(description: str) -> OpenApiResponse:
+    return OpenApiResponse(OPENAI_ERROR_SCHEMA, description=description)
+
+
+OPENAI_UNAUTHENTICATED = openai_error("No valid token: `Authorization: Bearer <chatmem token>`.")
+
+
+class BearerTokenScheme(OpenApiAuthenticationExtension):
+    """The /v1/ views take chatmem tokens the way the OpenAI SDKs send an API key."""
+
+    target_class = "conversations.api.openai_compat.BearerTokenAuthentication"
+    name = "bearerAuth"
+    priority = 1  # before spectacular's own scheme for DRF's TokenAuthentication subclasses
+
+    def get_security_definition(self, auto_schema: Any) -> dict[str, Any]:
+        return {
+            "type": "http",
+            "scheme": "bearer",
+            "description": "A chatmem API token (`python manage.py issue_token NAME`).",
+        }
+
+
+# A plain schema: a serializer's field named `data` would shadow Serializer.data.
+MODEL_LIST = {
+    "type": "object",
+    "properties": {
+        "object": {"type": "string", "enum": ["list"]},
+        "data": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "properties": {
+                    "id": {"type": "string", "description": "A model variant (MODEL_VARIANTS)."},
+                    "object": {"type": "string", "enum": ["model"]},
+                    "created": {"type": "integer"},
+                    "owned_by": {"type": "string"},
+                },
+                "required": ["id", "object", "created", "owned_by"],
+            },
+        },
+    },
+    "required": ["object", "data"],
+}
+
+
+# Loose on purpose: the view checks the rest (which messages are new, each option's type) and
+# answers a 400 in OpenAI's shape; docs/openai-compatible.md states the rules.
+COMPLETION_REQUEST = {
+    "type": "object",
+    "properties": {
+        "model": {"type": "string", "description": "A model variant (GET /v1/models)."},
+        "messages": {
+            "type": "array",
+            "minItems": 1,
+            "items": {"type": "object", "additionalProperties": {}},
+            "description": "The conversation as the client has it; chatmem stores only the new "
+            "messages and sends the model its bounded context instead.",
+        },
+        "stream": {"type": "boolean", "nullable": True},
+        "user": {
+            "type": "string",
+            "description": "Names the conversation (or the X-Chatmem-Chat-Id header).",
+        },
+    },
+    "required": ["model", "messages"],
+    "additionalProperties": {},
+}
+
+COMPLETION = {
+    "type": "object",
+    "properties": {
+        "id": {"type": "string"},
+        "object": {"type": "string", "enum": ["chat.completion"]},
+        "created": {"type": "integer"},
+        "model": {"type": "string"},
+        "choices": {"type": "array", "items": {"type": "object", "additionalProperties": {}}},
+        "usage": {"type": "object", "additionalProperties": {}},
+    },
+    "required": ["id", "object", "choices"],
+    "additionalProperties": {},
+}
+
+# One server-sent event as a client parses it.
+SSE_CHUNK = {
+    "type": "object",
+    "properties": {"data": {"type": "string", "description": "A JSON chunk, or [DONE]."}},
+    "required": ["data"],
+}
+
+TAGS = ["v1 (OpenAI-compatible)"]
+
+completions_schema = extend_schema(
+    tags=TAGS,
+    summary="OpenAI Chat Completions, with chatmem's memory",
+    description="See docs/openai-compatible.md. Authenticate with `Authorization: Bearer "
+    "<chatmem token>` (Swagger UI: Authorize, bearerAuth).",
+    request={"application/json": COMPLETION_REQUEST},
+    examples=[
+        OpenApiExample(
+            "A message",
+            value={
+                "model": "default",
+                "user": "swagger-try-it-out",
+                "messages": [{"role": "user", "content": "Hello"}],
+            },
+            request_only=True,
+        )
+    ],
+    responses={
+        (200, "application/json"): OpenApiResponse(COMPLETION, description="The completion."),
+        (200, "text/event-stream"): OpenApiResponse(
+            SSE_CHUNK,
+            description='`"stream": true`: `data:` lines of chat.completion.chunk objects, then '
+            "`data: [DONE]`.",
+        ),
+        400: openai_error("Invalid request (`param` names what)."),
+        404: openai_error("`model_not_found`: no such model variant (GET /v1/models)."),
+        409: openai_error("Another turn of this conversation is in progress."),
+        413: openai_error("The body is over `CHATMEM_MAX_BODY_BYTES`; nothing was stored."),
+        429: openai_error("The user's turn limit (`TURN_RATE_LIMIT`); see `Retry-After`."),
+        502: openai_error("The model failed; nothing was stored."),
+        503: openai_error("The context cannot be brought within its bound right now."),
+        504: openai_error("The model did not answer in time; nothing was stored."),
+    },
+)
+
+models_schema = extend_schema(
+    tags=TAGS,
+    summary="The model variants (OpenAI's model list)",
+    responses={200: OpenApiResponse(MODEL_LIST, description="The configured variants.")},
+)
