@@ -624,20 +624,28 @@ def server_url(given: str | None) -> str:
     return url if url.startswith(("postgres://", "postgresql://")) else FALLBACK_DATABASE_URL
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(argv)
-    command = shlex.join(["python", "-m", "bench.chaos", *(sys.argv[1:] if argv is None else argv)])
-    admin_url, database_url, name = database_urls(server_url(args.database_url))
+@contextmanager
+def scratch_database(given: str | None, keep: bool = False) -> Iterator[str]:
+    """A fresh database on the PostgreSQL server ``given`` (or $DATABASE_URL's) for one run,
+    dropped afterwards unless ``keep``. Yields its URL."""
+    admin_url, database_url, name = database_urls(server_url(given))
     run_sql(admin_url, f'CREATE DATABASE "{name}"')
-    started = time.monotonic()
     try:
-        figures = run(args, database_url)
+        yield database_url
     finally:
-        if not args.keep_database:
+        if not keep:
             from django.db import connections
 
             connections.close_all()
             run_sql(admin_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    command = shlex.join(["python", "-m", "bench.chaos", *(sys.argv[1:] if argv is None else argv)])
+    started = time.monotonic()
+    with scratch_database(args.database_url, keep=args.keep_database) as database_url:
+        figures = run(args, database_url)
     report = {
         "command": command,
         "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),

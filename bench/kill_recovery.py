@@ -34,7 +34,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bench.chaos import database_urls, private_or_given_redis, run_sql, server_url
+from bench.chaos import private_or_given_redis, scratch_database
 from bench.common import ROOT, configure_django, machine_info, save_report
 
 # The defaults of everything under test (lock TTL, recovery interval, sweep, deadlines); only
@@ -233,16 +233,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     given = sys.argv[1:] if argv is None else argv
     command = shlex.join(["python", "-m", "bench.kill_recovery", *given])
-    admin_url, database_url, name = database_urls(server_url(args.database_url))
-    run_sql(admin_url, f'CREATE DATABASE "{name}"')
     started = time.monotonic()
-    try:
+    with scratch_database(args.database_url) as database_url:
         figures = run(args, database_url)
-    finally:
-        from django.db import connections
-
-        connections.close_all()
-        run_sql(admin_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
     from django.conf import settings
 
     report = {
