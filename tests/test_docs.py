@@ -131,3 +131,21 @@ def test_env_example_explains_the_context_window() -> None:
     lines = (ROOT / ".env.example").read_text().splitlines()
     index = lines.index("CHAT_MODEL_CONTEXT_TOKENS=128000")
     assert lines[index - 1].startswith("#") and "window" in lines[index - 1] + lines[index - 2]
+
+
+# --- docs/design.md: the map ----------------------------------------------------------------------
+
+
+def test_the_design_map_names_every_module_of_the_apps() -> None:
+    design = (ROOT / "docs" / "design.md").read_text()
+    the_map = design.split("## Map", 1)[1].split("\n## ", 1)[0]
+    modules = [
+        path
+        for app in ("conversations", "memory_worker")
+        for path in (ROOT / app).rglob("*.py")
+        if "migrations" not in path.parts and path.stem not in ("__init__", "apps")
+    ]
+    unnamed = [
+        str(p.relative_to(ROOT)) for p in modules if not re.search(rf"\b{p.stem}\b", the_map)
+    ]
+    assert unnamed == []
