@@ -17,7 +17,7 @@ from memory_worker.summarizers import (
     format_fold_input,
     repair_request,
 )
-from memory_worker.summary_validation import validate_summary
+from memory_worker.summary_validation import replaced_tokens, validate_summary
 from memory_worker.tokens import count_tokens
 
 log = logging.getLogger(__name__)
@@ -52,7 +52,8 @@ class ResponsesSummarizer:
 
     def summarize(self, current_summary: str, messages: Sequence[FoldMessage]) -> SummaryResult:
         fold_input = format_fold_input(current_summary, messages)
-        return self._result(self._call(fold_input), fold_input)
+        replaces = replaced_tokens(current_summary, messages, None)
+        return self._result(self._call(fold_input), fold_input, replaces)
 
     def repair(
         self,
@@ -69,9 +70,10 @@ class ResponsesSummarizer:
             {"role": "assistant", "content": draft},
             {"role": "user", "content": repair_request(keep, self.cap_tokens)},
         ]
-        return self._result(self._call(conversation), fold_input)
+        replaces = replaced_tokens(current_summary, messages, None)
+        return self._result(self._call(conversation), fold_input, replaces)
 
-    def _result(self, response: Any, fold_input: str) -> SummaryResult:
+    def _result(self, response: Any, fold_input: str, replaces: int) -> SummaryResult:
         model = getattr(response, "model", None)
         text = validate_summary(
             response.output_text,
@@ -79,6 +81,7 @@ class ResponsesSummarizer:
             self.cap_tokens,
             str(model) if model else None,
             refusal=responses_refusal(response),
+            replaces=replaces,
         )
         usage = getattr(response, "usage", None)
         return SummaryResult(
