@@ -373,6 +373,13 @@ MODEL_VARIANTS = env("MODEL_VARIANTS", default="")
 # "openai" or "offline"; empty = openai when OPENAI_BASE_URL or OPENAI_API_KEY is set, else
 # offline.
 CHAT_BACKEND = env("CHAT_BACKEND", default="")
+# The field of a Chat Completions request that carries its output limit, for the summarizer
+# and chat turns alike: "auto" (max_completion_tokens for OpenAI's own API, max_tokens for any
+# other endpoint), "max_completion_tokens", "max_tokens" or "both".
+OPENAI_TOKEN_LIMIT_FIELD = env_text("OPENAI_TOKEN_LIMIT_FIELD", "auto")
+# A chat reply's output limit in tokens; 0 = a quarter of the variant's context window, at most
+# 4096. Never more than the window has left after the prompt.
+CHAT_MAX_REPLY_TOKENS = env_int("CHAT_MAX_REPLY_TOKENS", 0)
 
 # --- Memory ---------------------------------------------------------------------------------
 MEMORY_POLICY = env_text("MEMORY_POLICY", "sliding-window")

@@ -2,6 +2,7 @@
 chatmem_project.boot)."""
 
 import sys
+from functools import partial
 from typing import Any
 
 from django.conf import settings
@@ -11,6 +12,7 @@ from conversations.services.chats import operator_defaults_room_problem
 from conversations.throttling import rate_problem
 from conversations.variants import model_variants
 from memory_worker.checks import out_of_range
+from memory_worker.openai_transport import token_limit_field
 
 
 def greenlets_patched() -> bool:
@@ -48,7 +50,7 @@ POSITIVE_WEB_SETTINGS = (
     "CHATMEM_MAX_BODY_BYTES",
     "CHAT_MODEL_CONTEXT_TOKENS",
 )
-NON_NEGATIVE_WEB_SETTINGS = ("DB_POOL_MAX_SIZE", "DB_POOL_MIN_SIZE")
+NON_NEGATIVE_WEB_SETTINGS = ("DB_POOL_MAX_SIZE", "DB_POOL_MIN_SIZE", "CHAT_MAX_REPLY_TOKENS")
 # DB_CONNECT_TIMEOUT: libpq reads 0 as "no limit", which is allowed.
 
 
@@ -64,10 +66,14 @@ def check_web_settings(app_configs: Any = None, **kwargs: Any) -> list[Error]:
         value = getattr(settings, name)
         if value and value not in choices:
             problems.append(f'{name} "{value}" is not one of: {", ".join(choices)} (or empty).')
-    try:
-        model_variants()
-    except ValueError as error:
-        problems.append(str(error))
+    for check in (
+        model_variants,
+        partial(token_limit_field, settings.OPENAI_TOKEN_LIMIT_FIELD, settings.OPENAI_BASE_URL),
+    ):
+        try:
+            check()
+        except ValueError as error:
+            problems.append(str(error))
     problem = rate_problem(settings.TURN_RATE_LIMIT)
     if problem:
         problems.append(problem)

@@ -25,7 +25,8 @@ UPSTREAM_TIMEOUT = 504
 ModelMessages = Sequence[Mapping[str, object]]
 
 
-# Tools offered to the model and how it may use them, passed through as the client sent them.
+# Tools offered to the model and how it may use them, passed through as the client sent them,
+# and the reply's output limit (``max_completion_tokens``: the turn's, services.turn_model).
 ToolOptions = Mapping[str, object]
 
 

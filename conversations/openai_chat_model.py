@@ -37,6 +37,7 @@ from conversations.model_http import (
 )
 from memory_worker.openai_transport import (
     REFUSED_REQUEST_STATUSES,
+    TokenLimitField,
     body_message,
     chat_completion_json,
     error_detail,
@@ -44,6 +45,7 @@ from memory_worker.openai_transport import (
     redact,
     status_kind,
     stream_chat_completion,
+    with_token_limit,
 )
 from memory_worker.text import storable
 from memory_worker.tokens import count_tokens
@@ -53,20 +55,32 @@ log = logging.getLogger(__name__)
 
 class OpenAIChatModel:
     """``direct``: send the non-streamed request over the thread's own connection
-    (conversations.model_http) unless a proxy applies; otherwise the SDK sends it."""
+    (conversations.model_http) unless a proxy applies; otherwise the SDK sends it.
+    ``token_limit_field``: where the output limit of ``tools`` (``max_completion_tokens`` or
+    ``max_tokens``) goes, the field the endpoint honours (openai_transport.token_limit_field)."""
 
-    def __init__(self, client: openai.OpenAI, timeout: float, direct: bool = True) -> None:
+    def __init__(
+        self,
+        client: openai.OpenAI,
+        timeout: float,
+        direct: bool = True,
+        token_limit_field: TokenLimitField = "max_completion_tokens",
+    ) -> None:
         self.client = client
         self.timeout = timeout
         self.direct = direct_client(client, timeout) if direct else None
+        self.token_limit_field = token_limit_field
 
     def complete(
         self, messages: ModelMessages, model: str, tools: ToolOptions | None = None
     ) -> ChatCompletion:
-        body = {"model": model, "messages": list(messages), **tool_kwargs(tools)}
+        body = {"model": model, "messages": list(messages), **self._options(tools)}
         direct = self.direct
         data = self._post_direct(direct, body, model) if direct else self._post_sdk(body, model)
         return completion_from_json(data, messages, model)
+
+    def _options(self, tools: ToolOptions | None) -> dict[str, Any]:
+        return with_token_limit(tool_kwargs(tools), self.token_limit_field)
 
     def _post_direct(
         self, direct: DirectChatCompletions, body: Mapping[str, Any], model: str
@@ -108,7 +122,7 @@ class OpenAIChatModel:
                     "model": model,
                     "messages": list(messages),
                     "stream_options": {"include_usage": True},
-                    **tool_kwargs(tools),
+                    **self._options(tools),
                 },
                 self.timeout,
             )

@@ -7,7 +7,7 @@ from django.conf import settings
 
 from memory_worker.chat_summarizer import ChatCompletionsSummarizer
 from memory_worker.offline_summarizer import OfflineSummarizer
-from memory_worker.openai_transport import make_openai_client
+from memory_worker.openai_transport import make_openai_client, token_limit_field
 from memory_worker.responses_summarizer import ResponsesSummarizer
 from memory_worker.summarizers import Summarizer
 
@@ -32,6 +32,7 @@ def _summarizer(
     prompt_id: str,
     prompt_version: str | None,
     strict: bool,
+    limit_field: str,
 ) -> Summarizer:
     if backend == "offline":
         return OfflineSummarizer(cap_tokens=cap)
@@ -51,7 +52,12 @@ def _summarizer(
             timeout=timeout,
         )
     return ChatCompletionsSummarizer(
-        client, model=model, cap_tokens=cap, timeout=timeout, strict=strict
+        client,
+        model=model,
+        cap_tokens=cap,
+        timeout=timeout,
+        token_limit_field=token_limit_field(limit_field, base_url),
+        strict=strict,
     )
 
 
@@ -84,4 +90,5 @@ def _configured(cap_tokens: int | None, *, strict: bool) -> Summarizer:
         settings.PROMPT_ID_SUMMARY_GLOBAL,
         settings.PROMPT_VERSION_SUMMARY_GLOBAL,
         strict,
+        settings.OPENAI_TOKEN_LIMIT_FIELD,
     )

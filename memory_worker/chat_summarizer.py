@@ -5,11 +5,10 @@ Plain Python (no Django)."""
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
 
 import openai
 
-from memory_worker.openai_transport import create_chat_completion
+from memory_worker.openai_transport import TokenLimitField, create_chat_completion, token_limit
 from memory_worker.summarizers import (
     DEFAULT_CAP_TOKENS,
     FoldMessage,
@@ -21,7 +20,7 @@ from memory_worker.summarizers import (
     shorten_request,
     summary_instructions,
 )
-from memory_worker.summary_validation import validate_summary
+from memory_worker.summary_validation import replaced_tokens, validate_summary
 from memory_worker.tokens import count_tokens
 
 log = logging.getLogger(__name__)
@@ -45,8 +44,8 @@ class Draft:
 class ChatCompletionsSummarizer:
     """Summaries from any OpenAI-compatible Chat Completions endpoint (OpenAI, vLLM, Ollama...).
 
-    ``token_limit_field``: OpenAI's newer models reject ``max_tokens``; servers that do not know
-    ``max_completion_tokens`` (Ollama) ignore it, and over-cap output is still caught by counting.
+    ``token_limit_field``: where the output limit goes, the field the endpoint honours
+    (openai_transport.token_limit_field). Over-cap output is caught by counting all the same.
     """
 
     name = "chat"
@@ -59,9 +58,7 @@ class ChatCompletionsSummarizer:
         timeout: float = 30.0,
         *,
         output_token_limit: int | None = None,
-        token_limit_field: Literal["max_completion_tokens", "max_tokens"] = (
-            "max_completion_tokens"
-        ),
+        token_limit_field: TokenLimitField = "max_completion_tokens",
         strict: bool = False,
     ) -> None:
         self.client = client
@@ -74,9 +71,10 @@ class ChatCompletionsSummarizer:
 
     def summarize(self, current_summary: str, messages: Sequence[FoldMessage]) -> SummaryResult:
         conversation = self._conversation(current_summary, messages)
+        replaces = replaced_tokens(current_summary, messages, self.model)
         first = self._call(conversation)
         try:
-            return self._result(first)
+            return self._result(first, replaces)
         except SummarizerError as error:
             if error.kind != "over_cap":
                 raise
@@ -93,7 +91,7 @@ class ChatCompletionsSummarizer:
                 {"role": "user", "content": shorten_request(draft_tokens, self.cap_tokens)},
             ]
         )
-        result = self._result(retry)
+        result = self._result(retry, replaces)
         return SummaryResult(
             result.text,
             first.input_tokens + retry.input_tokens,
@@ -118,7 +116,8 @@ class ChatCompletionsSummarizer:
                     {"role": "assistant", "content": draft},
                     {"role": "user", "content": repair_request(keep, self.cap_tokens)},
                 ]
-            )
+            ),
+            replaced_tokens(current_summary, messages, self.model),
         )
 
     def _conversation(
@@ -133,7 +132,7 @@ class ChatCompletionsSummarizer:
         ]
 
     def _call(self, conversation: list[dict[str, str]]) -> Draft:
-        limit: dict[str, Any] = {self.token_limit_field: self.output_token_limit}
+        limit = token_limit(self.token_limit_field, self.output_token_limit)
         try:
             response = create_chat_completion(
                 self.client, {"model": self.model, "messages": conversation, **limit}, self.timeout
@@ -156,7 +155,7 @@ class ChatCompletionsSummarizer:
     def _count_input(self, conversation: list[dict[str, str]]) -> int:
         return sum(count_tokens(message["content"], self.model) for message in conversation)
 
-    def _result(self, draft: Draft) -> SummaryResult:
+    def _result(self, draft: Draft, replaces: int) -> SummaryResult:
         text = validate_summary(
             draft.text,
             draft.finish_reason,
@@ -164,5 +163,6 @@ class ChatCompletionsSummarizer:
             self.model,
             refusal=draft.refusal,
             headings=True,
+            replaces=replaces,
         )
         return SummaryResult(text, draft.input_tokens, draft.output_tokens, self.name)

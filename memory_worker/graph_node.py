@@ -59,7 +59,7 @@ from memory_worker.summarizers import (
     shorten_request,
     summary_instructions,
 )
-from memory_worker.summary_validation import validate_summary
+from memory_worker.summary_validation import replaced_tokens, validate_summary
 from memory_worker.tokens import count_tokens
 
 __all__ = [
@@ -348,9 +348,10 @@ class SummarizationNode(RunnableLambda):  # type: ignore[type-arg]
             SystemMessage(summary_instructions(self.cap)),
             HumanMessage(format_fold_input(summary, messages)),
         ]
+        replaces = replaced_tokens(summary, messages, None)
         draft = self.model.invoke(prompt)
         try:
-            return self._validated(draft)
+            return self._validated(draft, replaces)
         except SummarizerError as error:
             if error.kind != "over_cap":
                 raise
@@ -359,15 +360,17 @@ class SummarizationNode(RunnableLambda):  # type: ignore[type-arg]
             draft,
             HumanMessage(shorten_request(self.token_counter(message_text(draft)), self.cap)),
         ]
-        return self._validated(self.model.invoke(retry))
+        return self._validated(self.model.invoke(retry), replaces)
 
     @property
     def cap(self) -> int:
         return self.policy.summary_token_cap
 
-    def _validated(self, response: BaseMessage) -> str:
+    def _validated(self, response: BaseMessage, replaces: int) -> str:
         finish = (response.response_metadata or {}).get("finish_reason")
-        return validate_summary(message_text(response), finish, self.cap, None, headings=True)
+        return validate_summary(
+            message_text(response), finish, self.cap, None, headings=True, replaces=replaces
+        )
 
     def _output(
         self,

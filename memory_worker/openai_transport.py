@@ -162,6 +162,51 @@ def body_message(error: openai.OpenAIError) -> str | None:
 
 
 # ---------------------------------------------------------------------------------------------
+# Output limits
+
+# Where a Chat Completions request's output limit goes. OpenAI's own API wants
+# ``max_completion_tokens``: it rejects ``max_tokens`` for its reasoning models, and both at once
+# for every model. llama.cpp's server and Ollama honour only ``max_tokens`` (the other is
+# ignored); vLLM takes either. "both" is for a server that ignores what it does not know.
+TokenLimitField = Literal["max_completion_tokens", "max_tokens", "both"]
+TOKEN_LIMIT_FIELDS = ("auto", "max_completion_tokens", "max_tokens", "both")
+LIMIT_KEYS = ("max_completion_tokens", "max_tokens")
+OPENAI_HOSTS = ("api.openai.com",)
+OPENAI_HOST_SUFFIXES = (".openai.azure.com",)
+
+
+def token_limit_field(setting: str, base_url: str | None) -> TokenLimitField:
+    """The field for ``setting`` (one of TOKEN_LIMIT_FIELDS): "auto" is
+    ``max_completion_tokens`` for OpenAI's own API (no base URL, api.openai.com, Azure OpenAI),
+    else ``max_tokens``, the field every local server honours."""
+    if setting in ("max_completion_tokens", "max_tokens", "both"):
+        return setting  # type: ignore[return-value]
+    if setting != "auto":
+        raise ValueError(
+            f"OPENAI_TOKEN_LIMIT_FIELD must be one of {', '.join(TOKEN_LIMIT_FIELDS)}, "
+            f'got "{setting}"'
+        )
+    host = (urlsplit(base_url).hostname or "") if base_url else "api.openai.com"
+    if host in OPENAI_HOSTS or host.endswith(OPENAI_HOST_SUFFIXES):
+        return "max_completion_tokens"
+    return "max_tokens"
+
+
+def with_token_limit(options: Mapping[str, Any], field: TokenLimitField) -> dict[str, Any]:
+    """``options`` with its output limit (the smaller of ``max_completion_tokens`` and
+    ``max_tokens``, whichever are set) in ``field`` alone."""
+    limits = [options[key] for key in LIMIT_KEYS if options.get(key) is not None]
+    moved = {key: value for key, value in options.items() if key not in LIMIT_KEYS}
+    if limits:
+        moved.update(token_limit(field, min(limits)))
+    return moved
+
+
+def token_limit(field: TokenLimitField, limit: int) -> dict[str, int]:
+    return {key: limit for key in LIMIT_KEYS if field in (key, "both")}
+
+
+# ---------------------------------------------------------------------------------------------
 # Client and requests
 
 

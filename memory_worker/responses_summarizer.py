@@ -17,7 +17,7 @@ from memory_worker.summarizers import (
     format_fold_input,
     repair_request,
 )
-from memory_worker.summary_validation import validate_summary
+from memory_worker.summary_validation import replaced_tokens, validate_summary
 from memory_worker.tokens import count_tokens
 
 log = logging.getLogger(__name__)
@@ -52,7 +52,7 @@ class ResponsesSummarizer:
 
     def summarize(self, current_summary: str, messages: Sequence[FoldMessage]) -> SummaryResult:
         fold_input = format_fold_input(current_summary, messages)
-        return self._result(self._call(fold_input), fold_input)
+        return self._result(self._call(fold_input), fold_input, current_summary, messages)
 
     def repair(
         self,
@@ -69,16 +69,25 @@ class ResponsesSummarizer:
             {"role": "assistant", "content": draft},
             {"role": "user", "content": repair_request(keep, self.cap_tokens)},
         ]
-        return self._result(self._call(conversation), fold_input)
+        return self._result(self._call(conversation), fold_input, current_summary, messages)
 
-    def _result(self, response: Any, fold_input: str) -> SummaryResult:
-        model = getattr(response, "model", None)
+    def _result(
+        self,
+        response: Any,
+        fold_input: str,
+        current_summary: str,
+        messages: Sequence[FoldMessage],
+    ) -> SummaryResult:
+        answered = getattr(response, "model", None)
+        model = str(answered) if answered else None
         text = validate_summary(
             response.output_text,
             responses_finish_reason(response),
             self.cap_tokens,
-            str(model) if model else None,
+            model,
             refusal=responses_refusal(response),
+            # Counted as the summary is: with the model that answered.
+            replaces=replaced_tokens(current_summary, messages, model),
         )
         usage = getattr(response, "usage", None)
         return SummaryResult(

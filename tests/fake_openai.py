@@ -308,6 +308,53 @@ def split_for_stream(text: str) -> list[str]:
 
 
 # --------------------------------------------------------------------------------------------
+# Output limits: a server that honours one limit field only
+# --------------------------------------------------------------------------------------------
+
+# ``limit_mode``: "local" honours only ``max_tokens`` and ignores ``max_completion_tokens``, as
+# llama.cpp's server and Ollama do; "openai" honours only ``max_completion_tokens`` and, as
+# OpenAI's API does, refuses a request that sets both. In either mode every text reply runs on
+# (filler words, a looping small model) to ``runaway_tokens`` unless the honoured field stops
+# it first, with finish_reason "length". Tokens are the fake's own (``approx_tokens``).
+LIMIT_MODES: dict[str, tuple[str, ...]] = {
+    "local": ("max_tokens",),
+    "openai": ("max_completion_tokens",),
+}
+RUNAWAY_TOKENS = 3000
+BOTH_LIMITS_MESSAGE = (
+    "Setting 'max_tokens' and 'max_completion_tokens' at the same time is not supported (fake)."
+)
+
+
+def honoured_limit(body: dict[str, Any], mode: str) -> int | None:
+    limits = [body[key] for key in LIMIT_MODES[mode] if isinstance(body.get(key), int)]
+    return min(limits) if limits else None
+
+
+def refuses_both_limits(body: dict[str, Any], mode: str | None) -> bool:
+    return mode == "openai" and all(
+        body.get(key) is not None for key in ("max_tokens", "max_completion_tokens")
+    )
+
+
+def apply_limit_mode(
+    reply: Reply, body: dict[str, Any], mode: str | None, runaway_tokens: int
+) -> Reply:
+    if mode is None or reply.text is None or reply.tool_call:
+        return reply
+    words = reply.text.split(" ")
+    filler = 0
+    while approx_tokens(" ".join(words)) < runaway_tokens:
+        words.append(FILLER_WORDS[filler % len(FILLER_WORDS)])
+        filler += 1
+    text = " ".join(words)
+    limit = honoured_limit(body, mode)
+    if limit is not None and approx_tokens(text) > limit:
+        return replace(reply, text=text[: limit * 4].rstrip(), finish_reason="length")
+    return replace(reply, text=text)
+
+
+# --------------------------------------------------------------------------------------------
 # Wire formats
 # --------------------------------------------------------------------------------------------
 
@@ -771,7 +818,8 @@ class FakeOpenAI:
     answering a chat request), ``summarize_latency``, ``timeout_sleep`` (the "timeout" fault),
     ``chunk_delay`` (seconds between streamed chunks), ``reply_words`` (pad chat replies to this
     many words), ``reply_fn`` (``request_json -> str`` overriding chat replies), ``summary_fn``
-    (the same for summaries), ``summary_cap_words``, ``api_key``, ``models``.
+    (the same for summaries), ``summary_cap_words``, ``api_key``, ``models``, ``limit_mode`` and
+    ``runaway_tokens`` (LIMIT_MODES).
     """
 
     def __init__(
@@ -793,7 +841,12 @@ class FakeOpenAI:
         faults: Iterable[str] = (),
         fault_kind: str = "any",
         seed: int | None = 1,
+        limit_mode: str | None = None,
+        runaway_tokens: int = RUNAWAY_TOKENS,
     ) -> None:
+        if limit_mode is not None and limit_mode not in LIMIT_MODES:
+            raise ValueError(f"limit_mode must be one of {sorted(LIMIT_MODES)} or None")
+        self.limit_mode, self.runaway_tokens = limit_mode, runaway_tokens
         self.host, self.port = host, port
         self.latency, self.summarize_latency = latency, summarize_latency
         self.api_key = api_key
@@ -962,7 +1015,11 @@ class FakeOpenAI:
         if fault in HTTP_FAULTS:
             self._send_http_fault(handler, fault)
             return
+        if refuses_both_limits(body, self.limit_mode):
+            handler._send_error(400, "invalid_request_error", BOTH_LIMITS_MESSAGE, None)
+            return
         reply = apply_answer_fault(self._reply(body, record), fault)
+        reply = apply_limit_mode(reply, body, self.limit_mode, self.runaway_tokens)
         model = str(body.get("model") or self.models[0])
         if path == "/responses":
             self._send_response(handler, body, model, reply, record, fault)

@@ -320,9 +320,9 @@ def test_a_chat_deleted_during_its_turn_is_a_404(api: APIClient, monkeypatch: An
     real = turn_model.get_chat_model()
 
     class DeletesTheChat:
-        def complete(self, messages: Any, model: str) -> Any:
+        def complete(self, messages: Any, model: str, options: Any = None) -> Any:
             assert api.delete(f"/api/v1/chats/{chat_id}/").status_code == 204
-            return real.complete(messages, model)
+            return real.complete(messages, model, options)
 
     monkeypatch.setattr(turn_model, "get_chat_model", DeletesTheChat)
     response = api.post(f"/api/v1/chats/{chat_id}/turns/", {"content": "hi"}, format="json")
@@ -408,9 +408,9 @@ def test_a_long_fold_renews_the_turn_slot(api: APIClient, monkeypatch: Any) -> N
     slot_ages: list[Any] = []
 
     class Records:
-        def complete(self, messages: Any, model: str) -> Any:
+        def complete(self, messages: Any, model: str, options: Any = None) -> Any:
             slot_ages.append(Chat.objects.get(pk=chat_id).turn_started_at)
-            return real.complete(messages, model)
+            return real.complete(messages, model, options)
 
     monkeypatch.setattr(turn_model, "get_chat_model", Records)
     response = api.post(f"/api/v1/chats/{chat_id}/turns/", {"content": "late"}, format="json")

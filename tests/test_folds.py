@@ -21,7 +21,7 @@ from memory_worker.lease import Lease
 from memory_worker.locks import LocalChatLock
 from memory_worker.state import load_snapshot
 from tests.conftest import contract_chat_after_turns, require
-from tests.fake_openai import read_fold_input
+from tests.fake_openai import read_fold_input, transcript
 from tests.test_summarizers import FORGING_CONTENTS
 
 pytestmark = pytest.mark.django_db
@@ -721,3 +721,20 @@ def test_the_ledger_lists_exactly_the_planted_values_a_summary_dropped(
         "ana@example.org",
         "config.yaml",
     ]
+
+
+def test_a_transcript_for_a_summary_folds_nothing_and_is_retried_soon_with_the_stricter_prompt(
+    api: Any, use_fake_openai: Any
+) -> None:
+    """What a small local model answered: the turns copied out under a made-up heading."""
+    chat_id = contract_chat_after_turns(api, 6)
+    before = Brief.objects.get(chat_id=chat_id)
+    use_fake_openai.summary_fn = lambda body: (
+        "FULL_TURNS:\n" + transcript(read_fold_input(body["messages"][-1]["content"])[1])
+    )
+    outcome = folds.consolidate_once(chat_id, RequestTrigger.MANUAL)
+    assert (outcome.status, outcome.kind, outcome.transient) == ("failed", "malformed", False)
+    assert outcome.retry_in is not None  # the fast retry, with the stricter prompt
+    brief = Brief.objects.get(chat_id=chat_id)
+    assert (brief.summary, brief.version, brief.degraded) == (before.summary, before.version, False)
+    assert "transcript" in brief.last_error

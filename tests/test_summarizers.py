@@ -811,12 +811,12 @@ def test_offline_summary_leaves_out_the_offline_models_echoes() -> None:
         SUMMARY,
         "**Facts / Constraints**\n- a\n**Goals**\n- b\n**Decisions**\n- c",  # bold headings
         "# Facts and constraints\n- a\n# Decisions\n- c",  # renamed and merged
-        "## Faits / Contraintes\n- a\n## Décisions\n- b",  # translated with the chat
+        "## Facts / Constraints\n- Le vol part le 3 mai.\n## Décisions\n- b",  # French bullets
         "## 1. Facts\n- a\n## 2. Decisions\n- b",  # numbered
         "Facts / Constraints:\n- a\nDecisions:\n- b",  # no markup
     ],
 )
-def test_a_summary_needs_heading_lines_in_any_markup_or_language(text: str) -> None:
+def test_a_summary_needs_our_headings_in_any_markup(text: str) -> None:
     assert validate_summary(text, "stop", 500, None, headings=True) == text.strip()
 
 

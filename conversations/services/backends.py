@@ -9,7 +9,7 @@ from conversations.llm import ChatModel
 from conversations.metrics import TimedChatModel
 from conversations.offline_chat_model import OFFLINE_MODEL_NAME, OfflineChatModel
 from conversations.openai_chat_model import OpenAIChatModel
-from memory_worker.openai_transport import make_openai_client
+from memory_worker.openai_transport import make_openai_client, token_limit_field
 
 
 def chat_backend_name() -> str:
@@ -27,14 +27,20 @@ def answering_model(requested: str) -> str:
 
 @lru_cache(maxsize=4)
 def _chat_model(
-    backend: str, base_url: str | None, api_key: str, timeout: float, direct: bool
+    backend: str,
+    base_url: str | None,
+    api_key: str,
+    timeout: float,
+    direct: bool,
+    limit_field: str,
 ) -> ChatModel:
     if backend == "offline":
         return TimedChatModel(OfflineChatModel())
     if backend != "openai":
         raise ValueError(f'CHAT_BACKEND must be "openai" or "offline", got "{backend}"')
     client = make_openai_client(base_url=base_url, api_key=api_key, timeout=timeout, max_retries=0)
-    return TimedChatModel(OpenAIChatModel(client=client, timeout=timeout, direct=direct))
+    field = token_limit_field(limit_field, base_url)
+    return TimedChatModel(OpenAIChatModel(client, timeout, direct, token_limit_field=field))
 
 
 def get_chat_model() -> ChatModel:
@@ -45,4 +51,5 @@ def get_chat_model() -> ChatModel:
         settings.OPENAI_API_KEY,
         settings.LLM_TIMEOUT_SECONDS,
         settings.CHAT_DIRECT_HTTP,
+        settings.OPENAI_TOKEN_LIMIT_FIELD,
     )

@@ -28,6 +28,7 @@ from conversations.services import chats as chat_service
 from conversations.services.backends import get_chat_model
 from conversations.services.bounded_context import bounded_snapshot
 from conversations.services.context import build_model_messages, without_unanswered_tool_calls
+from conversations.services.turn_model import reply_options, turn_prompt_tokens
 from conversations.services.turn_slot import release_turn_slot, turn_slot
 from conversations.services.turn_store import (
     TurnResult,
@@ -183,6 +184,11 @@ class Prepared:
     incoming: list[Incoming]
     incoming_tokens: list[int]
     context: list[dict[str, object]]
+    prompt_tokens: int  # the context's, as the bound counts it
+
+    def options(self, tools: ToolOptions | None) -> dict[str, object]:
+        """The client's options with the reply's output limit (turn_model.reply_options)."""
+        return reply_options(self.variant, self.prompt_tokens, tools)
 
 
 def prepare(chat: Chat, incoming: list[Incoming], *, variant_name: str | None) -> Prepared:
@@ -199,7 +205,8 @@ def prepare(chat: Chat, incoming: list[Incoming], *, variant_name: str | None) -
         context = build_model_messages(chat, snapshot)
         context.extend(model_entry(m) for m in incoming)
         context = without_unanswered_tool_calls(context)
-    return Prepared(chat, token, variant, snapshot, incoming, tokens, context)
+        prompt = turn_prompt_tokens(chat, snapshot, variant, new_messages_tokens(tokens))
+    return Prepared(chat, token, variant, snapshot, incoming, tokens, context, prompt)
 
 
 def incoming_tokens(message: Incoming, model: str) -> int:
@@ -227,7 +234,7 @@ def run_exchange(
     prepared = prepare(chat, incoming, variant_name=variant_name)
     with turn_slot(chat, prepared.token):
         model = prepared.variant.model
-        completion = get_chat_model().complete(prepared.context, model, tools)
+        completion = get_chat_model().complete(prepared.context, model, prepared.options(tools))
         return store_exchange(prepared, completion)
 
 
@@ -330,7 +337,8 @@ def start_streamed_exchange(
     here, so the API can still answer with a plain error status."""
     prepared = prepare(chat, incoming, variant_name=variant_name)
     try:
-        stream = get_chat_model().stream(prepared.context, prepared.variant.model, tools)
+        model = prepared.variant.model
+        stream = get_chat_model().stream(prepared.context, model, prepared.options(tools))
     except BaseException:
         release(prepared)
         raise

@@ -1,30 +1,51 @@
 """Sending a turn's context to the chat model (DESIGN §3 step 5), at once or streamed, with the
-thread's database connection given up while the model talks."""
+thread's database connection given up while the model talks, and the reply's output limit."""
 
+import json
 from collections.abc import Callable
 
+from django.conf import settings
 from django.db import connections
 
-from conversations.llm import ChatCompletion, ModelError, ModelMessages
+from conversations.llm import ChatCompletion, ModelError, ModelMessages, ToolOptions
+from conversations.models import Chat
 from conversations.services.backends import get_chat_model
 from conversations.variants import ModelVariant
+from memory_worker.engine_state import prompt_tokens
+from memory_worker.openai_transport import LIMIT_KEYS
+from memory_worker.state import MemorySnapshot, engine_state
+from memory_worker.tokens import count_tokens
 
-# How a turn calls the model: messages, variant -> the complete reply (or ModelError).
-ModelCall = Callable[[ModelMessages, ModelVariant], ChatCompletion]
+# How a turn calls the model: messages, variant, request options -> the complete reply (or
+# ModelError).
+ModelCall = Callable[[ModelMessages, ModelVariant, ToolOptions], ChatCompletion]
+
+# CHAT_MAX_REPLY_TOKENS=0: a quarter of the window, at most this. The prompt may take up to 90 %
+# of the window (policy.PROMPT_WINDOW_SHARE); a reply rarely needs more than a few pages.
+DEFAULT_REPLY_TOKENS = 4096
+DEFAULT_REPLY_WINDOW_SHARE = 0.25
+# The key the reply's limit travels under to the ChatModel; the OpenAI model sends it in the
+# field its endpoint honours (OPENAI_TOKEN_LIMIT_FIELD).
+REPLY_LIMIT_KEY = "max_completion_tokens"
 
 
-def call_model_at_once(messages: ModelMessages, variant: ModelVariant) -> ChatCompletion:
+def call_model_at_once(
+    messages: ModelMessages, variant: ModelVariant, options: ToolOptions
+) -> ChatCompletion:
     release_pooled_connection()
-    return get_chat_model().complete(messages, variant.model)
+    return get_chat_model().complete(messages, variant.model, options)
 
 
 def stream_model(
-    messages: ModelMessages, variant: ModelVariant, emit: Callable[[str], None]
+    messages: ModelMessages,
+    variant: ModelVariant,
+    options: ToolOptions,
+    emit: Callable[[str], None],
 ) -> ChatCompletion:
     """Stream the reply, emitting each delta as it arrives; return the complete reply (the
     whole of it within the model's deadline: conversations.llm)."""
     release_db_connection()  # held by nobody while the model talks; the store reconnects
-    stream = get_chat_model().stream(messages, variant.model)
+    stream = get_chat_model().stream(messages, variant.model, options)
     try:
         for delta in stream:
             emit(delta)
@@ -33,6 +54,41 @@ def stream_model(
     if stream.result is None:  # exhausted streams always have one; guard the invariant
         raise ModelError("The model's reply stream ended before the reply was complete.")
     return stream.result
+
+
+def turn_prompt_tokens(
+    chat: Chat, snapshot: MemorySnapshot, variant: ModelVariant, new_tokens: int
+) -> int:
+    """The prompt of a turn built from ``snapshot`` with ``new_tokens`` of new messages, as the
+    bound counts it."""
+    return prompt_tokens(engine_state(chat, snapshot, variant.context_tokens), new_tokens)
+
+
+def reply_options(
+    variant: ModelVariant, prompt: int, options: ToolOptions | None = None
+) -> dict[str, object]:
+    """The request's ``options`` (a /v1 client's) with the reply's output limit in
+    REPLY_LIMIT_KEY alone: CHAT_MAX_REPLY_TOKENS (0: its default for the variant's window), or
+    the client's own ``max_tokens`` / ``max_completion_tokens`` when smaller, and never more
+    than the window has left after the ``prompt`` and the tools offered."""
+    given = dict(options or {})
+    limits = [reply_tokens_setting(variant)]
+    limits += [value for key in LIMIT_KEYS if isinstance(value := given.get(key), int)]
+    tools = given.get("tools")
+    offered = count_tokens(json.dumps(tools), variant.model) if tools else 0
+    limits.append(variant.context_tokens - prompt - offered)
+    limited = {key: value for key, value in given.items() if key not in LIMIT_KEYS}
+    limited[REPLY_LIMIT_KEY] = max(1, min(limits))
+    return limited
+
+
+def reply_tokens_setting(variant: ModelVariant) -> int:
+    configured = int(settings.CHAT_MAX_REPLY_TOKENS)
+    if configured > 0:
+        return configured
+    return max(
+        1, min(DEFAULT_REPLY_TOKENS, int(variant.context_tokens * DEFAULT_REPLY_WINDOW_SHARE))
+    )
 
 
 def release_pooled_connection() -> None:

@@ -20,7 +20,13 @@ from conversations.models import Chat
 from conversations.rows import database_unreachable
 from conversations.services.bounded_context import ContextOverBound, bounded_snapshot
 from conversations.services.context import build_model_messages
-from conversations.services.turn_model import ModelCall, call_model_at_once, stream_model
+from conversations.services.turn_model import (
+    ModelCall,
+    call_model_at_once,
+    reply_options,
+    stream_model,
+    turn_prompt_tokens,
+)
 from conversations.services.turn_slot import (
     Claimed,
     TurnInProgress,
@@ -103,7 +109,8 @@ def complete_turn(
         chat, request.token, request.variant, request.user_tokens, first=snapshot
     )
     messages = build_model_messages(chat, snapshot, request.content)
-    completion = call_model(messages, request.variant)
+    prompt = turn_prompt_tokens(chat, snapshot, request.variant, request.user_tokens)
+    completion = call_model(messages, request.variant, reply_options(request.variant, prompt))
     return store_turn(request, snapshot, completion, on_stored=on_stored)
 
 
