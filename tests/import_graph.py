@@ -29,6 +29,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "memory_worker.bundled_encodings",
             "memory_worker.retention_rules",
             "memory_worker.fold_guard",
+            "memory_worker.pinned",
         ),
     ),
     (
