@@ -55,6 +55,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "conversations.api",
             "conversations.admin",
             "conversations.agent_admin",
+            "conversations.pin_admin",
             "conversations.management",
             "conversations.apps",
             "memory_worker.tasks",

@@ -16,7 +16,7 @@ from conversations.variants import resolve_variant
 from memory_worker import policy as engine
 from memory_worker.chat_policy import policy_for_chat, variant_context_tokens
 from memory_worker.pinned import pinned_block_tokens, pinned_message_text
-from memory_worker.state import PinnedItem, engine_state, load_snapshot
+from memory_worker.state import MemorySnapshot, PinnedItem, engine_state, load_snapshot
 from memory_worker.tokens import count_tokens
 
 MAX_PIN_CHARS = 20000
@@ -49,22 +49,11 @@ def add_pin(
             field, content = "text", _checked_text(text or "")
         else:
             field, content = "seq", _message_text(locked, seq)
-        tokens = count_tokens(content, resolve_variant(locked.model_variant or None).model)
+        tokens = pin_tokens(locked, content)
         snapshot = load_snapshot(locked.pk)
         if seq is not None and any(pin.seq == seq for pin in snapshot.pins):
             raise PinRefused(f"Message {seq} is already pinned.", field="seq")
-        state = engine_state(locked, snapshot, variant_context_tokens(locked))
-        room = engine.pin_room(state, policy_for_chat(locked))
-        used = snapshot.pinned_tokens
-        needed = pinned_block_tokens([*(pin.tokens for pin in snapshot.pins), tokens]) - used
-        if used + needed > room:
-            left = max(room - used, 0)
-            raise PinRefused(
-                f"This pin needs {needed} tokens of the chat's context and only {left} of the "
-                f"{room} tokens kept for pins are left; unpin something, or pin a shorter text.",
-                field=field,
-                room_left=left,
-            )
+        refuse_unless_room(locked, snapshot, [pin.tokens for pin in snapshot.pins], tokens, field)
         pin = Pin.objects.create(
             chat=locked,
             text=content,
@@ -78,6 +67,56 @@ def add_pin(
     return pin
 
 
+def change_pin_text(chat: Chat, pin_id: int, text: str) -> Pin:
+    """A pinned text rewritten (the admin), with add_pin's checks; a pinned message's text is
+    its message's. Pin.DoesNotExist, PinRefused."""
+    with transaction.atomic():
+        locked = Chat.objects.select_for_update().get(pk=chat.pk)
+        pin = Pin.objects.get(chat=locked, pk=pin_id)
+        if pin.text == text:
+            return pin
+        if pin.seq is not None:
+            raise PinRefused("A pinned message's text is its message's.", field="text")
+        tokens = pin_tokens(locked, _checked_text(text))
+        snapshot = load_snapshot(locked.pk)
+        others = [item.tokens for item in snapshot.pins if item.id != pin.pk]
+        refuse_unless_room(locked, snapshot, others, tokens, "text")
+        pin.text, pin.tokens = text, tokens
+        pin.save(update_fields=["text", "tokens"])
+        changed = replace(
+            snapshot,
+            pins=tuple(
+                item._replace(text=text, tokens=tokens) if item.id == pin.pk else item
+                for item in snapshot.pins
+            ),
+        )
+        transaction.on_commit(partial(queue_consolidation_if_due, locked, changed))
+    return pin
+
+
+def pin_tokens(chat: Chat, text: str) -> int:
+    return count_tokens(text, resolve_variant(chat.model_variant or None).model)
+
+
+def refuse_unless_room(
+    chat: Chat, snapshot: MemorySnapshot, others: list[int], tokens: int, field: str
+) -> None:
+    """PinRefused unless the pinned block with ``others`` (the other pins' tokens) and a pin of
+    ``tokens`` fits the room the chat's policy keeps for pins (policy.pin_room)."""
+    state = engine_state(chat, snapshot, variant_context_tokens(chat))
+    room = engine.pin_room(state, policy_for_chat(chat))
+    used = pinned_block_tokens(others)
+    needed = pinned_block_tokens([*others, tokens]) - used
+    if used + needed > room:
+        left = max(room - used, 0)
+        raise PinRefused(
+            f"This pin needs {needed} tokens of the chat's context and only {left} of the "
+            f"{room} tokens kept for pins are left; unpin something, or pin a shorter text.",
+            field=field,
+            room_left=left,
+        )
+
+
 def _checked_text(text: str) -> str:
     if not text.strip():
         raise PinRefused("A pinned text cannot be blank.", field="text")
@@ -87,6 +126,20 @@ def _checked_text(text: str) -> str:
             field="text",
         )
     return text
+
+
+def check_pins_fit(chat: Chat, texts: list[str]) -> None:
+    """PinRefused unless pins of ``texts`` (all of the chat's, as an editor would leave them)
+    fit the room its policy keeps for pins. The writes check again, under the chat's lock."""
+    if not texts:
+        return
+    tokens = [pin_tokens(chat, text) for text in texts]
+    refuse_unless_room(chat, load_snapshot(chat.pk), tokens[:-1], tokens[-1], "text")
+
+
+def message_pin_text(chat: Chat, seq: int) -> str:
+    """The text a pin of the chat's message ``seq`` shows; PinRefused when there is none."""
+    return _message_text(chat, seq)
 
 
 def _message_text(chat: Chat, seq: int) -> str:
