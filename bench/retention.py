@@ -18,8 +18,10 @@ with probability P, as lossy real rewrites do).
 Round 1 ends when every message sent up to the last canary has been folded; each further round
 ends when everything that was verbatim at its start has been folded too, so every round rolls
 the previous verbatim tail into the summary. After each round a canary survives if its value is
-in what the model would receive for the next turn (``GET /chats/{id}/context/``: the summary
-and every verbatim message). See ``docs/benchmarks.md``.
+in what the model would receive for the next turn (``GET /chats/{id}/context/``: the summary,
+the pinned block and every verbatim message). The ``…/canaries-pinned`` configurations pin each
+canary's message as it is sent (the pins service, as ``POST …/pins/ {"seq": N}`` does). See
+``docs/benchmarks.md``.
 """
 
 from __future__ import annotations
@@ -80,11 +82,15 @@ class Config:
     name: str
     preset: str
     overrides: dict[str, int] = field(default_factory=dict)
+    pinned: bool = False  # each canary's message pinned as it is sent
 
 
+PINNED_SUFFIX = "/canaries-pinned"
 ALL_CONFIGS = (
     *(Config(name, name) for name in PRESETS),
     Config(PEER_NAME, "token-budget", dict(PEER_OVERRIDES)),
+    Config(DEFAULT_PRESET + PINNED_SUFFIX, DEFAULT_PRESET, pinned=True),
+    Config(PEER_NAME + PINNED_SUFFIX, "token-budget", dict(PEER_OVERRIDES), pinned=True),
 )
 # The goal holds at the preset a chat gets when it names none, and at the peers' bound.
 GOAL_CONFIGS = (DEFAULT_PRESET, PEER_NAME)
@@ -117,6 +123,7 @@ class Session:
     complete_rounds: int = 0
     turns: int = 0
     failed_turns: int = 0
+    refused_pins: int = 0
     folds: int = 0
     final_summary_tokens: int = 0
     seconds: float = 0.0
@@ -143,6 +150,19 @@ class Chat:
                 print(f"  turn {self.turns}: HTTP {response.status_code} {detail}", file=sys.stderr)
         play_worker(self.chat_id)
 
+    def pin_last_user_message(self) -> bool:
+        """Pins the user message of the turn just stored; False when the pin was refused."""
+        from conversations.models import Chat as ChatRow
+        from conversations.services.pins import PinRefused, add_pin
+
+        chat = ChatRow.objects.get(pk=self.chat_id)
+        try:
+            add_pin(chat, seq=chat.last_seq - 1)
+        except PinRefused as error:
+            print(f"  pin refused: {error}", file=sys.stderr)
+            return False
+        return True
+
     def brief(self) -> dict[str, Any]:
         brief: dict[str, Any] = self.client.get(f"/api/v1/chats/{self.chat_id}/brief/").json()
         return brief
@@ -159,20 +179,24 @@ class Chat:
 
         return int(Brief.objects.values_list("last_consolidated", flat=True).get(chat=self.chat_id))
 
-    def context(self) -> tuple[str, list[str]]:
-        """What the model would receive for the next turn: the summary's system message, and
-        the contents of the other messages (the system prompt and every verbatim message)."""
+    def context(self) -> tuple[str, str, list[str]]:
+        """What the model would receive for the next turn: the summary's system message, the
+        pinned block, and the contents of the other messages (the system prompt and every
+        verbatim message)."""
         from conversations.services.context import SUMMARY_HEADER
+        from memory_worker.pinned import PINNED_HEADER
 
         messages = self.client.get(f"/api/v1/chats/{self.chat_id}/context/").json()["messages"]
-        summary, others = "", []
+        summary, pinned, others = "", "", []
         for message in messages:
             content = str(message.get("content") or "")
             if message["role"] == "system" and content.startswith(SUMMARY_HEADER):
                 summary = content
+            elif message["role"] == "system" and content.startswith(PINNED_HEADER):
+                pinned = content
             else:
                 others.append(content)
-        return summary, others
+        return summary, pinned, others
 
     def folds(self) -> int:
         from conversations.models import Consolidation, ConsolidationStatus
@@ -181,7 +205,9 @@ class Chat:
         return Consolidation.objects.filter(chat_id=self.chat_id, status=succeeded).count()
 
 
-def where_kept(canary: Canary, summary: str, others: Sequence[str]) -> str:
+def where_kept(canary: Canary, summary: str, pinned: str, others: Sequence[str]) -> str:
+    if survives(canary, [pinned]):
+        return "pinned"
     in_summary = survives(canary, [summary])
     in_verbatim = survives(canary, others)
     if in_summary and in_verbatim:
@@ -199,6 +225,8 @@ def run_session(client: Any, config: Config, seed: int, rounds: int) -> Session:
         for _ in range(PLANT_EVERY - 1):
             chat.send(chit_chat(rng))
         chat.send(planting_message(canary, rng))
+        if config.pinned and not chat.pin_last_user_message():
+            session.refused_pins += 1
     for _ in range(rounds):
         mark = chat.last_seq()
         round_start = chat.turns
@@ -209,8 +237,8 @@ def run_session(client: Any, config: Config, seed: int, rounds: int) -> Session:
                 done = True
                 break
         session.round_turns.append(chat.turns - round_start)
-        summary, others = chat.context()
-        session.kept.append([where_kept(c, summary, others) for c in canaries])
+        summary, pinned, others = chat.context()
+        session.kept.append([where_kept(c, summary, pinned, others) for c in canaries])
         if not done:
             break  # the policy stopped folding: later rounds would measure nothing new
         session.complete_rounds += 1
@@ -244,7 +272,7 @@ def kept_fractions(sessions: Sequence[Session], rounds: int) -> dict[str, list[f
 
 
 def where_counts(sessions: Sequence[Session], round_index: int) -> dict[str, int]:
-    counts = {"summary": 0, "verbatim": 0, "both": 0, "lost": 0}
+    counts = {"summary": 0, "verbatim": 0, "both": 0, "pinned": 0, "lost": 0}
     for session in sessions:
         if round_index < len(session.kept):
             for where in session.kept[round_index]:
@@ -262,6 +290,7 @@ def config_result(config: Config, sessions: Sequence[Session], rounds: int) -> d
         "incomplete_sessions": sum(1 for s in sessions if s.complete_rounds < rounds),
         "turns_mean": round(sum(s.turns for s in sessions) / len(sessions), 1),
         "failed_turns": sum(s.failed_turns for s in sessions),
+        "refused_pins": sum(s.refused_pins for s in sessions),
         "folds_mean": round(sum(s.folds for s in sessions) / len(sessions), 1),
         "seconds": round(sum(s.seconds for s in sessions), 1),
         "sessions": [session_record(s) for s in sessions],
@@ -275,6 +304,7 @@ def session_record(session: Session) -> dict[str, Any]:
         "round_turns": session.round_turns,
         "complete_rounds": session.complete_rounds,
         "failed_turns": session.failed_turns,
+        "refused_pins": session.refused_pins,
         "folds": session.folds,
         "final_summary_tokens": session.final_summary_tokens,
         "canaries": [
@@ -311,6 +341,8 @@ def check_goals(results: Sequence[dict[str, Any]], rounds: int) -> list[dict[str
     """Every type at least GOAL_KEPT after the last round, at each goal configuration run."""
     goals = []
     for result in results:
+        if result["config"].endswith(PINNED_SUFFIX):
+            goals.append(pinned_goal(result))
         if result["config"] not in GOAL_CONFIGS:
             continue
         final = {kind: last_known(result["kept"][kind]) for kind in CANARY_TYPES}
@@ -328,6 +360,23 @@ def check_goals(results: Sequence[dict[str, Any]], rounds: int) -> list[dict[str
             }
         )
     return goals
+
+
+def pinned_goal(result: dict[str, Any]) -> dict[str, Any]:
+    """Every pinned canary in the context after every round, every pin taken."""
+    every_round = [v for kind in CANARY_TYPES for v in result["kept"][kind]]
+    worst = min((v for v in every_round if v is not None), default=0.0)
+    met = (
+        all(v == 1.0 for v in every_round)
+        and result["incomplete_sessions"] == 0
+        and result["refused_pins"] == 0
+    )
+    return {
+        "config": result["config"],
+        "goal": "every pinned canary kept after every round",
+        "worst": worst,
+        "met": met,
+    }
 
 
 def goal_lines(goals: Sequence[dict[str, Any]]) -> list[str]:

@@ -18,6 +18,7 @@ from conversations.admin_filters import MemoryFilter, TriggerFilter
 from conversations.admin_forms import ChatForm
 from conversations.agent_admin import AgentStateInline
 from conversations.models import Brief, Chat, Consolidation, DailyNote, Message
+from conversations.pin_admin import PinInline
 from conversations.services import chats as chat_service
 from conversations.services.chats import next_context
 from memory_worker.dispatch import RequestTrigger
@@ -195,7 +196,7 @@ class ChatAdmin(admin.ModelAdmin):
             },
         ),
     ]
-    inlines = [BriefInline, AgentStateInline]
+    inlines = [BriefInline, PinInline, AgentStateInline]
     actions = [consolidate_now]
     form = ChatForm
     # A select of every user: 2 MB and seconds per page with 50,000 of them.

@@ -249,6 +249,33 @@ class ResponseSummary(models.Model):
         return f"{self.chat_id}#{self.seq}: {self.summary[:60]}"
 
 
+class Pin(models.Model):
+    """A text or a stored message the user pinned: always in the context, verbatim, in a block
+    after the summary (conversations.services.context), counted in the policy's bound and never
+    folded away. A pinned message keeps its seq and its text as the context renders it ("user:
+    ..."): messages are append-only, so the copy cannot go stale."""
+
+    chat = models.ForeignKey(Chat, on_delete=models.CASCADE, related_name="pins")
+    text = models.TextField()
+    seq = models.PositiveBigIntegerField(null=True, blank=True)
+    tokens = models.PositiveIntegerField(default=0)  # the text's, counted once at write
+    created_at = models.DateTimeField(auto_now_add=True)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
+    )
+
+    class Meta:
+        ordering = ["chat", "id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["chat", "seq"], condition=models.Q(seq__isnull=False), name="pin_chat_seq"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.chat_id} pin {self.pk}: {self.text[:60]}"
+
+
 @receiver(pre_delete, sender=Chat)
 def lock_chat_being_deleted(sender: type[Chat], instance: Chat, **kwargs: object) -> None:
     """Django deletes a chat's rows table by table (messages, brief, ledger, notes...) and the

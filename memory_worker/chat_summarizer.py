@@ -49,6 +49,7 @@ class ChatCompletionsSummarizer:
     """
 
     name = "chat"
+    takes_pins = True  # summarizers.PinAwareSummarizer
 
     def __init__(
         self,
@@ -69,8 +70,10 @@ class ChatCompletionsSummarizer:
         self.token_limit_field = token_limit_field
         self.strict = strict  # the stricter prompt: the retry after an invalid summary
 
-    def summarize(self, current_summary: str, messages: Sequence[FoldMessage]) -> SummaryResult:
-        conversation = self._conversation(current_summary, messages)
+    def summarize(
+        self, current_summary: str, messages: Sequence[FoldMessage], pinned: Sequence[str] = ()
+    ) -> SummaryResult:
+        conversation = self._conversation(current_summary, messages, pinned)
         replaces = replaced_tokens(current_summary, messages, self.model)
         first = self._call(conversation)
         try:
@@ -106,13 +109,14 @@ class ChatCompletionsSummarizer:
         messages: Sequence[FoldMessage],
         draft: str,
         keep: Sequence[str],
+        pinned: Sequence[str] = (),
     ) -> SummaryResult:
         """The fold guard's repair: the model corrects its own draft, as in the stricter retry,
         so the request names only what is missing."""
         return self._result(
             self._call(
                 [
-                    *self._conversation(current_summary, messages),
+                    *self._conversation(current_summary, messages, pinned),
                     {"role": "assistant", "content": draft},
                     {"role": "user", "content": repair_request(keep, self.cap_tokens)},
                 ]
@@ -121,14 +125,14 @@ class ChatCompletionsSummarizer:
         )
 
     def _conversation(
-        self, current_summary: str, messages: Sequence[FoldMessage]
+        self, current_summary: str, messages: Sequence[FoldMessage], pinned: Sequence[str]
     ) -> list[dict[str, str]]:
         return [
             {
                 "role": "system",
                 "content": summary_instructions(self.cap_tokens, strict=self.strict),
             },
-            {"role": "user", "content": format_fold_input(current_summary, messages)},
+            {"role": "user", "content": format_fold_input(current_summary, messages, pinned)},
         ]
 
     def _call(self, conversation: list[dict[str, str]]) -> Draft:

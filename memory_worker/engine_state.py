@@ -45,6 +45,10 @@ class ChatState:
     turns_mark: int
     last_consolidated_at: datetime | None
     model_context_tokens: int
+    # The pinned block with every pin in it (memory_worker.pinned): in every context beside the
+    # summary, so it counts in the bound like the summary. A pinned message still in the
+    # verbatim tail is counted twice: its pin's room is kept for when it folds.
+    pinned_tokens: int = 0
 
     @cached_property
     def boundary_table(self) -> Mapping[int, After]:
@@ -75,25 +79,28 @@ class ChatState:
 
 
 def history_tokens(state: ChatState) -> int:
-    return state.summary_tokens + sum(m.tokens for m in state.unfolded)
+    return state.summary_tokens + state.pinned_tokens + sum(m.tokens for m in state.unfolded)
 
 
 def prompt_tokens(state: ChatState, new_message_tokens: int = 0) -> int:
-    """The whole prompt: system prompt, summary, unfolded messages and the new message, each
-    with its role overhead, plus the reply priming."""
+    """The whole prompt: system prompt, summary, pinned block, unfolded messages and the new
+    message, each with its role overhead, plus the reply priming."""
     return prompt_total(
         state.system_tokens,
         state.summary_tokens,
         len(state.unfolded),
         sum(m.tokens for m in state.unfolded),
         new_message_tokens,
+        state.pinned_tokens,
     )
 
 
-def prompt_total(system: int, summary: int, messages: int, tokens: int, new: int) -> int:
+def prompt_total(
+    system: int, summary: int, messages: int, tokens: int, new: int, pinned: int = 0
+) -> int:
     """prompt_tokens from its parts: ``messages`` unfolded messages of ``tokens`` in all."""
     total = PROMPT_PRIMING_TOKENS + tokens + messages * ROLE_OVERHEAD_TOKENS
-    for part in (system, summary, new):
+    for part in (system, summary, pinned, new):
         if part:
             total += part + ROLE_OVERHEAD_TOKENS
     return total

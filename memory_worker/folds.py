@@ -36,7 +36,7 @@ from memory_worker.retries import (
     record_failure,
 )
 from memory_worker.state import MemorySnapshot, engine_state, read_chat_and_snapshot
-from memory_worker.summarizers import FoldMessage, Summarizer, SummarizerError
+from memory_worker.summarizers import FoldMessage, Summarizer, SummarizerError, told_of_pins
 from memory_worker.turn_groups import split_for_summarizer
 
 log = logging.getLogger("chatmem.fold")
@@ -283,8 +283,10 @@ def summarize_and_commit(
     (memory_worker.fold_isolation); a turn's fold is not: it falls back to the offline
     summarizer (memory_worker.turn_fold) and must not spend the turn's time on probes."""
     messages = [FoldMessage(m.seq, m.role, m.content) for m in batch]
+    pinned = [pin.text for pin in snapshot.pins]
+    summarizer = told_of_pins(summarizer, pinned)
     try:
-        guarded = summarize_guarded(summarizer, snapshot.summary, messages, cap_tokens)
+        guarded = summarize_guarded(summarizer, snapshot.summary, messages, cap_tokens, pinned)
     except SummarizerError as error:
         return fold_after_error(
             chat,

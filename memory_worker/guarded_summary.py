@@ -37,11 +37,15 @@ def summarize_guarded(
     current_summary: str,
     messages: Sequence[FoldMessage],
     cap_tokens: int | None = None,
+    pinned: Sequence[str] = (),
 ) -> GuardedSummary:
     """``cap_tokens``: the summary's cap (the chat's ``summary_token_cap``); a line dropped from
-    a summary with no room left for it is the cap biting, not a loss (fold_guard.losses)."""
+    a summary with no room left for it is the cap biting, not a loss (fold_guard.losses).
+    ``pinned``: the chat's pinned items, in every context beside the summary: a line they
+    carry is not lost when the summary leaves it to them."""
     result = summarizer.summarize(current_summary, messages)
-    lost = fold_guard.losses(current_summary, messages, result.text, cap_tokens)
+    kept = "\n".join([result.text, *pinned])
+    lost = fold_guard.losses(current_summary, messages, kept, cap_tokens)
     repaired = False
     if lost:
         result = repair(summarizer, current_summary, messages, result, lost, cap_tokens)

@@ -148,14 +148,17 @@ class OfflineSummarizer:
     """
 
     name = "offline"
+    takes_pins = True  # summarizers.PinAwareSummarizer
 
     def __init__(self, cap_tokens: int = DEFAULT_CAP_TOKENS) -> None:
         if cap_tokens < MIN_SUMMARY_TOKEN_CAP:
             raise ValueError(f"cap_tokens must be at least {MIN_SUMMARY_TOKEN_CAP}")
         self.cap_tokens = cap_tokens
 
-    def summarize(self, current_summary: str, messages: Sequence[FoldMessage]) -> SummaryResult:
-        return self._summarize(current_summary, messages, frozenset())
+    def summarize(
+        self, current_summary: str, messages: Sequence[FoldMessage], pinned: Sequence[str] = ()
+    ) -> SummaryResult:
+        return self._summarize(current_summary, messages, frozenset(), pinned)
 
     def repair(
         self,
@@ -163,13 +166,18 @@ class OfflineSummarizer:
         messages: Sequence[FoldMessage],
         draft: str,
         keep: Sequence[str],
+        pinned: Sequence[str] = (),
     ) -> SummaryResult:
         """The fold guard's repair: the same rewrite with the ``keep`` lines of
         ``current_summary`` dropped last. Deterministic, so the draft adds nothing."""
-        return self._summarize(current_summary, messages, frozenset(map(normalise, keep)))
+        return self._summarize(current_summary, messages, frozenset(map(normalise, keep)), pinned)
 
     def _summarize(
-        self, current_summary: str, messages: Sequence[FoldMessage], keep: frozenset[str]
+        self,
+        current_summary: str,
+        messages: Sequence[FoldMessage],
+        keep: frozenset[str],
+        pinned: Sequence[str] = (),
     ) -> SummaryResult:
         candidates = [
             *oldest_first(list(bullets_from_summary(current_summary, keep))),
@@ -182,7 +190,9 @@ class OfflineSummarizer:
         ]
         bullets = drop_superseded_decisions(deduplicate(candidates))
         text = fit_to_cap(bullets, self.cap_tokens)
-        fold_input = format_fold_input(current_summary, messages)
+        # Pinned items are in every context already: the input counts them, the summary need
+        # not carry them.
+        fold_input = format_fold_input(current_summary, messages, pinned)
         return SummaryResult(text, count_tokens(fold_input), count_tokens(text), self.name)
 
 

@@ -290,7 +290,7 @@ def _token_fold_end(state: ChatState, policy: Policy, newest_allowed: int) -> in
     target, never past ``newest_allowed``. A policy with a verbatim message tail folds down to
     that tail, as seed 000 §5 keeps only the most recent K after a fold."""
     target = chat_thresholds(state, policy).fold_target
-    reserve = max(policy.max_summary_tokens, state.summary_tokens)
+    reserve = max(policy.max_summary_tokens, state.summary_tokens) + state.pinned_tokens
     end = newest_allowed
     for boundary, after in after_boundaries(state).items():
         if boundary > newest_allowed:
@@ -377,10 +377,15 @@ def _within_bound(
     if policy.context_size is not None and remaining > policy.context_size:
         return False
     bound = token_bound(policy)
-    if bound is not None and summary_tokens + remaining_tokens > bound:
+    if bound is not None and summary_tokens + state.pinned_tokens + remaining_tokens > bound:
         return False
     prompt = prompt_total(
-        state.system_tokens, summary_tokens, remaining, remaining_tokens, new_tokens
+        state.system_tokens,
+        summary_tokens,
+        remaining,
+        remaining_tokens,
+        new_tokens,
+        state.pinned_tokens,
     )
     return prompt <= PROMPT_WINDOW_SHARE * state.model_context_tokens
 
@@ -424,6 +429,28 @@ def _pre_turn_fold_end(state: ChatState, policy: Policy, opens_turn: bool) -> in
 
 def _has_token_target(policy: Policy) -> bool:
     return token_bound(policy) is not None or policy.fold_target_tokens is not None
+
+
+# --- pins ------------------------------------------------------------------------------------
+
+# Of what a bound leaves once the system prompt and a summary at its cap are in, the share the
+# pins may take: the rest stays for verbatim messages, so folds still have a history to batch.
+PIN_SHARE = 0.5
+
+
+def pin_room(state: ChatState, policy: Policy) -> int:
+    """Tokens the pinned block may take in all (memory_worker.pinned.pinned_block_tokens), by
+    the tightest of the history token bound and the prompt bound."""
+    summary = max(state.summary_tokens, policy.summary_token_cap)
+    prompt_bound = int(PROMPT_WINDOW_SHARE * state.model_context_tokens)
+    # The prompt's fixed parts: priming, the system part and the summary with their overheads,
+    # and the pinned block's own overhead.
+    fixed = prompt_total(state.system_tokens, summary, 1, 0, 0)
+    rooms = [prompt_bound - fixed]
+    bound = token_bound(policy)
+    if bound is not None:
+        rooms.append(bound - summary)
+    return max(0, int(min(rooms) * PIN_SHARE))
 
 
 # Poison messages (docs/policies.md): a range the provider keeps refusing is folded piece by

@@ -50,8 +50,10 @@ class ResponsesSummarizer:
         self.timeout = timeout
         self.max_output_tokens = max_output_tokens
 
-    def summarize(self, current_summary: str, messages: Sequence[FoldMessage]) -> SummaryResult:
-        fold_input = format_fold_input(current_summary, messages)
+    def summarize(
+        self, current_summary: str, messages: Sequence[FoldMessage], pinned: Sequence[str] = ()
+    ) -> SummaryResult:
+        fold_input = format_fold_input(current_summary, messages, pinned)
         return self._result(self._call(fold_input), fold_input, current_summary, messages)
 
     def repair(
@@ -60,10 +62,11 @@ class ResponsesSummarizer:
         messages: Sequence[FoldMessage],
         draft: str,
         keep: Sequence[str],
+        pinned: Sequence[str] = (),
     ) -> SummaryResult:
         """The fold guard's repair: the fold input unchanged as the first input item, the
         draft and what it lost after it; the hosted prompt's instructions stay as they are."""
-        fold_input = format_fold_input(current_summary, messages)
+        fold_input = format_fold_input(current_summary, messages, pinned)
         conversation = [
             {"role": "user", "content": fold_input},
             {"role": "assistant", "content": draft},

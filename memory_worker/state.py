@@ -10,16 +10,24 @@ brief first, then the tail.
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from django.conf import settings
 from django.db import connection
 
 from conversations import rows
 from conversations.agent_state import clip_to_tokens
-from conversations.models import AgentState, Brief, Chat, Message
+from conversations.models import AgentState, Brief, Chat, Message, Pin
 from memory_worker.engine_state import ROLE_OVERHEAD_TOKENS, ChatState, Msg
+from memory_worker.pinned import pinned_block_tokens
 from memory_worker.tokens import count_tokens
+
+
+class PinnedItem(NamedTuple):
+    id: int
+    seq: int | None  # the pinned message's, None for a pinned text
+    text: str
+    tokens: int
 
 
 @dataclass(frozen=True)
@@ -43,10 +51,23 @@ class MemorySnapshot:
     agent_context: str = ""
     agent_context_tokens: int = 0
     has_agent_state: bool = False
+    # The user's pins, oldest first: in every context, after the summary.
+    pins: tuple[PinnedItem, ...] = ()
 
     @property
     def last_seq(self) -> int:
         return self.unfolded[-1].seq if self.unfolded else self.last_consolidated
+
+    @property
+    def pinned_tokens(self) -> int:
+        return pinned_block_tokens(pin.tokens for pin in self.pins)
+
+    def pins_shown(self) -> tuple[PinnedItem, ...]:
+        """The pins the pinned block shows: a pinned message still verbatim in the unfolded
+        tail is already in the context once."""
+        return tuple(
+            pin for pin in self.pins if pin.seq is None or pin.seq <= self.last_consolidated
+        )
 
 
 UNFOLDED_FIELDS = ("id", "chat_id", "seq", "role", "content", "token_count", "metadata")
@@ -60,11 +81,21 @@ def load_snapshot(chat_id: int) -> MemorySnapshot:
             raise Brief.DoesNotExist(f"chat {chat_id} has no brief")
         return snapshot
     brief, agent = read_brief(chat_id)
-    return make_snapshot(chat_id, brief, agent, read_unfolded(chat_id, brief.last_consolidated))
+    unfolded = read_unfolded(chat_id, brief.last_consolidated)
+    return make_snapshot(chat_id, brief, agent, unfolded, read_pins(chat_id))
+
+
+def read_pins(chat_id: int) -> tuple[PinnedItem, ...]:
+    found = Pin.objects.filter(chat_id=chat_id).order_by("id")
+    return tuple(PinnedItem(*row) for row in found.values_list("id", "seq", "text", "tokens"))
 
 
 def make_snapshot(
-    chat_id: int, brief: Brief, agent: Sequence[Any], unfolded: tuple[Message, ...]
+    chat_id: int,
+    brief: Brief,
+    agent: Sequence[Any],
+    unfolded: tuple[Message, ...],
+    pins: tuple[PinnedItem, ...] = (),
 ) -> MemorySnapshot:
     """``agent``: the agent state's (context block, its tokens, whether the chat has one)."""
     agent_block, agent_tokens, agent_exists = agent
@@ -84,6 +115,7 @@ def make_snapshot(
         agent_context=agent_block or "",
         agent_context_tokens=agent_tokens or 0,
         has_agent_state=bool(agent_exists),
+        pins=pins,
     )
 
 
@@ -170,7 +202,9 @@ def snapshot_query(chat_id_sql: str) -> str:
     tail = (
         f", (SELECT json_agg(json_build_array({rows.column_list(fields, 'm')}) ORDER BY m.seq) "
         f"FROM {rows.quoted_table(Message)} m "
-        "WHERE m.chat_id = brief.chat_id AND m.seq > brief.last_consolidated) AS tail"
+        "WHERE m.chat_id = brief.chat_id AND m.seq > brief.last_consolidated) AS tail, "
+        "(SELECT json_agg(json_build_array(p.id, p.seq, p.text, p.tokens) ORDER BY p.id) "
+        f"FROM {rows.quoted_table(Pin)} p WHERE p.chat_id = brief.chat_id) AS pins"
     )
     return _brief_query(chat_id_sql, tail)
 
@@ -214,7 +248,8 @@ def snapshot_from_values(chat_id: int, values: Sequence[Any]) -> MemorySnapshot 
     brief = rows.build_instance(Brief, brief_fields, values[:width])
     message_fields = rows.selected_fields(Message, UNFOLDED_FIELDS)
     unfolded = rows.instances_from_json(Message, message_fields, values[width + 3] or ())
-    return make_snapshot(chat_id, brief, values[width : width + 3], tuple(unfolded))
+    pins = tuple(PinnedItem(*pin) for pin in values[width + 4] or ())
+    return make_snapshot(chat_id, brief, values[width : width + 3], tuple(unfolded), pins)
 
 
 def with_appended(snapshot: MemorySnapshot, messages: list[Message]) -> MemorySnapshot:
@@ -260,6 +295,7 @@ def engine_state(chat: Chat, snapshot: MemorySnapshot, context_tokens: int) -> C
         # creation (otherwise any new chat past its tail would fold at once).
         last_consolidated_at=snapshot.last_consolidated_at or chat.created_at,  # type: ignore[arg-type]
         model_context_tokens=context_tokens,
+        pinned_tokens=snapshot.pinned_tokens,
     )
 
 

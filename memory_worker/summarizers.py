@@ -105,6 +105,54 @@ class Summarizer(Protocol):
         ...
 
 
+class PinAwareSummarizer(Protocol):
+    """A backend whose calls take the chat's pinned items (format_fold_input's ``pinned``)."""
+
+    name: str
+
+    def summarize(
+        self, current_summary: str, messages: Sequence[FoldMessage], pinned: Sequence[str] = ()
+    ) -> SummaryResult: ...
+
+    def repair(
+        self,
+        current_summary: str,
+        messages: Sequence[FoldMessage],
+        draft: str,
+        keep: Sequence[str],
+        pinned: Sequence[str] = (),
+    ) -> SummaryResult: ...
+
+
+class ToldOfPins:
+    """A backend told, on every call, which items the chat has pinned."""
+
+    def __init__(self, backend: PinAwareSummarizer, pinned: Sequence[str]) -> None:
+        self.backend = backend
+        self.pinned = tuple(pinned)
+        self.name = backend.name
+
+    def summarize(self, current_summary: str, messages: Sequence[FoldMessage]) -> SummaryResult:
+        return self.backend.summarize(current_summary, messages, self.pinned)
+
+    def repair(
+        self,
+        current_summary: str,
+        messages: Sequence[FoldMessage],
+        draft: str,
+        keep: Sequence[str],
+    ) -> SummaryResult:
+        return self.backend.repair(current_summary, messages, draft, keep, self.pinned)
+
+
+def told_of_pins(summarizer: Summarizer, pinned: Sequence[str]) -> Summarizer:
+    """``summarizer`` telling its backend the chat's ``pinned`` items (none: as it is). A
+    summarizer of another kind (a test's, a plug-in's) is left as it is."""
+    if not pinned or getattr(summarizer, "takes_pins", False) is not True:
+        return summarizer
+    return ToldOfPins(summarizer, pinned)  # type: ignore[arg-type]
+
+
 @runtime_checkable
 class RepairingSummarizer(Summarizer, Protocol):
     """A summarizer the fold guard can ask once to put back what its draft lost."""
@@ -148,12 +196,26 @@ END_NEW_TURNS = "=== END_NEW_TURNS ==="
 LINE_BREAKS = {"\x85": "\\u0085", "\u2028": "\\u2028", "\u2029": "\\u2029"}
 
 
-def format_fold_input(current_summary: str, messages: Sequence[FoldMessage]) -> str:
+PINNED = "=== PINNED ==="
+END_PINNED = "=== END_PINNED ==="
+PINNED_NOTE = (
+    "PINNED items are in every context verbatim, beside the summary: the summary need not "
+    "repeat them."
+)
+
+
+def format_fold_input(
+    current_summary: str, messages: Sequence[FoldMessage], pinned: Sequence[str] = ()
+) -> str:
     """Seed 003's sections, with the text inside them as data: the existing summary one JSON
     string (or NONE), each message one JSON object on a line of its own. No message or summary
-    can end a section, open one or start a turn: its line breaks are escapes, not lines."""
+    can end a section, open one or start a turn: its line breaks are escapes, not lines.
+    ``pinned``: the chat's pinned items, between the two in a section of their own (JSON strings
+    too), with a line saying the summary need not repeat them."""
     summary = current_summary.strip()
     lines = [EXISTING_SUMMARY, data_line(summary) if summary else "NONE", END_EXISTING_SUMMARY]
+    if pinned:
+        lines += ["", PINNED_NOTE, PINNED, *(data_line(text) for text in pinned), END_PINNED]
     lines += ["", NEW_TURNS]
     for number, turn in enumerate(turns_of(messages), start=1):
         lines.extend(

@@ -29,6 +29,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "memory_worker.bundled_encodings",
             "memory_worker.retention_rules",
             "memory_worker.fold_guard",
+            "memory_worker.pinned",
         ),
     ),
     (
@@ -54,6 +55,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "conversations.api",
             "conversations.admin",
             "conversations.agent_admin",
+            "conversations.pin_admin",
             "conversations.management",
             "conversations.apps",
             "memory_worker.tasks",

@@ -649,3 +649,63 @@ def test_the_ledger_shows_each_folds_dropped_details_read_only(staff: Client, us
     page = staff.get(f"/admin/conversations/consolidation/{ledger.pk}/change/").content.decode()
     assert "QX-7719" in page and "ana@example.org" in page
     assert 'name="dropped_details"' not in page  # shown, not an input
+
+
+# --- pins, inline on the chat page --------------------------------------------------------------
+
+
+def post_pins(staff: Client, chat: Chat, **rows: str) -> Any:
+    """The chat's change form sent back unchanged but for the pin rows ``rows`` (pins-N-…)."""
+    url = f"/admin/conversations/chat/{chat.pk}/change/"
+    page = staff.get(url).content.decode()
+    data = {
+        **management_forms(page),
+        **{field: str(getattr(chat, field) or "") for field in ("title", "system_prompt")},
+        "owner": str(chat.owner_id),
+        "external_id": chat.external_id,
+        "policy": chat.policy,
+        "policy_overrides": "{}",
+        "model_variant": chat.model_variant,
+        **rows,
+    }
+    pins = list(chat.pins.order_by("id"))
+    data["pins-TOTAL_FORMS"] = str(max(len(pins) + 1, int(data.get("pins-TOTAL_FORMS", 0))))
+    for index, pin in enumerate(pins):
+        data.setdefault(f"pins-{index}-id", str(pin.pk))
+        data.setdefault(f"pins-{index}-chat", str(chat.pk))
+        data.setdefault(f"pins-{index}-text", pin.text)
+        data.setdefault(f"pins-{index}-seq", "" if pin.seq is None else str(pin.seq))
+    return staff.post(url, data)
+
+
+def test_pins_are_added_rewritten_and_removed_inline_through_the_service(
+    staff: Client, admin_user: Any, user: Any
+) -> None:
+    chat = chat_with_messages(user, 2)
+    response = post_pins(staff, chat, **{"pins-0-text": "Budget: 1,200 EUR."})
+    assert response.status_code == 302, response.content.decode()[:3000]
+    pin = chat.pins.get()
+    assert (pin.text, pin.seq, pin.created_by) == ("Budget: 1,200 EUR.", None, admin_user)
+    assert pin.tokens == count_tokens(pin.text)
+    assert (
+        "Budget: 1,200 EUR."
+        in staff.get(f"/admin/conversations/chat/{chat.pk}/change/").content.decode()
+    )
+
+    response = post_pins(staff, chat, **{"pins-0-text": "Budget: 1,500 EUR.", "pins-1-seq": "2"})
+    assert response.status_code == 302, response.content.decode()[:3000]
+    assert list(chat.pins.order_by("id").values_list("text", "seq")) == [
+        ("Budget: 1,500 EUR.", None),
+        ("user: message 2", 2),
+    ]
+    response = post_pins(staff, chat, **{"pins-0-DELETE": "on"})
+    assert response.status_code == 302
+    assert list(chat.pins.values_list("seq", flat=True)) == [2]
+
+
+def test_a_pin_over_the_room_left_is_refused_on_the_form(staff: Client, user: Any) -> None:
+    chat = chat_service.create_chat(user, policy="token-budget")
+    response = post_pins(staff, chat, **{"pins-0-text": "word " * 2500})
+    assert response.status_code == 200
+    assert "tokens kept for pins are left" in response.content.decode()
+    assert not chat.pins.exists()

@@ -71,10 +71,11 @@ def test_a_value_survives_only_as_a_whole_token() -> None:
 
 def test_where_a_canary_was_kept() -> None:
     fact = workload.Canary("fact", "48213", "My locker number is 48213.")
-    assert retention.where_kept(fact, "- My locker number is 48213.", ["hello"]) == "summary"
-    assert retention.where_kept(fact, "", ["My locker number is 48213."]) == "verbatim"
-    assert retention.where_kept(fact, "48213", ["48213"]) == "both"
-    assert retention.where_kept(fact, "4821", ["48214"]) == ""
+    assert retention.where_kept(fact, "- My locker number is 48213.", "", ["hello"]) == "summary"
+    assert retention.where_kept(fact, "", "", ["My locker number is 48213."]) == "verbatim"
+    assert retention.where_kept(fact, "48213", "", ["48213"]) == "both"
+    assert retention.where_kept(fact, "48213", "- user: locker 48213", ["48213"]) == "pinned"
+    assert retention.where_kept(fact, "4821", "", ["48214"]) == ""
 
 
 def test_chit_chat_never_looks_like_a_canary() -> None:
@@ -134,6 +135,17 @@ def test_short_run_completes_its_rounds_and_reports_per_type(tmp_path: Path) -> 
     assert all(len(canary["kept"]) == 2 for canary in session["canaries"])
     assert report["command"].startswith("python -m bench.retention")
     assert report["goals"] == []  # turn-digest is not a goal configuration
+
+
+def test_pinned_canaries_are_in_the_context_after_every_round(tmp_path: Path) -> None:
+    name = "sliding-window/canaries-pinned"
+    report = run_bench(tmp_path, "--seeds", "1", "--rounds", "2", "--presets", name)
+    (result,) = report["results"]
+    assert result["refused_pins"] == 0 and result["incomplete_sessions"] == 0
+    assert all(row == [1.0, 1.0] for row in result["kept"].values())
+    canaries = result["sessions"][0]["canaries"]
+    assert all(canary["kept"] == ["pinned", "pinned"] for canary in canaries)
+    assert [goal["met"] for goal in report["goals"]] == [True]
 
 
 def summarize_request(summary: str, messages: list[tuple[str, str]], *follow_up: str) -> Any:

@@ -15,7 +15,7 @@ from django.contrib.auth import get_user_model
 from django.core.management import CommandError, call_command
 from django.utils import timezone
 
-from conversations.models import Chat, Message
+from conversations.models import Chat, Message, Pin
 from conversations.services import turns
 
 pytestmark = pytest.mark.django_db
@@ -282,3 +282,36 @@ def test_on_a_terminal_arrow_keys_and_ctrl_a_edit_the_line_and_up_recalls_it(
         os.close(primary)
     typed = Message.objects.filter(role="user").order_by("seq").values_list("content", flat=True)
     assert list(typed) == ["YaXbc", "YaXbc!"]
+
+
+def test_pin_pins_and_unpin_keep_a_text_in_the_context_until_unpinned() -> None:
+    output = run_chat(["/pin The budget is 1,200 EUR.", "/pins", "/context", "/quit"])
+    chat = Chat.objects.get()
+    pinned = Pin.objects.get(chat=chat)
+    assert (pinned.text, pinned.created_by_id) == ("The budget is 1,200 EUR.", chat.owner_id)
+    assert f"pinned #{pinned.pk}" in output
+    assert f"#{pinned.pk} [text, {pinned.tokens} tokens] The budget is 1,200 EUR." in output
+    assert "- The budget is 1,200 EUR." in output  # the context's pinned block
+    output = run_chat(
+        [f"/unpin {pinned.pk}", "/pins", "/unpin 999", "/quit"], "--chat", str(chat.pk)
+    )
+    assert f"unpinned #{pinned.pk}" in output and "(no pins)" in output
+    assert not Pin.objects.exists()
+
+
+def test_a_pin_that_does_not_fit_is_refused_and_the_session_goes_on() -> None:
+    err = io.StringIO()
+    out = io.StringIO()
+    lines = ["/pin " + "word " * 2500, "/pin", "/pins", "/quit"]
+    call_command(
+        "chat",
+        "--policy",
+        "token-budget",
+        stdin=io.StringIO("".join(f"{line}\n" for line in lines)),
+        stdout=out,
+        stderr=err,
+    )
+    assert "tokens kept for pins are left" in err.getvalue()
+    assert "type /pin and the text" in err.getvalue()
+    assert "(no pins)" in out.getvalue()
+    assert not Pin.objects.exists()

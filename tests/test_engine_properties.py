@@ -31,6 +31,7 @@ from memory_worker.policy import (
     compress_end,
     decide,
     decide_before_turn,
+    pin_room,
     thresholds,
     token_budget_exceeded,
 )
@@ -71,7 +72,7 @@ OVERRIDES: dict[str, st.SearchStrategy[dict[str, object]]] = {
 def history_within_bound(state: ChatState, policy: Policy, new_tokens: int) -> bool:
     if policy.context_size is not None and len(state.unfolded) > policy.context_size:
         return False
-    history = state.summary_tokens + sum(m.tokens for m in state.unfolded)
+    history = state.summary_tokens + state.pinned_tokens + sum(m.tokens for m in state.unfolded)
     bounds = [b for b in (policy.max_memory_tokens, policy.max_tokens) if b is not None]
     if bounds and history > min(bounds):
         return False
@@ -90,6 +91,7 @@ def all_folded(state: ChatState, policy: Policy) -> ChatState:
         turns_mark=state.turns_mark,
         last_consolidated_at=state.last_consolidated_at,
         model_context_tokens=state.model_context_tokens,
+        pinned_tokens=state.pinned_tokens,
     )
 
 
@@ -162,6 +164,8 @@ class Conversation(RuleBasedStateMachine):
         self.fallback = False
         # A fold decided and started whose lock then lapsed: (decision, version and W it read).
         self.stale: tuple[Decision, int, int] | None = None
+        # The pinned block's tokens: in every context, counted in the bound like the summary.
+        self.pinned = 0
 
     @initialize(data=st.data(), name=st.sampled_from(sorted(PRESETS)))
     def choose_policy(self, data: st.DataObject, name: str) -> None:
@@ -179,6 +183,7 @@ class Conversation(RuleBasedStateMachine):
             turns_mark=self.turns_mark,
             last_consolidated_at=self.last_at or START,
             model_context_tokens=self.window,
+            pinned_tokens=self.pinned,
         )
 
     def check_fold(self, decision: Decision, *, pre_turn: bool) -> None:
@@ -254,6 +259,16 @@ class Conversation(RuleBasedStateMachine):
         else:
             turn_messages.append(Msg(seq + len(turn_messages) + 1, "assistant", reply_tokens))
         self.messages.extend(turn_messages)
+
+    @rule(tokens=st.integers(1, 3000))
+    def pin(self, tokens: int) -> None:
+        """A pin the service takes only within the room the policy keeps for pins."""
+        if self.pinned + tokens <= pin_room(self.state(), self.policy):
+            self.pinned += tokens
+
+    @rule()
+    def unpin_everything(self) -> None:
+        self.pinned = 0
 
     @rule(fails=st.booleans(), falls_back=st.booleans())
     def background(self, fails: bool, falls_back: bool) -> None:

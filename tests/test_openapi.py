@@ -43,6 +43,7 @@ def api_routes() -> Iterator[tuple[str, set[str]]]:
 
     for route, callback in walk(get_resolver().url_patterns, "/"):
         path = re.sub(r"\(\?P<pk>[^)]*\)", "{id}", route)
+        path = re.sub(r"\(\?P<(\w+)>[^)]*\)", r"{\1}", path)  # a sub-resource's id
         if not path.startswith(API_PREFIX) or "format" in path or path in NOT_DOCUMENTED:
             continue
         actions = getattr(callback, "actions", None)  # a viewset route: method -> action

@@ -18,6 +18,7 @@ from conversations.models import Chat
 from conversations.rows import database_unreachable
 from conversations.services.bounded_context import ContextOverBound
 from conversations.services.chats import NoRoomInWindow
+from conversations.services.pins import PinRefused
 from conversations.services.turn_slot import TurnInProgress
 from conversations.variants import UnknownVariant
 from memory_worker.presets import PolicyError
@@ -148,6 +149,28 @@ def chat_settings_refusals() -> Iterator[None]:
         raise exceptions.NotFound() from error
 
 
+@contextlib.contextmanager
+def pin_refusals() -> Iterator[None]:
+    """A pin that cannot be added: 400, with the room left when it did not fit."""
+    try:
+        yield
+    except PinRefused as error:
+        if error.room_left is None:
+            raise exceptions.ValidationError({error.field: [str(error)]}) from error
+        raise NoRoomForPin(str(error), error.room_left) from error
+    except Chat.DoesNotExist as error:
+        raise exceptions.NotFound() from error
+
+
+class NoRoomForPin(exceptions.APIException):
+    status_code = status.HTTP_400_BAD_REQUEST
+    default_code = "no_room_for_pin"
+
+    def __init__(self, detail: str, room_left: int) -> None:
+        super().__init__(detail)
+        self.room_left = room_left
+
+
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
     # DRF turns Django's Http404/PermissionDenied into its own exceptions; do it first so the
     # code below sees the exception whose codes the response carries.
@@ -167,6 +190,8 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
             codes = exc.get_codes()
             if isinstance(codes, str):
                 data["code"] = codes
+            if isinstance(exc, NoRoomForPin):
+                data["room_left"] = exc.room_left
     if response is not None and getattr(exc, "should_retry", True) is False:
         # The OpenAI SDKs (and other clients honouring it) retry a 5xx unless told not to.
         response["x-should-retry"] = "false"

@@ -20,6 +20,7 @@ from rest_framework.permissions import IsAuthenticated
 
 from conversations.api.agent_serializers import AgentStateSerializer
 from conversations.api.openai_schema import OPENAI_UNAUTHENTICATED
+from conversations.api.pin_schema import pin_schemas
 from conversations.api.serializers import (
     BriefSerializer,
     ChatSerializer,
@@ -375,6 +376,7 @@ chat_schema = extend_schema_view(
             ),
         },
     ),
+    **pin_schemas(NOT_FOUND),
     notes=extend_schema(
         summary="Daily notes: durable facts from folded messages, one per day",
         responses={200: DailyNoteSerializer(many=True)},
@@ -399,7 +401,13 @@ __all__ = ["chat_schema", "policy_schema"]
 
 NON_BLANK = "^[^\\u0000]*[^\\s\\u0000][^\\u0000]*$"  # a message must say something
 # Unknown keys are refused.
-STRICT_COMPONENTS = ("AgentContextRequest", "EntityRequest", "ChatRequest", "PatchedChatRequest")
+STRICT_COMPONENTS = (
+    "AgentContextRequest",
+    "EntityRequest",
+    "ChatRequest",
+    "PatchedChatRequest",
+    "PinRequestRequest",
+)
 
 
 def _no_nul_strings(schema: Any) -> None:
@@ -424,6 +432,8 @@ def request_constraints(result: dict[str, Any], **_: Any) -> dict[str, Any]:
     for name in STRICT_COMPONENTS:
         if name in schemas:
             schemas[name]["additionalProperties"] = False
+    if "PinRequestRequest" in schemas:
+        schemas["PinRequestRequest"]["properties"]["text"]["pattern"] = NON_BLANK
     variant = {"type": "string", "enum": ["", *sorted(model_variants())]}
     turn = schemas["TurnRequestRequest"]["properties"]
     turn["content"].update(pattern=NON_BLANK, maxLength=settings.CHATMEM_MAX_MESSAGE_CHARS)

@@ -15,6 +15,7 @@ from rest_framework.views import APIView
 from conversations.api import errors, streaming
 from conversations.api.agent_serializers import AgentStateSerializer
 from conversations.api.pagination import is_decimal
+from conversations.api.pin_serializers import PinRequestSerializer, PinSerializer
 from conversations.api.schema import chat_schema, policy_schema
 from conversations.api.serializers import (
     BriefSerializer,
@@ -25,9 +26,10 @@ from conversations.api.serializers import (
     TurnRequestSerializer,
     turn_response_body,
 )
-from conversations.models import Chat
+from conversations.models import Chat, Pin
 from conversations.services import agent_state as agent_service
 from conversations.services import chats as chat_service
+from conversations.services import pins as pin_service
 from conversations.services import turns as turn_service
 from conversations.services.chat_list import BadListQuery, owned_chats
 from conversations.services.turn_model import release_db_connection
@@ -200,6 +202,28 @@ class ChatViewSet(
             },
             status=status.HTTP_503_SERVICE_UNAVAILABLE,
         )
+
+    @action(
+        detail=True, methods=["get", "post"], serializer_class=PinSerializer, pagination_class=None
+    )
+    def pins(self, request: Request, pk: str | None = None) -> Response:
+        chat = self.get_object()  # another user's chat: 404 before the body is read
+        if request.method == "GET":
+            return Response(PinSerializer(pin_service.list_pins(chat), many=True).data)
+        payload = PinRequestSerializer(data=request.data)
+        payload.is_valid(raise_exception=True)
+        with errors.pin_refusals():
+            pin = pin_service.add_pin(chat, **payload.validated_data, user=request.user)
+        return Response(PinSerializer(pin).data, status=status.HTTP_201_CREATED)
+
+    @action(detail=True, methods=["delete"], url_path=r"pins/(?P<pin_id>[0-9]+)")
+    def unpin(self, request: Request, pk: str | None = None, pin_id: str = "") -> Response:
+        chat = self.get_object()
+        try:
+            pin_service.remove_pin(chat, int(pin_id))
+        except (ValueError, Pin.DoesNotExist) as error:
+            raise NotFound("No such pin in this chat.") from error
+        return Response(status=status.HTTP_204_NO_CONTENT)
 
     @action(detail=True, methods=["get"], serializer_class=DailyNoteSerializer)
     def notes(self, request: Request, pk: str | None = None) -> Response:

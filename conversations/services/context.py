@@ -1,11 +1,13 @@
 """The exact message list the model receives (DESIGN §3 step 3): the system prompt, the agent
 state (seed 004: session theme, active entities, pending clarification) as a system message when
-there is one, the summary as a system message when non-empty, every unfolded message verbatim in
-order, then the new user message."""
+there is one, the summary as a system message when non-empty, the user's pins (a system message
+after the summary: memory_worker.pinned), every unfolded message verbatim in order, then the new
+user message."""
 
 from typing import Any
 
 from conversations.models import Chat, Message, Role
+from memory_worker.pinned import pinned_block
 from memory_worker.state import MemorySnapshot
 
 SUMMARY_HEADER = "Summary of the earlier conversation (memory):\n\n"
@@ -32,6 +34,9 @@ def build_model_messages(
         messages.append({"role": Role.SYSTEM.value, "content": snapshot.agent_context})
     if snapshot.summary:
         messages.append({"role": Role.SYSTEM.value, "content": SUMMARY_HEADER + snapshot.summary})
+    pinned = pinned_block(pin.text for pin in snapshot.pins_shown())
+    if pinned:  # counted in the bound by memory_worker.state (MemorySnapshot.pinned_tokens)
+        messages.append({"role": Role.SYSTEM.value, "content": pinned})
     messages.extend(model_message(message) for message in snapshot.unfolded)
     if new_user_content is not None:
         messages.append({"role": Role.USER.value, "content": new_user_content})

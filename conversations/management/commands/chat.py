@@ -5,8 +5,9 @@
 
 Each line you type is a turn (the same service the API's turn endpoint calls). Commands:
 ``/brief`` (the memory summary and watermark), ``/context`` (exactly what the model receives
-next), ``/help``, ``/quit`` (or end of input, or Ctrl-C: each ends the session with status 0, or
-1 when every turn of the session failed). On a terminal, lines are edited with readline (arrow
+next), ``/pin TEXT``, ``/pins`` and ``/unpin ID`` (texts kept verbatim in every context, as the
+API's pins), ``/help``, ``/quit`` (or end of input, or Ctrl-C: each ends the session with status
+0, or 1 when every turn of the session failed). On a terminal, lines are edited with readline (arrow
 keys, Ctrl-A/E, Up for the session's earlier lines) and logs go to ``--log-file``, not the
 prompt; escape sequences and control characters are never stored."""
 
@@ -30,15 +31,16 @@ from conversations.api.parsers import unstorable
 from conversations.llm import ModelError
 from conversations.management.terminal import LineReader, logs_to_file, printable
 from conversations.management.usernames import checked_username, find_user
-from conversations.models import Chat
+from conversations.models import Chat, Pin
 from conversations.services import chats as chat_service
+from conversations.services import pins as pin_service
 from conversations.services import turns as turn_service
 from conversations.services.bounded_context import ContextOverBound
 from conversations.services.turn_slot import TurnInProgress
 from conversations.variants import UnknownVariant
 from memory_worker.presets import PolicyError
 
-HELP = "Type a message, or /brief, /context, /help, /quit."
+HELP = "Type a message, or /brief, /context, /pin TEXT, /pins, /unpin ID, /help, /quit."
 PROMPT = "you> "
 
 
@@ -156,6 +158,12 @@ class Command(BaseCommand):
         elif line == "/context":
             context = chat_service.next_context(chat)
             self.stdout.write(json.dumps(context, indent=2, ensure_ascii=False))
+        elif line == "/pins":
+            self.show_pins(chat)
+        elif line == "/pin" or line.startswith("/pin "):
+            self.pin(chat, line.removeprefix("/pin").strip())
+        elif line == "/unpin" or line.startswith("/unpin "):
+            self.unpin(chat, line.removeprefix("/unpin").strip())
         elif line.startswith("/"):
             self.stdout.write(f"unknown command {line}. {HELP}")
         else:
@@ -190,6 +198,34 @@ class Command(BaseCommand):
         reply = result.assistant_message
         self.stdout.write(f"assistant> {reply.content}")
         self.stdout.write(f"  [seq {reply.seq}, {reply.token_count} tokens]")
+
+    def pin(self, chat: Chat, text: str) -> None:
+        problem = unstorable(text) if text else "nothing: type /pin and the text to keep"
+        if problem is not None:
+            self.stderr.write(f"error: the pin contains {problem} (nothing stored)")
+            return
+        try:
+            made = pin_service.add_pin(chat, text=text, user=chat.owner)
+        except (pin_service.PinRefused, Chat.DoesNotExist) as error:
+            self.stderr.write(f"error: {error} (nothing stored)")
+            return
+        self.stdout.write(f"pinned #{made.pk} ({made.tokens} tokens)")
+
+    def show_pins(self, chat: Chat) -> None:
+        pins = pin_service.list_pins(chat)
+        if not pins:
+            self.stdout.write("(no pins)")
+        for pinned in pins:
+            source = f"message {pinned.seq}" if pinned.seq is not None else "text"
+            self.stdout.write(f"#{pinned.pk} [{source}, {pinned.tokens} tokens] {pinned.text}")
+
+    def unpin(self, chat: Chat, pin_id: str) -> None:
+        try:
+            pin_service.remove_pin(chat, int(pin_id))
+        except (ValueError, Pin.DoesNotExist):
+            self.stderr.write(f"error: no pin #{pin_id} in this chat (see /pins)")
+            return
+        self.stdout.write(f"unpinned #{pin_id}")
 
     def refuse(self, reason: str) -> None:
         self.stderr.write(f"error: {reason} (nothing stored)")

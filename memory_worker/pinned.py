@@ -1,0 +1,34 @@
+"""The pinned block (pure): the user's pins as the model receives them, one system message after
+the summary, and what the block counts in the policy's bound (memory_worker.policy)."""
+
+from collections.abc import Iterable
+
+from memory_worker.tokens import count_tokens
+
+PINNED_HEADER = "Pinned by the user (always kept verbatim; not part of the summary):\n"
+# Each item's line prefix and the newline before it, beside the item's own counted tokens.
+PIN_LINE_TOKENS = 2
+
+
+def pin_line(text: str) -> str:
+    return f"- {text}"
+
+
+def pinned_block(texts: Iterable[str]) -> str:
+    """The block's text, empty when there is nothing to show."""
+    lines = [pin_line(text) for text in texts]
+    return PINNED_HEADER + "\n".join(lines) if lines else ""
+
+
+def pinned_block_tokens(pin_tokens: Iterable[int]) -> int:
+    """The block with every pin in it, from each pin's stored count: what the bound reserves
+    for the pins (0 with none)."""
+    counts = list(pin_tokens)
+    if not counts:
+        return 0
+    return count_tokens(PINNED_HEADER) + sum(tokens + PIN_LINE_TOKENS for tokens in counts)
+
+
+def pinned_message_text(role: str, content: str) -> str:
+    """A pinned message as its pin shows it."""
+    return f"{role}: {content}"
