@@ -137,6 +137,10 @@ def execute_fold(
             fallback_reason=fallback_reason,
             cap_tokens=cap_tokens,
         )
+        if outcome.status == FoldResult.SUPERSEDED:
+            # An edit of the summary (or another fold) committed since this fold read it: run
+            # again from what it wrote.
+            return replace(outcome, decision=decision, more_due=True)
         if outcome.status != FoldResult.SUCCEEDED:
             return replace(outcome, decision=decision)
         if outcome.cut_short:  # an isolation stopped inside the chunk: the rest is a later fold
@@ -284,7 +288,9 @@ def summarize_and_commit(
     summarizer (memory_worker.turn_fold) and must not spend the turn's time on probes."""
     messages = [FoldMessage(m.seq, m.role, m.content) for m in batch]
     try:
-        guarded = summarize_guarded(summarizer, snapshot.summary, messages, cap_tokens)
+        guarded = summarize_guarded(
+            summarizer, snapshot.summary, messages, cap_tokens, snapshot.user_lines
+        )
     except SummarizerError as error:
         return fold_after_error(
             chat,

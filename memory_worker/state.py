@@ -43,6 +43,8 @@ class MemorySnapshot:
     agent_context: str = ""
     agent_context_tokens: int = 0
     has_agent_state: bool = False
+    # The summary's lines a person wrote (an edit): the fold guard keeps them like rules.
+    user_lines: Sequence[str] = ()
 
     @property
     def last_seq(self) -> int:
@@ -84,6 +86,7 @@ def make_snapshot(
         agent_context=agent_block or "",
         agent_context_tokens=agent_tokens or 0,
         has_agent_state=bool(agent_exists),
+        user_lines=tuple(brief.user_lines or ()),
     )
 
 
@@ -233,6 +236,7 @@ FOLD_SNAPSHOT_FIELDS = (
     "next_attempt_at",
     "failure_kind",
     "fallback_since",
+    "user_lines",
 )
 
 

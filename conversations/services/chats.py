@@ -57,7 +57,14 @@ def create_chat(
 
 # What an owner may change through the API (PATCH): EDITABLE_FIELDS less the owner and the
 # OpenAI-compatible name, which only the admin edits.
-API_EDITABLE_FIELDS = ("title", "system_prompt", "policy", "policy_overrides", "model_variant")
+API_EDITABLE_FIELDS = (
+    "title",
+    "system_prompt",
+    "policy",
+    "policy_overrides",
+    "model_variant",
+    "folds_paused",
+)
 
 
 def update_chat(owner_id: int, chat_id: int, changes: dict[str, object]) -> Chat:
@@ -88,6 +95,7 @@ EDITABLE_FIELDS = (
     "policy",
     "policy_overrides",
     "model_variant",
+    "folds_paused",
 )
 
 
