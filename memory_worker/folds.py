@@ -69,6 +69,10 @@ def consolidate_once(
         return FoldOutcome(FoldResult.NOTHING)
     chat, snapshot = found
     manual = trigger == RequestTrigger.MANUAL
+    if chat.folds_paused and not manual:
+        # Paused by its owner: only a fold asked for by hand runs (a turn over its hard bound
+        # folds on its own path, memory_worker.turn_fold).
+        return FoldOutcome(FoldResult.NOTHING)
     if not manual and in_backoff(snapshot, now):
         return FoldOutcome(FoldResult.DEFERRED)
     decision = decide_for_chat(chat, snapshot, now, manual=manual)
