@@ -265,6 +265,7 @@ def test_a_chat_is_changed_by_patch_and_put_is_not_offered(schema: dict) -> None
         "policy",
         "policy_overrides",
         "model_variant",
+        "folds_paused",
     }
     assert body["additionalProperties"] is False
     assert body["properties"]["policy_overrides"]["additionalProperties"] is False
@@ -286,3 +287,28 @@ def test_the_openai_compatible_api_is_documented_in_its_own_shapes(schema: dict)
         "text/event-stream",
     }
     assert "400" in completions["responses"]
+
+
+def test_the_brief_edit_is_documented_with_its_headers_and_errors(schema: dict) -> None:
+    brief = schema["paths"]["/api/v1/chats/{id}/brief/"]
+    assert brief["get"]["responses"]["200"]["headers"]["ETag"]
+    patch = brief["patch"]
+    headers = {p["name"]: p for p in patch["parameters"] if p["in"] == "header"}
+    assert headers["If-Match"]["required"] is True
+    assert {"200", "400", "401", "404", "412", "428"} <= set(patch["responses"])
+    ref = patch["requestBody"]["content"]["application/json"]["schema"]["$ref"]
+    body = schema["components"]["schemas"][ref.rsplit("/", 1)[1]]
+    assert set(body["properties"]) == {"summary"}
+
+
+def test_the_v1_memory_controls_are_documented(schema: dict) -> None:
+    completions = schema["paths"]["/v1/chat/completions"]["post"]
+    request = completions["requestBody"]["content"]["application/json"]["schema"]
+    controls = request["properties"]["chatmem"]
+    assert set(controls["properties"]) == {"pin", "fold", "policy", "policy_overrides"}
+    assert controls["properties"]["fold"]["enum"] == ["now", "pause", "resume"]
+    assert controls["additionalProperties"] is False
+    answer = completions["responses"]["200"]["content"]["application/json"]["schema"]
+    assert {"summary_version", "unfolded", "degraded"} <= set(
+        answer["properties"]["chatmem"]["properties"]
+    )
