@@ -193,6 +193,16 @@ def test_the_schema_documents_a_turns_413(django_db_blocker: Any) -> None:
 # --- "Try it out": every request example works as it stands ---------------------------------------
 
 
+def header_examples(operation: dict) -> dict[str, str]:
+    """The headers Swagger UI fills in from the operation's examples, as test client extras."""
+    headers = {}
+    for parameter in operation.get("parameters", []):
+        examples = [example["value"] for example in parameter.get("examples", {}).values()]
+        if parameter["in"] == "header" and examples:
+            headers["HTTP_" + parameter["name"].upper().replace("-", "_")] = examples[0]
+    return headers
+
+
 def request_examples(schema: dict) -> list[tuple[str, str, str, Any]]:
     """(method, path, example name, body) of every request body example in the schema."""
     found = []
@@ -233,7 +243,8 @@ def test_every_request_example_succeeds_as_it_stands(
     for method, path, name, body in examples:
         chat_id = api.post("/api/v1/chats/", {}, format="json").json()["id"]
         client = openai if path.startswith("/v1/") else api
-        response = getattr(client, method)(path.format(id=chat_id), body, format="json")
+        headers = header_examples(schema["paths"][path][method])
+        response = getattr(client, method)(path.format(id=chat_id), body, format="json", **headers)
         answer = b"".join(response.streaming_content) if response.streaming else response.content
         assert 200 <= response.status_code < 300, (method, path, name, answer)
         if response.streaming:

@@ -329,7 +329,9 @@ IF_MATCH = OpenApiParameter(
     OpenApiParameter.HEADER,
     required=True,
     description='The brief\'s ETag, its version in quotes (e.g. "3"). Without it 428; another '
-    'version than the brief\'s now 412; not one quoted version ("*" included) 400.',
+    'version than the brief\'s now 412; not one quoted version ("*" included) 400. The '
+    "example is a new chat's.",
+    examples=[OpenApiExample("A new chat's version", value='"0"')],
 )
 BRIEF_ETAG = OpenApiParameter(
     "ETag",
