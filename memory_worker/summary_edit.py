@@ -14,7 +14,7 @@ from memory_worker import policy as engine
 from memory_worker.chat_policy import policy_for_chat
 from memory_worker.fold_commit import FoldWrite, commit_in_one_statement, commit_in_transaction
 from memory_worker.retention_rules import summary_lines
-from memory_worker.state import MemorySnapshot
+from memory_worker.state import make_snapshot
 from memory_worker.tokens import count_tokens
 
 
@@ -70,17 +70,8 @@ def edit_summary(chat: Chat, summary: str, expected_version: int, *, editor: str
     if brief is None or brief.version != expected_version:
         raise VersionMoved(expected_version, brief.version if brief else None)
     lines = user_written(brief.summary, list(brief.user_lines or []), summary)
-    read = MemorySnapshot(
-        chat_id=chat.pk,
-        summary=brief.summary,
-        summary_tokens=brief.summary_tokens,
-        last_consolidated=brief.last_consolidated,
-        version=brief.version,
-        turns_mark=brief.turns_mark,
-        last_consolidated_at=brief.last_consolidated_at,
-        next_attempt_at=brief.next_attempt_at,
-        unfolded=(),
-    )
+    # What the fencing step compares: the version and W this edit was made on.
+    read = make_snapshot(chat.pk, brief, ("", 0, False), ())
     now = timezone.now()
     watermark = brief.last_consolidated
     commit = commit_in_one_statement if connection.vendor == "postgresql" else commit_in_transaction

@@ -5,7 +5,6 @@ conversation's policy; the answer's and the stream's ``chatmem`` state; unknown 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import openai
@@ -20,29 +19,15 @@ from conversations.services import pins, turn_store
 from memory_worker import folds
 from memory_worker.dispatch import RequestTrigger
 from memory_worker.outcomes import FoldResult
+from tests import test_openai_compat as compat
 from tests.conftest import client_for
 from tests.fake_openai import FakeOpenAI
 
 HELLO: Any = [{"role": "user", "content": "hello"}]
 PINS_BUILT = hasattr(pins, "list_pins")  # this branch carries a stub of the pins service
 
-
-@pytest.fixture
-def token(user: Any) -> str:
-    return Token.objects.create(user=user).key
-
-
-@pytest.fixture
-def memory(settings: Any, use_fake_openai: FakeOpenAI) -> FakeOpenAI:
-    # contract: 6 messages verbatim, the rest folded before the model call once over the bound.
-    settings.MEMORY_POLICY = "contract"
-    return use_fake_openai
-
-
-@pytest.fixture
-def client(live_server: Any, token: str) -> Iterator[openai.OpenAI]:
-    with openai.OpenAI(base_url=f"{live_server.url}/v1", api_key=token, max_retries=0) as sdk:
-        yield sdk
+# The OpenAI-compatible tests' fixtures: a token, the fake model under a contract policy, the SDK.
+token, memory, client = compat.token, compat.memory, compat.client
 
 
 @pytest.fixture
