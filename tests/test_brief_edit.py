@@ -243,7 +243,15 @@ def test_a_patch_during_a_workers_fold_supersedes_it_and_the_rerun_keeps_the_edi
     use_fake_openai.summarize_latency = 2.0  # the fold is in flight when the edit arrives
     api = client_for(user)
     chat_id = chat_with_fold_due(user, settings)
-    worker = Worker(broker, "briefedit", env=model_env(use_fake_openai))
+    # Deadlines with room for a loaded machine (a fresh worker's first fold loads the token
+    # encoding), still in the order the worker checks at start.
+    roomy = {
+        "MEMORY_LLM_TIMEOUT_SECONDS": "10",
+        "MEMORY_TASK_SOFT_TIME_LIMIT": "20",
+        "MEMORY_TASK_TIME_LIMIT": "25",
+        "BROKER_VISIBILITY_TIMEOUT": "40",
+    }
+    worker = Worker(broker, "briefedit", env={**model_env(use_fake_openai), **roomy})
     try:
         worker.wait_ready()
         assert api.post(f"/api/v1/chats/{chat_id}/consolidate/").status_code == 202
