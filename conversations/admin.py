@@ -14,6 +14,7 @@ from django.utils import formats, timezone
 from django.utils.html import format_html, format_html_join, linebreaks
 from django.utils.safestring import mark_safe
 
+from conversations.admin_brief import edit_link, summary_edit_urls
 from conversations.admin_filters import MemoryFilter, TriggerFilter
 from conversations.admin_forms import ChatForm
 from conversations.agent_admin import AgentStateInline
@@ -205,6 +206,9 @@ class ChatAdmin(admin.ModelAdmin):
     def save_model(self, request: HttpRequest, obj: Chat, form: Any, change: bool) -> None:
         chat_service.save_chat(obj)
 
+    def get_urls(self) -> list[Any]:
+        return [*summary_edit_urls(self), *super().get_urls()]
+
     def get_deleted_objects(self, objs: Any, request: HttpRequest) -> tuple[Any, ...]:
         chats = list(objs)
         return counted_deletion(chats, [chat.pk for chat in chats])
@@ -230,10 +234,10 @@ class ChatAdmin(admin.ModelAdmin):
     @admin.display(description="summary")
     def summary(self, chat: Chat) -> str:
         if not chat.brief.summary:
-            return "(no summary yet)"
+            return format_html("(no summary yet){}", edit_link(chat))
         # linebreaks escapes the text itself (autoescape=True): safe to mark as such.
         rendered = mark_safe(linebreaks(chat.brief.summary, autoescape=True))
-        return format_html('<div class="chatmem-summary">{}</div>', rendered)
+        return format_html('<div class="chatmem-summary">{}</div>{}', rendered, edit_link(chat))
 
     @admin.display(description="context preview")
     def context_preview(self, chat: Chat) -> str:

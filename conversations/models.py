@@ -34,6 +34,9 @@ class Chat(models.Model):
     # metadata): unique per owner, empty for chats made through the REST API.
     external_id = models.CharField(max_length=200, blank=True, default="")
     last_seq = models.PositiveBigIntegerField(default=0)
+    # The owner paused background folds (API PATCH, /v1 "chatmem": {"fold": "pause"}): dispatch
+    # and the sweep skip the chat; a turn over its hard bound still folds (DESIGN §1 promise 2).
+    folds_paused = models.BooleanField(default=False)
     # The turn slot: one turn at a time per chat, claimed by a conditional UPDATE.
     turn_token = models.UUIDField(null=True, blank=True)
     turn_started_at = models.DateTimeField(null=True, blank=True)
@@ -110,6 +113,10 @@ class Brief(models.Model):
     # why); the next model fold clears both.
     fallback_since = models.DateTimeField(null=True, blank=True)
     fallback_reason = models.TextField(blank=True)
+    # The summary's lines a person wrote (an edit through the API or the admin), as
+    # retention_rules.summary_lines gives them: folds keep them unless a folded message revokes
+    # them (memory_worker.fold_guard), and a fold drops those its summary no longer has.
+    user_lines = models.JSONField(default=list, blank=True)
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
@@ -162,6 +169,8 @@ class Consolidation(models.Model):
     # A committed fold's loss report: the exact details of its input (old summary and folded
     # messages) absent from its summary, the first DROPPED_DETAILS_KEPT of them.
     dropped_details = models.JSONField(default=list, blank=True)
+    # An edit's (trigger "edit"): the username of the person who wrote the summary.
+    edited_by = models.CharField(max_length=150, blank=True)
 
     class Meta:
         ordering = ["chat", "-id"]

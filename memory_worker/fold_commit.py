@@ -17,6 +17,7 @@ from django.utils import timezone
 
 from conversations import rows
 from conversations.models import Brief, Chat, Consolidation, ConsolidationStatus
+from memory_worker import fold_guard
 from memory_worker import policy as engine
 from memory_worker.fold_isolation import Withheld
 from memory_worker.fold_ledger import lag_ms
@@ -76,6 +77,7 @@ def commit_fold(
             "last_consolidated": decision.to_seq,
             "last_consolidated_at": now,
             "turns_mark": snapshot.last_seq,
+            "user_lines": fold_guard.user_lines_kept(snapshot.user_lines, result.text),
             **summary_source_values(snapshot, fallback_reason, now),
             "updated_at": timezone.now(),
         },

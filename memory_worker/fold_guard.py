@@ -10,7 +10,7 @@ of a new summary against the old one and the folded messages. Standard library o
 """
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -80,28 +80,37 @@ class Loss:
 
 
 def losses(
-    old_summary: str, folded: Sequence[Said], new_summary: str, cap_tokens: int | None = None
+    old_summary: str,
+    folded: Sequence[Said],
+    new_summary: str,
+    cap_tokens: int | None = None,
+    user_lines: Collection[str] = (),
 ) -> list[Loss]:
     """The rules and exact values of ``old_summary`` that ``new_summary`` dropped and no message
     of ``folded`` superseded, one ``Loss`` per line, in the old summary's order. With
     ``cap_tokens``, only a line the new summary had room for (``SummaryText``): at the cap,
-    with nothing weaker left to drop, something must go."""
+    with nothing weaker left to drop, something must go. ``user_lines``: lines a person wrote
+    (the brief's), each kept like a rule, whatever it states."""
     kept = SummaryText(new_summary, cap_tokens)
     found: list[Loss] = []
     seen: set[str] = set()
     for line in summary_lines(old_summary):
         text = line.text
-        if text in seen or not is_rule_or_value(text):
+        written = text in user_lines
+        if text in seen or not (written or is_rule_or_value(text)):
             continue
         seen.add(text)
-        loss = line_loss(text, kept)
+        loss = line_loss(text, kept, any_line=written)
         if loss is not None and kept.has_room_for(text) and not superseded(text, folded):
             found.append(loss)
     return found
 
 
 def still_lost(
-    named: Iterable[Loss], new_summary: str, cap_tokens: int | None = None
+    named: Iterable[Loss],
+    new_summary: str,
+    cap_tokens: int | None = None,
+    user_lines: Collection[str] = (),
 ) -> list[Loss]:
     """Those of ``named`` (a refused draft's losses) that ``new_summary`` still drops (with
     room for them: see ``losses``)."""
@@ -109,8 +118,17 @@ def still_lost(
     return [
         loss
         for loss in named
-        if line_loss(loss.line, kept) is not None and kept.has_room_for(loss.line)
+        if line_loss(loss.line, kept, any_line=loss.line in user_lines) is not None
+        and kept.has_room_for(loss.line)
     ]
+
+
+def user_lines_kept(user_lines: Iterable[str], new_summary: str) -> list[str]:
+    """The lines a person wrote that ``new_summary`` still states (its values, most of its
+    words): what stays marked as theirs after a fold. A line the fold let go (a folded message
+    revoked it, or the cap bit) is no longer theirs to keep."""
+    kept = SummaryText(new_summary)
+    return [line for line in user_lines if line_loss(line, kept, any_line=True) is None]
 
 
 def dropped_details(old_summary: str, folded: Sequence[Said], new_summary: str) -> list[str]:
@@ -175,12 +193,14 @@ class SummaryText:
         return self.room is None or count_tokens(f"- {line}\n") + ROOM_MARGIN <= self.room
 
 
-def line_loss(line: str, kept: SummaryText) -> Loss | None:
+def line_loss(line: str, kept: SummaryText, *, any_line: bool = False) -> Loss | None:
+    """``any_line``: a line without values is checked by its words even if it states no rule
+    (a person wrote it)."""
     values = details_of(line)
     if values:
         missing = tuple(dict.fromkeys(value for value in values if not kept.has(value)))
         return Loss(line, missing) if missing else None
-    if not KEEP_RULES.search(line):
+    if not any_line and not KEEP_RULES.search(line):
         return None
     words = subject_words(line)
     if not words or len(words & kept.words) >= len(words) * RULE_WORDS_KEPT:

@@ -69,6 +69,10 @@ def consolidate_once(
         return FoldOutcome(FoldResult.NOTHING)
     chat, snapshot = found
     manual = trigger == RequestTrigger.MANUAL
+    if chat.folds_paused and not manual:
+        # Paused by its owner: only a fold asked for by hand runs (a turn over its hard bound
+        # folds on its own path, memory_worker.turn_fold).
+        return FoldOutcome(FoldResult.NOTHING)
     if not manual and in_backoff(snapshot, now):
         return FoldOutcome(FoldResult.DEFERRED)
     decision = decide_for_chat(chat, snapshot, now, manual=manual)
@@ -137,6 +141,10 @@ def execute_fold(
             fallback_reason=fallback_reason,
             cap_tokens=cap_tokens,
         )
+        if outcome.status == FoldResult.SUPERSEDED:
+            # An edit of the summary (or another fold) committed since this fold read it: run
+            # again from what it wrote.
+            return replace(outcome, decision=decision, more_due=True)
         if outcome.status != FoldResult.SUCCEEDED:
             return replace(outcome, decision=decision)
         if outcome.cut_short:  # an isolation stopped inside the chunk: the rest is a later fold
@@ -286,7 +294,9 @@ def summarize_and_commit(
     pinned = [pin.text for pin in snapshot.pins]
     summarizer = told_of_pins(summarizer, pinned)
     try:
-        guarded = summarize_guarded(summarizer, snapshot.summary, messages, cap_tokens, pinned)
+        guarded = summarize_guarded(
+            summarizer, snapshot.summary, messages, cap_tokens, pinned, snapshot.user_lines
+        )
     except SummarizerError as error:
         return fold_after_error(
             chat,

@@ -5,7 +5,7 @@ still drops it is a non-transient ``SummarizerError`` ("lossy"), so nothing is w
 Python (no Django)."""
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 from memory_worker import fold_guard
@@ -38,17 +38,19 @@ def summarize_guarded(
     messages: Sequence[FoldMessage],
     cap_tokens: int | None = None,
     pinned: Sequence[str] = (),
+    user_lines: Collection[str] = (),
 ) -> GuardedSummary:
     """``cap_tokens``: the summary's cap (the chat's ``summary_token_cap``); a line dropped from
     a summary with no room left for it is the cap biting, not a loss (fold_guard.losses).
     ``pinned``: the chat's pinned items, in every context beside the summary: a line they
-    carry is not lost when the summary leaves it to them."""
+    carry is not lost when the summary leaves it to them. ``user_lines``: the summary's lines
+    a person wrote, kept like rules."""
     result = summarizer.summarize(current_summary, messages)
     kept = "\n".join([result.text, *pinned])
-    lost = fold_guard.losses(current_summary, messages, kept, cap_tokens)
+    lost = fold_guard.losses(current_summary, messages, kept, cap_tokens, user_lines)
     repaired = False
     if lost:
-        result = repair(summarizer, current_summary, messages, result, lost, cap_tokens)
+        result = repair(summarizer, current_summary, messages, result, lost, cap_tokens, user_lines)
         repaired = True
     details = fold_guard.dropped_details(current_summary, messages, result.text)
     return GuardedSummary(result, details, repaired)
@@ -61,6 +63,7 @@ def repair(
     draft: SummaryResult,
     lost: list[fold_guard.Loss],
     cap_tokens: int | None,
+    user_lines: Collection[str] = (),
 ) -> SummaryResult:
     """The one repair call; its summary must keep every line the draft lost. What it drops
     instead to stay within the cap is not refused again: it is in the loss report."""
@@ -71,7 +74,7 @@ def repair(
     log.info("fold guard asks for a repair", extra={**fields, "outcome": "repair"})
     keep = [loss.line for loss in lost]
     fixed = summarizer.repair(current_summary, messages, draft.text, keep)
-    still = fold_guard.still_lost(lost, fixed.text, cap_tokens)
+    still = fold_guard.still_lost(lost, fixed.text, cap_tokens, user_lines)
     if still:
         log.warning("fold guard refused the repair", extra={**fields, "outcome": "refused"})
         raise lossy_error(still, "and the repair did not keep it")

@@ -1,8 +1,9 @@
 """The ledger's invariants, checked from the database alone (DESIGN §2): the succeeded folds of a
 chat cover 1..W exactly once, in order; messages are numbered 1..last_seq without gaps; the
-brief's version counts the succeeded folds. Used by tests and the chaos script."""
+brief's version counts the succeeded folds and edits. Used by tests and the chaos script."""
 
 from conversations.models import Brief, Chat, Consolidation, ConsolidationStatus, Message
+from memory_worker.policy import Trigger
 
 
 def chat_violations(chat_id: int) -> list[str]:
@@ -14,8 +15,11 @@ def chat_violations(chat_id: int) -> list[str]:
     )
     if seqs != list(range(1, chat.last_seq + 1)):
         problems.append(f"chat {chat_id}: messages are not numbered 1..{chat.last_seq}")
+    succeeded = Consolidation.objects.filter(chat_id=chat_id, status=ConsolidationStatus.SUCCEEDED)
+    # A person's edit of the summary advances the version like a fold and folds no message.
+    edits = succeeded.filter(trigger=Trigger.EDIT).count()
     folds = list(
-        Consolidation.objects.filter(chat_id=chat_id, status=ConsolidationStatus.SUCCEEDED)
+        succeeded.exclude(trigger=Trigger.EDIT)
         .order_by("from_seq")
         .values_list("from_seq", "to_seq")
     )
@@ -31,8 +35,11 @@ def chat_violations(chat_id: int) -> list[str]:
             f"chat {chat_id}: succeeded folds cover 1..{expected_start - 1}, "
             f"but W = {brief.last_consolidated}"
         )
-    if brief.version != len(folds):
-        problems.append(f"chat {chat_id}: version {brief.version} != {len(folds)} succeeded folds")
+    if brief.version != len(folds) + edits:
+        problems.append(
+            f"chat {chat_id}: version {brief.version} != {len(folds)} succeeded folds "
+            f"+ {edits} edits"
+        )
     if brief.last_consolidated > chat.last_seq:
         problems.append(f"chat {chat_id}: W {brief.last_consolidated} beyond last_seq")
     return problems

@@ -67,6 +67,9 @@ class Trigger(StrEnum):
     # A background fold made by the offline summarizer after the configured one failed it
     # (MEMORY_SUMMARIZER_FALLBACK=offline).
     SUMMARIZER_FALLBACK = "summarizer_fallback"
+    # Not a fold: a person's edit of the summary (memory_worker.summary_edit), fenced like one;
+    # its ledger row folds no message (an empty range, from_seq = W + 1, to_seq = W).
+    EDIT = "edit"
 
 
 TRIGGER_PRIORITY = (

@@ -53,6 +53,8 @@ class MemorySnapshot:
     has_agent_state: bool = False
     # The user's pins, oldest first: in every context, after the summary.
     pins: tuple[PinnedItem, ...] = ()
+    # The summary's lines a person wrote (an edit): the fold guard keeps them like rules.
+    user_lines: Sequence[str] = ()
 
     @property
     def last_seq(self) -> int:
@@ -116,6 +118,7 @@ def make_snapshot(
         agent_context_tokens=agent_tokens or 0,
         has_agent_state=bool(agent_exists),
         pins=pins,
+        user_lines=tuple(brief.user_lines or ()),
     )
 
 
@@ -268,6 +271,7 @@ FOLD_SNAPSHOT_FIELDS = (
     "next_attempt_at",
     "failure_kind",
     "fallback_since",
+    "user_lines",
 )
 
 

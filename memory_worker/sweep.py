@@ -135,7 +135,9 @@ def sweep_candidates(now: datetime, lock: ChatLock, limit: int) -> list[int]:
     run died. Provider-wide failures are caught up first once the provider answers again
     (provider_recovery)."""
     catch_up(now, limit)
-    retry_due = Brief.objects.filter(next_attempt_at__lte=now).values_list("chat_id", flat=True)
+    retry_due = Brief.objects.filter(
+        next_attempt_at__lte=now, chat__folds_paused=False
+    ).values_list("chat_id", flat=True)
     chosen = dict.fromkeys([*retry_due[:limit], *lock.pending_chats()[:limit]])
     # Only as many as the batch has room for: the rotation moves past every chat it judges,
     # so a due chat judged and then cut off would wait a whole round.
@@ -183,6 +185,7 @@ def next_cooled_candidates(now: datetime, limit: int) -> list[int]:
             Q(last_consolidated_at__lte=cooldown_cutoff) | Q(last_consolidated_at__isnull=True),
             chat__last_seq__gt=F("last_consolidated"),
             next_attempt_at__isnull=True,
+            chat__folds_paused=False,
         )
         .order_by("chat_id")
         .values_list("chat_id", flat=True)

@@ -709,3 +709,22 @@ def test_a_pin_over_the_room_left_is_refused_on_the_form(staff: Client, user: An
     assert response.status_code == 200
     assert "tokens kept for pins are left" in response.content.decode()
     assert not chat.pins.exists()
+
+
+def test_the_summary_is_edited_through_the_version_check(staff: Client, api: Any) -> None:
+    chat = chat_with_summary(api)
+    brief = Brief.objects.get(chat=chat)
+    url = f"/admin/conversations/chat/{chat.pk}/summary/"
+    assert f'href="{url}"' in staff.get(f"/admin/conversations/chat/{chat.pk}/change/").text
+    page = staff.get(url)
+    assert page.status_code == 200
+    assert f'name="version" value="{brief.version}"' in page.text
+    stale = staff.post(url, {"summary": "- stale edit", "version": brief.version - 1}, follow=True)
+    assert "changed since version" in stale.text
+    assert Brief.objects.get(chat=chat).summary == brief.summary
+    saved = staff.post(url, {"summary": "- kept by hand 4471", "version": brief.version})
+    assert saved.status_code == 302
+    edited = Brief.objects.get(chat=chat)
+    assert (edited.summary, edited.version) == ("- kept by hand 4471", brief.version + 1)
+    edit = Consolidation.objects.get(chat=chat, trigger="edit")
+    assert edit.edited_by == "root"

@@ -268,3 +268,56 @@ def test_offline_summaries_pass_the_guard_at_a_full_cap(cap: int) -> None:
         current = guarded.result.text
     assert dropped_at_the_cap > 0  # without its cap, the guard would have refused these
     assert "1029" in current and "1000" not in current
+
+
+# A line a person wrote (an edit of the summary) states no rule and no value: the guard keeps it
+# all the same, unless a folded message takes it back.
+WRITTEN = "Prefers short answers."
+
+
+def test_a_line_a_person_wrote_is_kept_like_a_rule() -> None:
+    dropped = summary("Door code: 4821.", "Never share the staging password with contractors.")
+    assert WRITTEN not in [loss.line for loss in fold_guard.losses(OLD, said("ok"), dropped)]
+    lost = fold_guard.losses(OLD, said("ok"), dropped, user_lines=[WRITTEN])
+    assert WRITTEN in [loss.line for loss in lost]
+    reworded = summary("Door code: 4821.", "Prefers answers that are short.")
+    assert WRITTEN not in [
+        loss.line for loss in fold_guard.losses(OLD, said("ok"), reworded, user_lines=[WRITTEN])
+    ]
+
+
+def test_a_line_a_person_wrote_may_go_when_a_folded_message_revokes_it() -> None:
+    dropped = summary("Door code: 4821.")
+    revoked = said("Forget the short answers preference: long answers are fine now.")
+    assert WRITTEN not in [
+        loss.line for loss in fold_guard.losses(OLD, revoked, dropped, user_lines=[WRITTEN])
+    ]
+
+
+def test_a_line_a_person_wrote_stays_theirs_only_while_the_summary_states_it() -> None:
+    kept = summary("Door code: 4821.", "Prefers short answers.")
+    assert fold_guard.user_lines_kept([WRITTEN, "The door code is 4821."], kept) == [
+        WRITTEN,
+        "The door code is 4821.",
+    ]
+    assert fold_guard.user_lines_kept([WRITTEN], summary("Door code: 4821.")) == []
+
+
+def test_a_repair_must_keep_the_lines_a_person_wrote() -> None:
+    drafts = iter([summary("Door code: 4821."), summary("Door code: 4821.")])
+
+    class Forgetful:
+        name = "forgetful"
+
+        def summarize(self, current: str, messages: Sequence[FoldMessage]) -> SummaryResult:
+            return SummaryResult(next(drafts), 1, 1, self.name)
+
+        def repair(
+            self, current: str, messages: Sequence[FoldMessage], draft: str, keep: Sequence[str]
+        ) -> SummaryResult:
+            assert WRITTEN in keep
+            return SummaryResult(next(drafts), 1, 1, self.name)
+
+    with pytest.raises(SummarizerError) as refused:
+        summarize_guarded(Forgetful(), OLD, said("ok"), user_lines=[WRITTEN])
+    assert refused.value.kind == "lossy" and WRITTEN in str(refused.value)

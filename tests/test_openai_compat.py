@@ -375,7 +375,14 @@ def test_stream_chunks_share_one_id_unique_per_completion(
     (ending,) = [c for c in second if c["choices"] and c["choices"][0]["finish_reason"]]
     chat = Chat.objects.get(external_id="ids")
     stored = list(Message.objects.filter(chat=chat).order_by("seq").values_list("seq", flat=True))
-    assert ending["chatmem"] == {"chat_id": chat.pk, "seqs": stored[-2:]}
+    assert ending["chatmem"] == {
+        "chat_id": chat.pk,
+        "seqs": stored[-2:],
+        "summary_version": 0,
+        "unfolded": len(stored),
+        "degraded": False,
+        "folds_paused": False,
+    }
 
 
 # --- what is accepted and refused, a model's refusal, a failed stream in the log ------------------

@@ -194,6 +194,16 @@ def test_the_schema_documents_a_turns_413(django_db_blocker: Any) -> None:
 # --- "Try it out": every request example works as it stands ---------------------------------------
 
 
+def header_examples(operation: dict) -> dict[str, str]:
+    """The headers Swagger UI fills in from the operation's examples, as test client extras."""
+    headers = {}
+    for parameter in operation.get("parameters", []):
+        examples = [example["value"] for example in parameter.get("examples", {}).values()]
+        if parameter["in"] == "header" and examples:
+            headers["HTTP_" + parameter["name"].upper().replace("-", "_")] = examples[0]
+    return headers
+
+
 def request_examples(schema: dict) -> list[tuple[str, str, str, Any]]:
     """(method, path, example name, body) of every request body example in the schema."""
     found = []
@@ -234,7 +244,8 @@ def test_every_request_example_succeeds_as_it_stands(
     for method, path, name, body in examples:
         chat_id = api.post("/api/v1/chats/", {}, format="json").json()["id"]
         client = openai if path.startswith("/v1/") else api
-        response = getattr(client, method)(path.format(id=chat_id), body, format="json")
+        headers = header_examples(schema["paths"][path][method])
+        response = getattr(client, method)(path.format(id=chat_id), body, format="json", **headers)
         answer = b"".join(response.streaming_content) if response.streaming else response.content
         assert 200 <= response.status_code < 300, (method, path, name, answer)
         if response.streaming:
@@ -266,6 +277,7 @@ def test_a_chat_is_changed_by_patch_and_put_is_not_offered(schema: dict) -> None
         "policy",
         "policy_overrides",
         "model_variant",
+        "folds_paused",
     }
     assert body["additionalProperties"] is False
     assert body["properties"]["policy_overrides"]["additionalProperties"] is False
@@ -287,3 +299,28 @@ def test_the_openai_compatible_api_is_documented_in_its_own_shapes(schema: dict)
         "text/event-stream",
     }
     assert "400" in completions["responses"]
+
+
+def test_the_brief_edit_is_documented_with_its_headers_and_errors(schema: dict) -> None:
+    brief = schema["paths"]["/api/v1/chats/{id}/brief/"]
+    assert brief["get"]["responses"]["200"]["headers"]["ETag"]
+    patch = brief["patch"]
+    headers = {p["name"]: p for p in patch["parameters"] if p["in"] == "header"}
+    assert headers["If-Match"]["required"] is True
+    assert {"200", "400", "401", "404", "412", "428"} <= set(patch["responses"])
+    ref = patch["requestBody"]["content"]["application/json"]["schema"]["$ref"]
+    body = schema["components"]["schemas"][ref.rsplit("/", 1)[1]]
+    assert set(body["properties"]) == {"summary"}
+
+
+def test_the_v1_memory_controls_are_documented(schema: dict) -> None:
+    completions = schema["paths"]["/v1/chat/completions"]["post"]
+    request = completions["requestBody"]["content"]["application/json"]["schema"]
+    controls = request["properties"]["chatmem"]
+    assert set(controls["properties"]) == {"pin", "fold", "policy", "policy_overrides"}
+    assert controls["properties"]["fold"]["enum"] == ["now", "pause", "resume"]
+    assert controls["additionalProperties"] is False
+    answer = completions["responses"]["200"]["content"]["application/json"]["schema"]
+    assert {"summary_version", "unfolded", "degraded"} <= set(
+        answer["properties"]["chatmem"]["properties"]
+    )

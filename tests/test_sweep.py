@@ -77,6 +77,11 @@ def test_sweep_finds_cooled_due_and_stranded_chats(api, settings) -> None:  # ty
     # Not yet cooled down: not a candidate.
     Chat.objects.filter(pk=cooled).update(created_at=now - timedelta(seconds=899))
     assert cooled not in sweep.sweep_candidates(now, lock, limit=100)
+    # Folds paused by the owner: neither its cooldown nor its retry is the sweep's.
+    Chat.objects.filter(pk=cooled).update(created_at=now - timedelta(seconds=901))
+    Chat.objects.filter(pk__in=[cooled, failing]).update(folds_paused=True)
+    cache.delete(sweep.SWEEP_CURSOR_KEY)
+    assert sweep.sweep_candidates(now, lock, limit=100) == [stranded]
 
 
 @pytest.mark.django_db

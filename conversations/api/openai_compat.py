@@ -13,19 +13,36 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from asgiref.sync import sync_to_async
 from django.core.handlers.asgi import ASGIRequest
 from django.http import StreamingHttpResponse
-from rest_framework import exceptions, status
+from rest_framework import exceptions
 from rest_framework.permissions import IsAuthenticated
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from conversations.api import errors
+from conversations.api.openai_controls import (
+    Controls,
+    apply_controls,
+    check_settings_match,
+    controls_of,
+    memory_of,
+)
+from conversations.api.openai_request import (
+    OpenAIError,
+    chat_name,
+    check_unsupported,
+    include_usage,
+    passthrough_options,
+    request_messages,
+    variant_for,
+)
 from conversations.api.streaming import KEEP_ALIVE
 from conversations.authentication import TokenAuthentication
 from conversations.services import chats as chat_service
@@ -34,98 +51,13 @@ from conversations.services.backends import answering_model
 from conversations.services.turn_model import release_db_connection
 from conversations.throttling import TurnRateThrottle
 from conversations.variants import ModelVariant, model_variants
-
-CHAT_ID_HEADER = "X-Chatmem-Chat-Id"
-MAX_CHAT_ID_CHARS = 200
-
-
-def _number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
-
-
-def _integer(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _positive_integer(value: Any) -> bool:
-    return _integer(value) and value >= 1
-
-
-def _stop(value: Any) -> bool:
-    return isinstance(value, str) or (
-        isinstance(value, list) and all(isinstance(s, str) for s in value)
-    )
-
-
-# Passed to the model as the client sent them (tools, and how to sample the reply), each with
-# the JSON type it must have. Checked here so that a value of the wrong type is the client's
-# 400, not the model's refusal reported as chatmem's 502 (which SDKs retry). Ranges are the
-# model's business: OpenAI's temperature stops at 2, other servers' need not.
-PASSTHROUGH_CHECKS: dict[str, tuple[Callable[[Any], bool], str]] = {
-    "tools": (
-        lambda v: isinstance(v, list) and all(isinstance(t, dict) for t in v),
-        "an array of objects",
-    ),
-    "tool_choice": (lambda v: isinstance(v, str | dict), "a string or an object"),
-    "parallel_tool_calls": (lambda v: isinstance(v, bool), "a boolean"),
-    "temperature": (_number, "a number"),
-    "top_p": (_number, "a number"),
-    "max_tokens": (_positive_integer, "a positive integer"),
-    "max_completion_tokens": (_positive_integer, "a positive integer"),
-    "stop": (_stop, "a string or an array of strings"),
-    "seed": (_integer, "an integer"),
-    "presence_penalty": (_number, "a number"),
-    "frequency_penalty": (_number, "a number"),
-    "response_format": (lambda v: isinstance(v, dict), "an object"),
-    "logit_bias": (lambda v: isinstance(v, dict), "an object"),
-    "reasoning_effort": (lambda v: isinstance(v, str), "a string"),
-    "verbosity": (lambda v: isinstance(v, str), "a string"),
-}
-# Parameters chatmem cannot honour, with the one value it accepts (null is always the default):
-# refused rather than silently answering differently (logprobs: chatmem's reply carries none).
-UNSUPPORTED: dict[str, object] = {
-    "n": 1,
-    "functions": None,
-    "function_call": None,
-    "logprobs": False,
-    "top_logprobs": None,
-    "modalities": ["text"],
-    "audio": None,
-    "prediction": None,
-    "web_search_options": None,
-}
-# Read by chatmem itself (naming the conversation, streaming), or about the provider's records
-# and billing, not the answer: accepted, not forwarded.
-HANDLED = {"model", "messages", "stream", "stream_options", "metadata", "user"}
-IGNORED = {
-    "store",
-    "service_tier",
-    "prompt_cache_key",
-    "prompt_cache_retention",
-    "prompt_cache_options",
-    "safety_identifier",
-}
-KNOWN_PARAMETERS = HANDLED | IGNORED | set(PASSTHROUGH_CHECKS) | set(UNSUPPORTED)
+from memory_worker.presets import PolicyError
 
 
 class BearerTokenAuthentication(TokenAuthentication):
     """chatmem API tokens, sent the way the OpenAI SDKs send an API key."""
 
     keyword = "Bearer"
-
-
-class OpenAIError(exceptions.APIException):
-    def __init__(
-        self,
-        message: str,
-        status_code: int = status.HTTP_400_BAD_REQUEST,
-        param: str | None = None,
-        code: str | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.status_code = status_code
-        self.param = param
-        self.error_code = code
 
 
 def error_type(status_code: int) -> str:
@@ -215,22 +147,45 @@ class ChatCompletionsView(OpenAICompatView):
                 "stream_options is only allowed when stream is true.", param="stream_options"
             )
         tools = passthrough_options(body)
+        controls = controls_of(body)
         try:
             incoming = exchanges.new_messages(messages)
             system_prompt = exchanges.instructions_of(messages)
         except exchanges.BadExchange as error:
             raise OpenAIError(str(error), param=error.param) from error
-        try:
-            chat = exchanges.chat_for(request.user, chat_name(request, body), system_prompt)  # type: ignore[arg-type]
-        except chat_service.NoRoomInWindow as error:  # a new conversation's system messages
-            raise OpenAIError(str(error), param="messages") from error
+        chat = self.chat(request, body, system_prompt, controls)
         if stream:
-            return self.streamed(chat, incoming, variant, tools, include_usage(body))
+            return self.streamed(chat, incoming, variant, tools, include_usage(body), controls)
         with errors.turn_refusals():
             result = exchanges.run_exchange(
                 chat, incoming, variant_name=variant.name, tools=tools or None
             )
-        return Response(completion_body(result, variant, chat))
+        return Response(completion_body(result, variant, chat, memory_of(chat, controls)))
+
+    def chat(
+        self,
+        request: Request,
+        body: Mapping[str, Any],
+        system_prompt: str | None,
+        controls: Controls,
+    ) -> Any:
+        """The conversation the request names (created with the controls' policy on first
+        use), with the controls applied."""
+        try:
+            chat = exchanges.chat_for(
+                request.user,  # type: ignore[arg-type]
+                chat_name(request, body),
+                system_prompt,
+                controls.policy,
+                controls.policy_overrides,
+            )
+        except chat_service.NoRoomInWindow as error:  # a new conversation's system messages
+            raise OpenAIError(str(error), param="messages") from error
+        except PolicyError as error:
+            param = "chatmem.policy_overrides" if controls.policy_overrides else "chatmem.policy"
+            raise OpenAIError(str(error), param=param) from error
+        check_settings_match(chat, controls)
+        return apply_controls(chat, controls, request.user)
 
     def streamed(
         self,
@@ -239,6 +194,7 @@ class ChatCompletionsView(OpenAICompatView):
         variant: ModelVariant,
         tools: dict[str, Any],
         usage: bool,
+        controls: Controls,
     ) -> StreamingHttpResponse:
         with errors.turn_refusals():
             streamed = exchanges.start_streamed_exchange(
@@ -250,99 +206,11 @@ class ChatCompletionsView(OpenAICompatView):
         is_asgi = isinstance(self.request._request, ASGIRequest)
         events = async_sse_events if is_asgi else sse_events
         response = StreamingHttpResponse(
-            events(streamed, variant, chat, usage), content_type="text/event-stream"
+            events(streamed, variant, chat, usage, controls), content_type="text/event-stream"
         )
         response["Cache-Control"] = "no-cache"
         response["X-Accel-Buffering"] = "no"  # nginx: pass each event through at once
         return response
-
-
-# --- request ----------------------------------------------------------------------------------
-
-
-def variant_for(model: Any) -> ModelVariant:
-    """A configured variant, by its name or by the model it runs."""
-    if not isinstance(model, str) or not model:
-        raise OpenAIError("you must provide a model parameter", param="model", code="missing")
-    variants = model_variants()
-    if model in variants:
-        return variants[model]
-    for variant in variants.values():
-        if variant.model == model:
-            return variant
-    raise OpenAIError(
-        f"The model `{model}` does not exist; GET /v1/models lists the configured variants.",
-        status.HTTP_404_NOT_FOUND,
-        param="model",
-        code="model_not_found",
-    )
-
-
-def request_messages(body: Mapping[str, Any]) -> list[dict[str, Any]]:
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise OpenAIError("messages must be a non-empty array.", param="messages")
-    for index, message in enumerate(messages):
-        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
-            raise OpenAIError(f"messages[{index}] must be an object with a role.", param="messages")
-    return messages
-
-
-def passthrough_options(body: Mapping[str, Any]) -> dict[str, Any]:
-    """The parameters passed to the model, each checked (null: the model's default)."""
-    options = {key: body[key] for key in PASSTHROUGH_CHECKS if key in body}
-    for key, value in options.items():
-        valid, expected = PASSTHROUGH_CHECKS[key]
-        if value is not None and not valid(value):
-            raise OpenAIError(f"{key} must be {expected}.", param=key)
-    return options
-
-
-def check_unsupported(body: Mapping[str, Any]) -> None:
-    unknown = sorted(key for key in body if key not in KNOWN_PARAMETERS)
-    if unknown:
-        # As OpenAI answers it: a parameter chatmem would drop could change the answer.
-        raise OpenAIError(
-            f"Unrecognized request argument supplied: {', '.join(unknown)}", param=unknown[0]
-        )
-    for key, allowed in UNSUPPORTED.items():
-        # null is the default, as OpenAI reads it ("n": null is one choice).
-        if body.get(key) is not None and body[key] != allowed:
-            raise OpenAIError(f"{key} is not supported by chatmem.", param=key)
-
-
-def chat_name(request: Request, body: Mapping[str, Any]) -> str:
-    """The conversation: the X-Chatmem-Chat-Id header, else metadata.chatmem_chat_id, else the
-    request's ``user``."""
-    metadata = body.get("metadata") if isinstance(body.get("metadata"), dict) else {}
-    named = (metadata or {}).get("chatmem_chat_id")
-    if named is not None and not isinstance(named, str):
-        # OpenAI's metadata values are strings; a number here named no conversation at all.
-        raise OpenAIError(
-            "metadata.chatmem_chat_id must be a string.", param="metadata.chatmem_chat_id"
-        )
-    name = (
-        request.headers.get(CHAT_ID_HEADER)
-        or (metadata or {}).get("chatmem_chat_id")
-        or body.get("user")
-    )
-    if not isinstance(name, str) or not name.strip():
-        raise OpenAIError(
-            f"Name the conversation: send the {CHAT_ID_HEADER} header, or "
-            '"metadata": {"chatmem_chat_id": ...}, or "user".',
-            param="user",
-            code="missing_chat_id",
-        )
-    if len(name) > MAX_CHAT_ID_CHARS:
-        raise OpenAIError(
-            f"The conversation name is longer than {MAX_CHAT_ID_CHARS} characters.", param="user"
-        )
-    return name.strip()
-
-
-def include_usage(body: Mapping[str, Any]) -> bool:
-    options = body.get("stream_options")
-    return isinstance(options, dict) and bool(options.get("include_usage"))
 
 
 # --- response ---------------------------------------------------------------------------------
@@ -369,7 +237,9 @@ def reply_message(result: exchanges.ExchangeResult) -> dict[str, Any]:
     return message
 
 
-def completion_body(result: exchanges.ExchangeResult, variant: ModelVariant, chat: Any) -> dict:
+def completion_body(
+    result: exchanges.ExchangeResult, variant: ModelVariant, chat: Any, memory: dict[str, Any]
+) -> dict:
     return {
         "id": completion_id(chat, result.reply.seq),
         "object": "chat.completion",
@@ -384,7 +254,7 @@ def completion_body(result: exchanges.ExchangeResult, variant: ModelVariant, cha
             }
         ],
         "usage": usage_of(result),
-        "chatmem": {"chat_id": chat.pk, "seqs": [m.seq for m in result.stored]},
+        "chatmem": {"chat_id": chat.pk, "seqs": [m.seq for m in result.stored], **memory},
     }
 
 
@@ -432,7 +302,11 @@ FIRST_DELTA = {"role": "assistant"}
 
 
 def sse_events(
-    streamed: exchanges.StreamedExchange, variant: ModelVariant, chat: Any, usage: bool
+    streamed: exchanges.StreamedExchange,
+    variant: ModelVariant,
+    chat: Any,
+    usage: bool,
+    controls: Controls,
 ) -> Iterator[bytes]:
     """The standard chunk stream. If the client goes away, this generator is closed, but the
     exchange thread goes on and stores the reply."""
@@ -440,24 +314,44 @@ def sse_events(
     yield sse(stream.chunk(FIRST_DELTA))
     for delta in streamed.deltas():
         yield KEEP_ALIVE if delta is None else sse(stream.chunk({"content": delta}))
-    yield from closing_events(streamed, stream)
+    yield from closing_events(streamed, stream, stream_memory(streamed, chat, controls))
 
 
 async def async_sse_events(
-    streamed: exchanges.StreamedExchange, variant: ModelVariant, chat: Any, usage: bool
+    streamed: exchanges.StreamedExchange,
+    variant: ModelVariant,
+    chat: Any,
+    usage: bool,
+    controls: Controls,
 ) -> AsyncIterator[bytes]:
     """``sse_events`` for ASGI servers: waits on the event loop, holding no thread."""
     stream = ChunkStream.start(chat, answering_model(variant.model), usage)
     yield sse(stream.chunk(FIRST_DELTA))
     async for delta in streamed.adeltas():
         yield KEEP_ALIVE if delta is None else sse(stream.chunk({"content": delta}))
-    for event in closing_events(streamed, stream):
+    memory = await sync_to_async(stream_memory)(streamed, chat, controls)
+    for event in closing_events(streamed, stream, memory):
         yield event
 
 
-def closing_events(streamed: exchanges.StreamedExchange, stream: ChunkStream) -> Iterator[bytes]:
-    """After the deltas: the tool calls, the finish reason, usage if asked, then [DONE]; or an
-    error event when the exchange failed (nothing stored)."""
+def stream_memory(
+    streamed: exchanges.StreamedExchange, chat: Any, controls: Controls
+) -> dict[str, Any]:
+    """The memory's state for the last chunk, read once the reply is stored (none on an error);
+    the read's connection is closed again, as the stream held none."""
+    if streamed.error is not None or streamed.result is None:
+        return {}
+    try:
+        return memory_of(chat, controls)
+    finally:
+        release_db_connection()
+
+
+def closing_events(
+    streamed: exchanges.StreamedExchange, stream: ChunkStream, memory: dict[str, Any]
+) -> Iterator[bytes]:
+    """After the deltas: the tool calls, the finish reason (with the memory's state), usage if
+    asked, then [DONE]; or an error event when the exchange failed (nothing stored)."""
     if streamed.error is not None or streamed.result is None:
         yield sse(stream_error(streamed.error))
         return
@@ -466,7 +360,7 @@ def closing_events(streamed: exchanges.StreamedExchange, stream: ChunkStream) ->
         calls = [{"index": i, **call} for i, call in enumerate(result.completion.tool_calls)]
         yield sse(stream.chunk({"tool_calls": calls}))
     # What a JSON completion says in its body, on the chunk that ends the reply.
-    stored = {"chat_id": stream.chat_id, "seqs": [m.seq for m in result.stored]}
+    stored = {"chat_id": stream.chat_id, "seqs": [m.seq for m in result.stored], **memory}
     yield sse({**stream.chunk({}, result.completion.finish_reason), "chatmem": stored})
     if stream.include_usage:
         yield sse({**stream.chunk({}), "choices": [], "usage": usage_of(result)})

@@ -70,6 +70,49 @@ MODEL_LIST = {
 }
 
 
+# chatmem's extension (conversations.api.openai_controls); the SDKs send it with extra_body.
+CHATMEM_CONTROLS = {
+    "type": "object",
+    "description": "Memory controls (docs/openai-compatible.md, Memory controls). Unknown keys "
+    "are a 400.",
+    "properties": {
+        "pin": {
+            "type": "string",
+            "minLength": 1,
+            "description": "Pinned: verbatim in every context; 400 `pin_refused` with the room "
+            "left if it does not fit.",
+        },
+        "fold": {
+            "type": "string",
+            "enum": ["now", "pause", "resume"],
+            "description": "now: queue a manual fold (503 `not_queued` without a broker); "
+            "pause / resume: this chat's background folds (a turn over its bound still folds).",
+        },
+        "policy": {"type": "string", "description": "A new conversation's preset."},
+        "policy_overrides": {
+            "type": "object",
+            "additionalProperties": {},
+            "description": "A new conversation's knobs; sent again later they must match.",
+        },
+    },
+    "additionalProperties": False,
+}
+# The memory's state, in the completion and the stream's chunk with the finish reason.
+CHATMEM_STATE = {
+    "type": "object",
+    "properties": {
+        "chat_id": {"type": "integer"},
+        "seqs": {"type": "array", "items": {"type": "integer"}},
+        "summary_version": {"type": "integer", "description": "The brief's version (ETag)."},
+        "unfolded": {"type": "integer"},
+        "degraded": {"type": "boolean"},
+        "folds_paused": {"type": "boolean"},
+        "fold_queued": {"type": "boolean", "description": 'After "fold": "now".'},
+    },
+    "required": ["chat_id", "seqs"],
+}
+
+
 # Loose on purpose: the view checks the rest (which messages are new, each option's type) and
 # answers a 400 in OpenAI's shape; docs/openai-compatible.md states the rules.
 COMPLETION_REQUEST = {
@@ -88,6 +131,7 @@ COMPLETION_REQUEST = {
             "type": "string",
             "description": "Names the conversation (or the X-Chatmem-Chat-Id header).",
         },
+        "chatmem": CHATMEM_CONTROLS,
     },
     "required": ["model", "messages"],
     "additionalProperties": {},
@@ -102,6 +146,7 @@ COMPLETION = {
         "model": {"type": "string"},
         "choices": {"type": "array", "items": {"type": "object", "additionalProperties": {}}},
         "usage": {"type": "object", "additionalProperties": {}},
+        "chatmem": CHATMEM_STATE,
     },
     "required": ["id", "object", "choices"],
     "additionalProperties": {},
@@ -131,7 +176,17 @@ completions_schema = extend_schema(
                 "messages": [{"role": "user", "content": "Hello"}],
             },
             request_only=True,
-        )
+        ),
+        OpenApiExample(
+            "A message that pauses the conversation's background folds",
+            value={
+                "model": "default",
+                "user": "swagger-try-it-out",
+                "messages": [{"role": "user", "content": "Hello"}],
+                "chatmem": {"fold": "pause"},
+            },
+            request_only=True,
+        ),
     ],
     responses={
         (200, "application/json"): OpenApiResponse(COMPLETION, description="The completion."),
@@ -146,7 +201,10 @@ completions_schema = extend_schema(
         413: openai_error("The body is over `CHATMEM_MAX_BODY_BYTES`; nothing was stored."),
         429: openai_error("The user's turn limit (`TURN_RATE_LIMIT`); see `Retry-After`."),
         502: openai_error("The model failed; nothing was stored."),
-        503: openai_error("The context cannot be brought within its bound right now."),
+        503: openai_error(
+            "The context cannot be brought within its bound right now, or a "
+            '`"fold": "now"` could not be queued (`not_queued`).'
+        ),
         504: openai_error("The model did not answer in time; nothing was stored."),
     },
 )

@@ -22,6 +22,7 @@ from conversations.api.agent_serializers import AgentStateSerializer
 from conversations.api.openai_schema import OPENAI_UNAUTHENTICATED
 from conversations.api.pin_schema import pin_schemas
 from conversations.api.serializers import (
+    BriefEditSerializer,
     BriefSerializer,
     ChatSerializer,
     ConsolidationSerializer,
@@ -323,6 +324,24 @@ LIST_PARAMETERS = [
     ),
 ]
 
+IF_MATCH = OpenApiParameter(
+    "If-Match",
+    str,
+    OpenApiParameter.HEADER,
+    required=True,
+    description='The brief\'s ETag, its version in quotes (e.g. "3"). Without it 428; another '
+    'version than the brief\'s now 412; not one quoted version ("*" included) 400. The '
+    "example is a new chat's.",
+    examples=[OpenApiExample("A new chat's version", value='"0"')],
+)
+BRIEF_ETAG = OpenApiParameter(
+    "ETag",
+    str,
+    OpenApiParameter.HEADER,
+    response=[200],
+    description='The brief\'s version in quotes (e.g. "3"): send it back in If-Match to edit.',
+)
+
 chat_schema = extend_schema_view(
     create=extend_schema(
         summary="Create a chat",
@@ -335,7 +354,7 @@ chat_schema = extend_schema_view(
         responses={200: ChatSerializer, 400: VALIDATION_ERROR},
     ),
     partial_update=extend_schema(
-        summary="Change a chat: title, system prompt, policy, overrides, default variant",
+        summary="Change a chat: title, system prompt, policy, overrides, variant, folds paused",
         description="Only the fields sent change, with the checks creation makes (400, nothing "
         "stored). A new policy or overrides apply from the chat's next fold decision; the "
         "memory (summary, watermark, version) is kept. The answer echoes the effective policy. "
@@ -354,10 +373,45 @@ chat_schema = extend_schema_view(
         parameters=[AFTER_SEQ],
         responses={200: MessageSerializer(many=True), 400: VALIDATION_ERROR},
     ),
-    brief=extend_schema(
-        summary="Memory state: summary, watermark, unfolded count, failures",
-        responses={200: BriefResponseSerializer},
-    ),
+    brief=[
+        extend_schema(
+            methods=["GET"],
+            summary="Memory state: summary, watermark, unfolded count, failures",
+            parameters=[BRIEF_ETAG],
+            responses={200: BriefResponseSerializer},
+        ),
+        extend_schema(
+            methods=["PATCH"],
+            summary="Edit the summary, on the version you read (If-Match)",
+            description="Replaces the summary if the brief is still at the version If-Match "
+            "names (its ETag), through the same fenced UPDATE a fold commits with: a fold that "
+            "read that version is superseded and runs again from the edited text. The ledger "
+            "records the edit (trigger `edit`, `edited_by`, tokens before and after); the lines "
+            "written here are listed in `user_lines` and kept by later folds unless a later "
+            "message revokes them.",
+            request=BriefEditSerializer,
+            parameters=[IF_MATCH, BRIEF_ETAG],
+            examples=[
+                OpenApiExample(
+                    "A corrected summary",
+                    value={"summary": "## Facts / Constraints\n- Call me Sam, never Samuel"},
+                    request_only=True,
+                )
+            ],
+            responses={
+                200: BriefResponseSerializer,
+                400: VALIDATION_ERROR,
+                412: OpenApiResponse(
+                    ErrorSerializer,
+                    description="The version moved (`version_moved`): a fold or another edit "
+                    "committed since. GET the brief again and edit that summary.",
+                ),
+                428: OpenApiResponse(
+                    ErrorSerializer, description="No If-Match (`if_match_required`)."
+                ),
+            },
+        ),
+    ],
     context=extend_schema(
         summary="Exactly what the model would receive next, before the new user message",
         responses={200: ContextSerializer},

@@ -45,6 +45,11 @@ class ChatSerializer(serializers.ModelSerializer):
     policy = serializers.ChoiceField(choices=sorted(PRESETS), required=False)
     policy_overrides = serializers.DictField(required=False)
     model_variant = StrictCharField(required=False, allow_blank=True, max_length=100)
+    folds_paused = StrictBooleanField(
+        required=False,
+        help_text="Background folds of this chat wait while true; a turn over its hard bound "
+        "still folds (the context stays bounded).",
+    )
     effective_policy = serializers.SerializerMethodField()
 
     class Meta:
@@ -57,6 +62,7 @@ class ChatSerializer(serializers.ModelSerializer):
             "policy_overrides",
             "effective_policy",
             "model_variant",
+            "folds_paused",
             "last_seq",
             "created_at",
             "updated_at",
@@ -180,8 +186,30 @@ class BriefSerializer(serializers.ModelSerializer):
             "withheld",
             "fallback_since",
             "fallback_reason",
+            "user_lines",
         ]
         read_only_fields = fields
+        extra_kwargs = {
+            "user_lines": {
+                "help_text": "The summary's lines a person wrote (PATCH), in its order: folds "
+                "keep them unless a later message revokes them."
+            }
+        }
+
+
+class BriefEditSerializer(serializers.Serializer):
+    """PATCH …/brief/: the new summary, with the brief's ETag in If-Match."""
+
+    summary = StrictCharField(allow_blank=True, trim_whitespace=False)
+
+    def to_internal_value(self, data: Any) -> dict[str, Any]:
+        if isinstance(data, dict):
+            unknown = sorted(str(key) for key in data if key not in self.fields)
+            if unknown:
+                raise serializers.ValidationError(
+                    {key: ["Unknown field; the only field is summary."] for key in unknown}
+                )
+        return dict(super().to_internal_value(data))
 
 
 class ConsolidationSerializer(serializers.ModelSerializer):
@@ -216,6 +244,7 @@ class ConsolidationSerializer(serializers.ModelSerializer):
             "error",
             "withheld_seqs",
             "dropped_details",
+            "edited_by",
         ]
         read_only_fields = fields
 

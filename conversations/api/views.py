@@ -12,12 +12,13 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from conversations.api import errors, streaming
+from conversations.api import brief_edit, errors, streaming
 from conversations.api.agent_serializers import AgentStateSerializer
 from conversations.api.pagination import is_decimal
 from conversations.api.pin_serializers import PinRequestSerializer, PinSerializer
 from conversations.api.schema import chat_schema, policy_schema
 from conversations.api.serializers import (
+    BriefEditSerializer,
     BriefSerializer,
     ChatSerializer,
     ConsolidationSerializer,
@@ -40,10 +41,11 @@ from memory_worker.chat_policy import effective_policy
 from memory_worker.dispatch import RequestTrigger
 from memory_worker.presets import PRESETS, policy_parameters
 from memory_worker.runs import request_consolidation
+from memory_worker.summary_edit import edit_summary
 
 PUT_NOT_ALLOWED = (
     'Method "PUT" not allowed: change a chat with PATCH, sending only the fields to change '
-    "(title, system_prompt, policy, policy_overrides, model_variant)."
+    "(title, system_prompt, policy, policy_overrides, model_variant, folds_paused)."
 )
 NOT_QUEUED = (
     "The fold could not be queued (the task broker is unavailable, or MEMORY_DISPATCH is off); "
@@ -165,16 +167,28 @@ class ChatViewSet(
         page = self.paginate_queryset(queryset)
         return self.get_paginated_response(MessageSerializer(page, many=True).data)
 
-    @action(detail=True, methods=["get"], serializer_class=BriefSerializer)
+    @action(detail=True, methods=["get", "patch"], serializer_class=BriefSerializer)
     def brief(self, request: Request, pk: str | None = None) -> Response:
-        chat = self.get_object()
+        chat = self.get_object()  # another user's chat: 404 before the headers or body count
+        if request.method == "PATCH":
+            expected = brief_edit.expected_version(request)
+            payload = BriefEditSerializer(data=request.data)
+            payload.is_valid(raise_exception=True)
+            with brief_edit.edit_refusals():
+                edit_summary(
+                    chat,
+                    payload.validated_data["summary"],
+                    expected,
+                    editor=request.user.get_username(),
+                )
+            chat.brief.refresh_from_db()
         view = chat_service.memory_view(chat)
         brief = chat.brief
         brief.unfolded = view.unfolded  # type: ignore[attr-defined]
         brief.pending = view.pending  # type: ignore[attr-defined]
         data = BriefSerializer(brief).data
         data["running_summary"] = running_summary(view)
-        return Response(data)
+        return Response(data, headers={"ETag": brief_edit.etag(brief.version)})
 
     @action(detail=True, methods=["get"])
     def context(self, request: Request, pk: str | None = None) -> Response:

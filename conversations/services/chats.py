@@ -3,6 +3,7 @@
 import logging
 from dataclasses import dataclass
 from datetime import datetime
+from functools import partial
 
 from django.conf import settings
 from django.contrib.auth.models import User
@@ -16,9 +17,11 @@ from conversations.services.context import build_model_messages
 from conversations.variants import ModelVariant, resolve_variant
 from memory_worker import policy as engine
 from memory_worker.chat_policy import effective_policy, policy_for_new_settings
+from memory_worker.dispatch import RequestTrigger
 from memory_worker.engine_state import PROMPT_PRIMING_TOKENS, ROLE_OVERHEAD_TOKENS
 from memory_worker.folds import decide_for_chat
 from memory_worker.presets import PolicyError
+from memory_worker.runs import request_consolidation
 from memory_worker.runtime import chat_lock
 from memory_worker.state import MemorySnapshot, load_snapshot
 from memory_worker.tokens import count_tokens
@@ -57,7 +60,14 @@ def create_chat(
 
 # What an owner may change through the API (PATCH): EDITABLE_FIELDS less the owner and the
 # OpenAI-compatible name, which only the admin edits.
-API_EDITABLE_FIELDS = ("title", "system_prompt", "policy", "policy_overrides", "model_variant")
+API_EDITABLE_FIELDS = (
+    "title",
+    "system_prompt",
+    "policy",
+    "policy_overrides",
+    "model_variant",
+    "folds_paused",
+)
 
 
 def update_chat(owner_id: int, chat_id: int, changes: dict[str, object]) -> Chat:
@@ -73,10 +83,14 @@ def update_chat(owner_id: int, chat_id: int, changes: dict[str, object]) -> Chat
         chat = Chat.objects.select_for_update().get(pk=chat_id, owner_id=owner_id)
         if not changes:
             return chat
+        resumed = chat.folds_paused and changes.get("folds_paused") is False
         for field, value in changes.items():
             setattr(chat, field, value)
         validate_chat_settings(chat)
         save_chat(chat)
+        if resumed:
+            # What fell due while paused is folded now, not at the next turn or cooldown.
+            transaction.on_commit(partial(request_consolidation, chat.pk, RequestTrigger.RERUN))
     return chat
 
 
@@ -88,6 +102,7 @@ EDITABLE_FIELDS = (
     "policy",
     "policy_overrides",
     "model_variant",
+    "folds_paused",
 )
 
 
@@ -205,6 +220,26 @@ def _rerun_marked(chat_id: int) -> bool:
     except Exception:
         log.warning("could not read the pending flag", extra={"chat_id": chat_id})
         return False
+
+
+def memory_status(chat_id: int) -> dict[str, object]:
+    """The memory's state in brief, as /v1 answers carry it: one query."""
+    found = (
+        Brief.objects.filter(chat_id=chat_id)
+        .values_list(
+            "version", "last_consolidated", "degraded", "chat__last_seq", "chat__folds_paused"
+        )
+        .first()
+    )
+    if found is None:  # deleted meanwhile
+        return {}
+    version, watermark, degraded, last_seq, paused = found
+    return {
+        "summary_version": version,
+        "unfolded": last_seq - watermark,
+        "degraded": degraded,
+        "folds_paused": paused,
+    }
 
 
 def next_context(chat: Chat) -> list[dict[str, object]]:

@@ -84,15 +84,28 @@ class ExchangeResult:
 # --- which chat, which messages --------------------------------------------------------------
 
 
-def chat_for(owner: User, external_id: str, system_prompt: str | None) -> Chat:
+def chat_for(
+    owner: User,
+    external_id: str,
+    system_prompt: str | None,
+    policy: str | None = None,
+    policy_overrides: dict[str, object] | None = None,
+) -> Chat:
     """The owner's chat of that name, created on first use (with the request's system prompt,
-    when it has one). Two first requests at once: one creates, the other finds it."""
+    when it has one, and ``policy`` and ``policy_overrides``: PolicyError if they are not
+    valid). Two first requests at once: one creates, the other finds it."""
     found = Chat.objects.filter(owner=owner, external_id=external_id).first()
     if found is not None:
         return found
     try:
         with transaction.atomic():
-            chat = chat_service.create_chat(owner, title=external_id, system_prompt=system_prompt)
+            chat = chat_service.create_chat(
+                owner,
+                title=external_id,
+                system_prompt=system_prompt,
+                policy=policy,
+                policy_overrides=policy_overrides,
+            )
             Chat.objects.filter(pk=chat.pk).update(external_id=external_id)
     except IntegrityError:
         return Chat.objects.get(owner=owner, external_id=external_id)

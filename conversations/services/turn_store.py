@@ -210,7 +210,8 @@ def queue_consolidation_if_due(chat: Chat, snapshot: MemorySnapshot) -> None:
     on state already in memory, then (only if a fold is due) one enqueue that never raises."""
     try:
         now = timezone.now()
-        if decide_for_chat(chat, snapshot, now) is not None:
+        # A chat whose owner paused folds queues none (its turns fold only over the hard bound).
+        if not chat.folds_paused and decide_for_chat(chat, snapshot, now) is not None:
             request_consolidation(chat.pk, RequestTrigger.TURN, due_at=now)
     except Exception:
         log.exception("post-turn consolidation check failed", extra={"chat_id": chat.pk})

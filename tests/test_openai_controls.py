@@ -1,0 +1,194 @@
+"""Memory controls on /v1/chat/completions, driven by the official ``openai`` package with
+``extra_body={"chatmem": {...}}``: pause and resume folds, ask for one, pin, choose a new
+conversation's policy; the answer's and the stream's ``chatmem`` state; unknown keys refused."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import openai
+import pytest
+from django.utils import timezone
+from rest_framework.authtoken.models import Token
+
+from conversations.api import openai_controls
+from conversations.models import Chat, Consolidation
+from conversations.services import chats as chat_service
+from conversations.services import pins, turn_store
+from memory_worker import folds
+from memory_worker.dispatch import RequestTrigger
+from memory_worker.outcomes import FoldResult
+from tests import test_openai_compat as compat
+from tests.conftest import client_for
+from tests.fake_openai import FakeOpenAI
+
+HELLO: Any = [{"role": "user", "content": "hello"}]
+PINS_BUILT = hasattr(pins, "list_pins")  # this branch carries a stub of the pins service
+
+# The OpenAI-compatible tests' fixtures: a token, the fake model under a contract policy, the SDK.
+token, memory, client = compat.token, compat.memory, compat.client
+
+
+@pytest.fixture
+def requested(monkeypatch: Any) -> list[tuple[str, int, str]]:
+    """Every consolidation asked for, by whom: a turn's, /v1's fold "now", a resume's."""
+    calls: list[tuple[str, int, str]] = []
+
+    def recorder(source: str) -> Any:
+        def request(chat_id: int, trigger: str, due_at: object = None) -> bool:
+            calls.append((source, chat_id, str(trigger)))
+            return True
+
+        return request
+
+    monkeypatch.setattr(turn_store, "request_consolidation", recorder("turn"))
+    monkeypatch.setattr(openai_controls, "request_consolidation", recorder("v1"))
+    monkeypatch.setattr(chat_service, "request_consolidation", recorder("resume"))
+    return calls
+
+
+def send(client: openai.OpenAI, name: str, content: str = "hello", **chatmem: Any) -> Any:
+    extra = {"chatmem": chatmem} if chatmem else None
+    return client.chat.completions.create(
+        model="default",
+        messages=[{"role": "user", "content": content}],
+        user=name,
+        extra_body=extra,
+    )
+
+
+def state_of(completion: Any) -> dict[str, Any]:
+    return dict(completion.model_extra["chatmem"])
+
+
+def test_a_paused_chat_queues_no_fold_but_stays_bounded_and_resuming_asks_for_one(
+    client: openai.OpenAI, memory: FakeOpenAI, requested: list[Any]
+) -> None:
+    paused = send(client, "steered", fold="pause")
+    assert state_of(paused)["folds_paused"] is True
+    chat = Chat.objects.get(external_id="steered")
+    assert chat.folds_paused
+    for number in range(8):
+        send(client, "steered", f"fact {number}")
+    assert not [call for call in requested if call[0] == "turn"]
+    # Over the hard bound the turn still folds first: the context stays bounded.
+    assert Consolidation.objects.filter(chat=chat, synchronous=True, status="succeeded").exists()
+    last = send(client, "steered", "one more")
+    assert state_of(last)["unfolded"] <= 10  # contract: K + B
+    resumed = send(client, "steered", fold="resume")
+    assert state_of(resumed)["folds_paused"] is False
+    assert ("resume", chat.pk, RequestTrigger.RERUN) in requested
+
+
+def test_fold_now_asks_for_a_manual_fold_and_says_so(
+    client: openai.OpenAI, memory: FakeOpenAI, requested: list[Any]
+) -> None:
+    answer = send(client, "manual", fold="now")
+    chat = Chat.objects.get(external_id="manual")
+    assert ("v1", chat.pk, RequestTrigger.MANUAL) in requested
+    state = state_of(answer)
+    assert state["fold_queued"] is True
+    assert set(state) >= {"summary_version", "unfolded", "degraded", "folds_paused", "seqs"}
+
+
+def test_the_streams_last_chunk_carries_the_memory_state(
+    client: openai.OpenAI, memory: FakeOpenAI, requested: list[Any]
+) -> None:
+    stream = client.chat.completions.create(
+        model="default",
+        messages=HELLO,
+        user="streamed",
+        stream=True,
+        extra_body={"chatmem": {"fold": "pause"}},
+    )
+    states = [chunk.model_extra.get("chatmem") for chunk in stream if chunk.model_extra]
+    (state,) = [s for s in states if s]
+    assert state["folds_paused"] is True and state["summary_version"] == 0
+    assert state["unfolded"] == 2 and state["degraded"] is False
+
+
+def test_a_new_conversation_takes_its_policy_and_a_different_one_later_is_refused(
+    client: openai.OpenAI, memory: FakeOpenAI
+) -> None:
+    overrides = {"summary_token_cap": 300}
+    send(client, "chosen", policy="token-budget", policy_overrides=overrides)
+    chat = Chat.objects.get(external_id="chosen")
+    assert (chat.policy, chat.policy_overrides) == ("token-budget", overrides)
+    send(client, "chosen", policy="token-budget", policy_overrides=overrides)  # the same: fine
+    with pytest.raises(openai.BadRequestError) as refused:
+        send(client, "chosen", policy="contract")
+    assert refused.value.body["param"] == "chatmem.policy"  # type: ignore[index]
+    with pytest.raises(openai.BadRequestError) as bad:
+        send(client, "other", policy="no-such-preset")
+    assert bad.value.body["param"] == "chatmem.policy"  # type: ignore[index]
+    assert not Chat.objects.filter(external_id="other").exists()
+
+
+@pytest.mark.parametrize(
+    ("chatmem", "param"),
+    [
+        ({"pinn": "x"}, "chatmem.pinn"),
+        ({"fold": "later"}, "chatmem.fold"),
+        ({"pin": ""}, "chatmem.pin"),
+        ({"policy_overrides": [1]}, "chatmem.policy_overrides"),
+    ],
+)
+def test_unknown_or_malformed_controls_are_a_400_and_change_nothing(
+    client: openai.OpenAI, memory: FakeOpenAI, chatmem: dict[str, Any], param: str
+) -> None:
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.chat.completions.create(
+            model="default", messages=HELLO, user="typo", extra_body={"chatmem": chatmem}
+        )
+    assert refused.value.body["param"] == param  # type: ignore[index]
+    assert not Chat.objects.filter(external_id="typo").exists()
+
+
+def test_another_users_conversation_of_the_same_name_is_not_paused(
+    client: openai.OpenAI, memory: FakeOpenAI, other_user: Any, live_server: Any
+) -> None:
+    send(client, "shared-name")
+    key = Token.objects.create(user=other_user).key
+    with openai.OpenAI(base_url=f"{live_server.url}/v1", api_key=key, max_retries=0) as bob:
+        send(bob, "shared-name", fold="pause")
+    mine, theirs = (
+        Chat.objects.get(external_id="shared-name", owner__username=u) for u in ("alice", "bob")
+    )
+    assert not mine.folds_paused and theirs.folds_paused
+
+
+@pytest.mark.skipif(not PINS_BUILT, reason="pins come with the pins branch")
+def test_a_pin_sent_with_a_turn_is_in_its_context(
+    client: openai.OpenAI, memory: FakeOpenAI, token: str
+) -> None:
+    send(client, "pinned", pin="The vault code is 4471.")
+    sent = json.dumps(memory.requests[-1].body)
+    assert "The vault code is 4471." in sent
+
+
+# --- the REST API's flag, and the paused chat in the workers' paths --------------------------
+
+
+def test_the_rest_api_pauses_folds_and_another_user_gets_404(api: Any, other_api: Any) -> None:
+    chat_id = api.post("/api/v1/chats/", {}, format="json").json()["id"]
+    url = f"/api/v1/chats/{chat_id}/"
+    assert other_api.patch(url, {"folds_paused": True}, format="json").status_code == 404
+    assert api.get(url).json()["folds_paused"] is False
+    response = api.patch(url, {"folds_paused": True}, format="json")
+    assert response.status_code == 200 and response.json()["folds_paused"] is True
+    assert api.patch(url, {"folds_paused": "yes"}, format="json").status_code == 400
+
+
+@pytest.mark.django_db
+def test_a_paused_chat_is_folded_only_by_hand(user: Any) -> None:
+    api = client_for(user)
+    chat_id = api.post("/api/v1/chats/", {"policy": "contract"}, format="json").json()["id"]
+    Chat.objects.filter(pk=chat_id).update(folds_paused=True)
+    for number in range(5):
+        api.post(f"/api/v1/chats/{chat_id}/turns/", {"content": f"n {number}"}, format="json")
+    now = timezone.now()
+    for trigger in (RequestTrigger.TURN, RequestTrigger.SWEEP, RequestTrigger.RERUN):
+        assert folds.consolidate_once(chat_id, trigger, now).status == FoldResult.NOTHING
+    manual = folds.consolidate_once(chat_id, RequestTrigger.MANUAL, now)
+    assert manual.status == FoldResult.SUCCEEDED
