@@ -23,6 +23,11 @@ Standalone (benchmarks, manual runs)::
 
     python -m tests.fake_openai --port 8999 --latency 1.0 --fault-rate 0.3 --faults 429,500
 
+A model window, as llama.cpp's server has one: with ``context_window`` and ``prompt_counter`` (a
+tokenizer's ``text -> tokens``), a chat request whose prompt, rendered as a ChatML template
+would be, has at least that many tokens is refused with llama.cpp's error (400, or an ``error``
+event in a stream it had started); ``server.prompt_sizes`` records every counted prompt.
+
 Streamed replies (``stream: true``) are chunked server-sent events, two words per chunk, with
 ``chunk_delay`` seconds before each content chunk (``--chunk-delay``), so clients can be tested
 against a reply that arrives slowly.
@@ -100,6 +105,8 @@ GOAL_WORDS = ("want", "prefer", "goal", "like", "need", "plan", "hope", "aim")
 ARTIFACT_PATTERN = re.compile(r"https?://\S+|`[^`]+`|\b[\w-]+\.(?:py|js|ts|md|txt|json|pdf|csv)\b")
 TOOL_MARKER = re.compile(r"CALL_TOOL:([A-Za-z0-9_-]+)")
 WORDS_PER_STREAM_CHUNK = 2
+# llama.cpp's server refusing a prompt longer than its context (type exceed_context_size_error).
+LLAMA_CPP_CONTEXT_ERROR = "the request exceeds the available context size, try increasing it"
 
 
 # --------------------------------------------------------------------------------------------
@@ -140,6 +147,13 @@ def prompt_tokens(body: dict[str, Any]) -> int:
     if messages is not None:
         return sum(approx_tokens(content_text(m.get("content"))) + 4 for m in messages)
     return sum(approx_tokens(text) + 4 for text in request_texts(body))
+
+
+def chatml_prompt_tokens(body: dict[str, Any], counter: Callable[[str], int]) -> int:
+    """A chat request's prompt as a ChatML template renders it: each message's content, 5
+    tokens of role and markers around it, 3 for the assistant's opening."""
+    messages = body.get("messages") or []
+    return sum(counter(content_text(m.get("content"))) + 5 for m in messages) + 3
 
 
 def last_user_text(body: dict[str, Any]) -> str:
@@ -793,6 +807,8 @@ class FakeOpenAI:
         faults: Iterable[str] = (),
         fault_kind: str = "any",
         seed: int | None = 1,
+        prompt_counter: Callable[[str], int] | None = None,
+        context_window: int | None = None,
     ) -> None:
         self.host, self.port = host, port
         self.latency, self.summarize_latency = latency, summarize_latency
@@ -803,6 +819,8 @@ class FakeOpenAI:
         self.summary_cap_words = summary_cap_words
         self.timeout_sleep = timeout_sleep
         self.chunk_delay = chunk_delay
+        self.prompt_counter, self.context_window = prompt_counter, context_window
+        self.prompt_sizes: list[int] = []  # chat prompts counted with prompt_counter
         self._faults = _FaultPlan()
         self._recorder = _Recorder()
         if fault_rate or faults:
@@ -962,6 +980,8 @@ class FakeOpenAI:
         if fault in HTTP_FAULTS:
             self._send_http_fault(handler, fault)
             return
+        if self._over_window(handler, body, record):
+            return
         reply = apply_answer_fault(self._reply(body, record), fault)
         model = str(body.get("model") or self.models[0])
         if path == "/responses":
@@ -974,6 +994,32 @@ class FakeOpenAI:
                 handler._send_cut_json(completion)
             else:
                 handler._send_json(200, completion)
+
+    def _over_window(
+        self, handler: _Handler, body: dict[str, Any], record: RecordedRequest
+    ) -> bool:
+        """Refuse a chat prompt that does not fit ``context_window`` as llama.cpp's server does
+        (its check: prompt tokens >= n_ctx)."""
+        if self.prompt_counter is None or self.context_window is None or record.kind != "chat":
+            return False
+        tokens = chatml_prompt_tokens(body, self.prompt_counter)
+        self.prompt_sizes.append(tokens)
+        if tokens < self.context_window:
+            return False
+        error = {
+            "code": 400,
+            "message": LLAMA_CPP_CONTEXT_ERROR,
+            "type": "exceed_context_size_error",
+            "n_prompt_tokens": tokens,
+            "n_ctx": self.context_window,
+        }
+        if body.get("stream"):
+            handler._start_sse()
+            handler._send_sse(json.dumps({"error": error}))
+            handler.wfile.write(b"0\r\n\r\n")
+        else:
+            handler._send_json(400, {"error": error})
+        return True
 
     def _reply(self, body: dict[str, Any], record: RecordedRequest) -> Reply:
         if record.kind == "summarize":
