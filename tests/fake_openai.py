@@ -94,7 +94,8 @@ HTTP_FAULTS: dict[str, tuple[int, str, str | None, str]] = {
     ),
 }
 # Faults that change a normal answer rather than replacing it.
-ANSWER_FAULTS = ("timeout", "truncated", "empty", "refusal", "stream_cut")
+# "context_exceeded": llama.cpp's refusal of a prompt over its window, whatever the prompt.
+ANSWER_FAULTS = ("timeout", "truncated", "empty", "refusal", "stream_cut", "context_exceeded")
 FAULT_NAMES = (*HTTP_FAULTS, *ANSWER_FAULTS)
 # In a queue of faults: this request is answered normally (``queue_faults("summarize", ["ok",
 # "500"])`` fails the second request).
@@ -980,7 +981,7 @@ class FakeOpenAI:
         if fault in HTTP_FAULTS:
             self._send_http_fault(handler, fault)
             return
-        if self._over_window(handler, body, record):
+        if self._over_window(handler, body, record, fault == "context_exceeded"):
             return
         reply = apply_answer_fault(self._reply(body, record), fault)
         model = str(body.get("model") or self.models[0])
@@ -996,22 +997,26 @@ class FakeOpenAI:
                 handler._send_json(200, completion)
 
     def _over_window(
-        self, handler: _Handler, body: dict[str, Any], record: RecordedRequest
+        self, handler: _Handler, body: dict[str, Any], record: RecordedRequest, forced: bool
     ) -> bool:
         """Refuse a chat prompt that does not fit ``context_window`` as llama.cpp's server does
-        (its check: prompt tokens >= n_ctx)."""
-        if self.prompt_counter is None or self.context_window is None or record.kind != "chat":
+        (its check: prompt tokens >= n_ctx); ``forced``: refuse it whatever its size."""
+        counted = self.prompt_counter is not None and self.context_window is not None
+        if not forced and not (counted and record.kind == "chat"):
             return False
-        tokens = chatml_prompt_tokens(body, self.prompt_counter)
-        self.prompt_sizes.append(tokens)
-        if tokens < self.context_window:
+        counter = self.prompt_counter or approx_tokens
+        tokens = chatml_prompt_tokens(body, counter)
+        window = self.context_window or tokens
+        if counted:
+            self.prompt_sizes.append(tokens)
+        if tokens < window and not forced:
             return False
         error = {
             "code": 400,
             "message": LLAMA_CPP_CONTEXT_ERROR,
             "type": "exceed_context_size_error",
             "n_prompt_tokens": tokens,
-            "n_ctx": self.context_window,
+            "n_ctx": window,
         }
         if body.get("stream"):
             handler._start_sse()
