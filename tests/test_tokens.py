@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 import tiktoken
 
+from bench.token_margin import smollm2_estimate
 from memory_worker import bundled_encodings, tokens
 from memory_worker.tokens import count_tokens, encoding_name
 from tests.fake_openai import FakeOpenAI, last_user_text
@@ -199,25 +200,8 @@ def file_counter(path: Path) -> Callable[[str], int]:
     return lambda text: len(tokenizer.encode(text, add_special_tokens=False).ids)
 
 
-# The tokens SmolLM2-135M's tokenizer needs per cl100k token (measured on llama.cpp's server,
-# docs/benchmarks.md): 1.56 for Cyrillic, 1.58 for Chinese, 1.85 for Thai; Latin about as many.
-SMOLLM2_RATIOS = (
-    ("\u0400", "\u04ff", 1.56),
-    ("\u0e00", "\u0e7f", 1.85),
-    ("\u4e00", "\u9fff", 1.58),
-)
-
-
-def smollm2_like_counter(text: str) -> int:
-    """cl100k's count with each script's runs weighted by SmolLM2's measured ratio."""
-    total = float(count_tokens(text, "gpt-4"))
-    for run in tokens.NON_LATIN.findall(text):
-        ratio = max(
-            (r for low, high, r in SMOLLM2_RATIOS if any(low <= c <= high for c in run)),
-            default=1.0,
-        )
-        total += (ratio - 1.0) * count_tokens(run, "gpt-4")
-    return math.ceil(total)
+# SmolLM2-135M's tokenizer by its measured ratios per script (docs/benchmarks.md).
+smollm2_like_counter = smollm2_estimate
 
 
 def test_a_configured_tokenizer_json_counts_as_the_model_does(
