@@ -167,7 +167,10 @@ def tokenizer_problems(spec: str, margin: float, non_latin_margin: float) -> lis
 
 @functools.lru_cache(maxsize=256)
 def _counter(model: str | None, spec: str, margin: float, non_latin_margin: float) -> TokenCounter:
-    configured = parse_tokenizers(spec).get(model or "") if spec else None
+    try:
+        configured = parse_tokenizers(spec).get(model or "")
+    except ValueError:  # start-up's settings check refuses it; counting must not crash
+        configured = None
     if configured is not None:
         try:
             counter = load_tokenizer(configured)

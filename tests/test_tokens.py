@@ -233,13 +233,20 @@ def test_an_unknown_model_counts_non_latin_text_over_and_latin_text_as_it_is(
     assert count_tokens(SENTENCES["thai"], "smollm2") == count_tokens(SENTENCES["thai"], "gpt-4")
 
 
-def test_a_tokenizer_that_cannot_be_loaded_is_a_settings_error(tmp_path: Path) -> None:
+def test_a_tokenizer_that_cannot_be_loaded_is_a_settings_error(
+    tmp_path: Path, settings: Any
+) -> None:
     missing = tmp_path / "missing" / "tokenizer.json"
     problems = tokens.tokenizer_problems(f"local={missing},gpt=cl100k_base", 1.0, 2.0)
     assert len(problems) == 1 and "local's tokenizer" in problems[0]
     assert tokens.tokenizer_problems("no-equals-sign", 1.0, 2.0)[0].startswith("MODEL_TOKENIZERS")
     assert len(tokens.tokenizer_problems("", 0.9, 0.5)) == 2
     assert tokens.tokenizer_problems("", 1.0, 2.0) == []
+    # At run time it is counted as an unknown model's, never a crash.
+    for spec in (f"local={missing}", "malformed"):
+        settings.MODEL_TOKENIZERS = spec
+        thai = SENTENCES["thai"]
+        assert count_tokens(thai, "local") == count_tokens(thai, "smollm2") > count_tokens(thai)
 
 
 def multilingual_chat(api: Any, server: FakeOpenAI, turns: int) -> list[Any]:
