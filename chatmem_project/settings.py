@@ -370,6 +370,14 @@ CHAT_MODEL = env_text("CHAT_MODEL", "gpt-4o-mini")
 CHAT_MODEL_CONTEXT_TOKENS = env_int("CHAT_MODEL_CONTEXT_TOKENS", 128000)
 # Extra variants a turn may pick: "name=model:context_tokens,..." (seed 003 §6).
 MODEL_VARIANTS = env("MODEL_VARIANTS", default="")
+# Each model's tokenizer: "model=encoding_or_tokenizer.json,..." (a tiktoken encoding name, or
+# the path of a Hugging Face tokenizer.json, read offline); docs/operations.md.
+MODEL_TOKENIZERS = env("MODEL_TOKENIZERS", default="")
+# Every token count is multiplied by this (a tokenizer close to, not exactly, the server's).
+TOKEN_COUNT_MARGIN = env_float("TOKEN_COUNT_MARGIN", 1.0)
+# A model with neither a tokenizer here nor a tiktoken mapping is counted with cl100k, its
+# non-Latin text this many times over (small models' tokenizers need up to 1.85x).
+UNKNOWN_MODEL_NON_LATIN_MARGIN = env_float("UNKNOWN_MODEL_NON_LATIN_MARGIN", 2.0)
 # "openai" or "offline"; empty = openai when OPENAI_BASE_URL or OPENAI_API_KEY is set, else
 # offline.
 CHAT_BACKEND = env("CHAT_BACKEND", default="")

@@ -13,6 +13,7 @@ from conversations.throttling import rate_problem
 from conversations.variants import model_variants
 from memory_worker.checks import out_of_range
 from memory_worker.openai_transport import token_limit_field
+from memory_worker.tokens import tokenizer_problems
 
 
 def greenlets_patched() -> bool:
@@ -57,7 +58,8 @@ NON_NEGATIVE_WEB_SETTINGS = ("DB_POOL_MAX_SIZE", "DB_POOL_MIN_SIZE", "CHAT_MAX_R
 @register()
 def check_web_settings(app_configs: Any = None, **kwargs: Any) -> list[Error]:
     """Values that would otherwise pass start-up and fail every turn with a 500 (a backend
-    name's typo, a malformed MODEL_VARIANTS or TURN_RATE_LIMIT, a negative pool size)."""
+    name's typo, a malformed MODEL_VARIANTS, MODEL_TOKENIZERS or TURN_RATE_LIMIT, a negative
+    pool size)."""
     problems = []
     for name, choices in (
         ("CHAT_BACKEND", CHAT_BACKENDS),
@@ -74,6 +76,11 @@ def check_web_settings(app_configs: Any = None, **kwargs: Any) -> list[Error]:
             check()
         except ValueError as error:
             problems.append(str(error))
+    problems += tokenizer_problems(
+        settings.MODEL_TOKENIZERS,
+        settings.TOKEN_COUNT_MARGIN,
+        settings.UNKNOWN_MODEL_NON_LATIN_MARGIN,
+    )
     problem = rate_problem(settings.TURN_RATE_LIMIT)
     if problem:
         problems.append(problem)

@@ -10,6 +10,7 @@ marked not retryable (``retryable``): sent again unchanged it is refused again.
 """
 
 import logging
+import re
 import time
 from collections.abc import Generator, Mapping
 from dataclasses import dataclass, field
@@ -221,7 +222,7 @@ class StreamState:
     def completion(self, messages: ModelMessages) -> ChatCompletion:
         if self.finish_reason is None:
             # The connection closed without the end of the reply: never store a cut reply.
-            raise ModelError("The model's reply stream ended before the reply was complete.")
+            raise ModelError(STREAM_ENDED_EARLY)
         require_reply(self.content, self.has_tool_calls, self.finish_reason)
         return ChatCompletion(
             content=self.content,
@@ -266,19 +267,61 @@ def model_error_from(
     if isinstance(error, openai.APIError) and not isinstance(
         error, openai.APIResponseValidationError
     ):
-        # An error event in the middle of a streamed reply.
+        # An error event in a streamed reply: the server says why it stopped.
+        said = storable(error_detail(body_message(error) or error.message or ""))
+        if exceeds_context(said, error.code, getattr(error, "type", None)):
+            return context_exceeded_error(said)
         code = f" ({error.code})" if error.code else ""
-        return ModelError(f"The model endpoint reported an error during the reply{code}.")
+        because = f" It said: {said}" if said else ""
+        return ModelError(f"The model endpoint stopped the reply with an error{code}.{because}")
     return invalid_response_error()
+
+
+# How servers say a prompt is longer than the model's context: llama.cpp
+# (exceed_context_size_error, "exceeds the available context size"), OpenAI and vLLM
+# (context_length_exceeded, "maximum context length"), Ollama and others ("context length",
+# "context window").
+CONTEXT_EXCEEDED = re.compile(
+    r"exceed_context_size|context_length_exceeded|maximum context length"
+    r"|exceeds? (the )?(available )?context|context (size|length|window)",
+    re.IGNORECASE,
+)
+
+
+def exceeds_context(*said: object) -> bool:
+    return any(isinstance(text, str) and CONTEXT_EXCEEDED.search(text) for text in said)
+
+
+def context_exceeded_error(said: str) -> ModelError:
+    """The model refused the prompt as longer than its window: the same turn is refused again.
+    chatmem's bound was counted with another tokenizer than the model's, or for a larger
+    window (MODEL_TOKENIZERS, the variant's context tokens; docs/operations.md)."""
+    because = f" It said: {said}" if said else ""
+    return ModelError(
+        "The model refused the prompt as longer than its context window; sending it again "
+        f"cannot help (the chat's model needs its tokenizer or window configured).{because}",
+        retryable=False,
+    )
 
 
 def timeout_error(timeout: float) -> ModelError:
     return ModelError(f"The model did not answer within {timeout:g} seconds.", UPSTREAM_TIMEOUT)
 
 
+# The server answered 200 and ended the stream cleanly, with no finish reason and no error event:
+# the model (or the server) stopped; a network failure is connection_error's.
+STREAM_ENDED_EARLY = (
+    "The model endpoint ended its reply stream before the reply was complete, without saying "
+    "why (the connection itself held)."
+)
+
+
 def connection_error(mid_stream: bool = False) -> ModelError:
     if mid_stream:
-        return ModelError("The connection to the model endpoint broke during the reply.")
+        return ModelError(
+            "The connection to the model endpoint broke during the reply (a network failure, "
+            "or the server went away)."
+        )
     return ModelError("Could not connect to the model endpoint.")
 
 
@@ -295,7 +338,10 @@ def status_error(status: int, code: object, provider_message: object = None) -> 
     said = ""
     refused = status in REFUSED_REQUEST_STATUSES
     if refused and isinstance(provider_message, str) and provider_message:
-        said = f" It said: {storable(error_detail(provider_message))}"
+        said = storable(error_detail(provider_message))
+        if exceeds_context(said, code):
+            return context_exceeded_error(said)
+        said = f" It said: {said}"
     return ModelError(
         f"The model endpoint returned an error (HTTP {status}{detail}).{said}",
         retryable=status not in NOT_RETRYABLE,

@@ -1,4 +1,15 @@
 from django.apps import AppConfig
+from django.conf import settings
+
+from memory_worker import tokens
+
+
+def token_settings() -> tokens.TokenSettings:
+    return (
+        settings.MODEL_TOKENIZERS,
+        settings.TOKEN_COUNT_MARGIN,
+        settings.UNKNOWN_MODEL_NON_LATIN_MARGIN,
+    )
 
 
 class MemoryWorkerConfig(AppConfig):
@@ -7,3 +18,5 @@ class MemoryWorkerConfig(AppConfig):
 
     def ready(self) -> None:
         from memory_worker import checks, hooks  # noqa: F401  (registers checks and receivers)
+
+        tokens.read_settings_with(token_settings)

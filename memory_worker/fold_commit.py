@@ -17,6 +17,7 @@ from django.utils import timezone
 
 from conversations import rows
 from conversations.models import Brief, Chat, Consolidation, ConsolidationStatus
+from conversations.variants import chat_variant
 from memory_worker import fold_guard
 from memory_worker import policy as engine
 from memory_worker.fold_isolation import Withheld
@@ -52,7 +53,8 @@ def commit_fold(
     (memory_worker.guarded_summary), all of it for the log line and the metric; the ledger row
     keeps the first DROPPED_DETAILS_KEPT."""
     duration_ms = int((time.monotonic() - started) * 1000)
-    summary_tokens = count_tokens(result.text)
+    # Counted as the chat's model counts it: the summary is part of every prompt it is sent.
+    summary_tokens = count_tokens(result.text, chat_variant(chat.model_variant).model)
     finished_at = timezone.now()
     chat_id = chat.pk
     ledger_values: dict[str, Any] = {

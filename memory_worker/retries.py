@@ -93,16 +93,21 @@ def failure_class(kind: str) -> str:
 def retry_plan(kind: str, consecutive_failures: int, isolate_next: bool = False) -> RetryPlan:
     """The retry policy for the ``consecutive_failures``-th failure in a row, of this kind.
 
+    Degraded is one rule for every kind: MEMORY_DEGRADED_AFTER_FAILURES failed folds in a row,
+    whatever their kinds, until the next success. One malformed output or one refused request
+    says little about the chat; a streak does, and a flag that followed the latest kind would
+    flip back and forth within a streak. The kind decides only when the next attempt comes.
+
     Transient: exponential backoff with jitter, and a fast retry queued by the worker until the
-    chat is degraded (after MEMORY_DEGRADED_AFTER_FAILURES); from then on only the sweep
-    retries, on the same ladder. Invalid output: the first of a streak is often a fluke of
-    sampling, so it is retried in MEMORY_INVALID_OUTPUT_RETRY_SECONDS (with the stricter
-    prompt, folds.summarizer_for) and not degraded; a repeat is degraded and starts the ladder
+    chat is degraded; from then on only the sweep retries, on the same ladder. Invalid output:
+    the first of a streak is often a fluke of sampling, so it is retried in
+    MEMORY_INVALID_OUTPUT_RETRY_SECONDS (with the stricter prompt, folds.summarizer_for); a
+    repeat gets no fast retry (the same input keeps failing the same way) and starts the ladder
     where a degraded transient chat stands. Rejected: retrying cannot help before someone acts;
-    degraded at once and one attempt per maximum backoff. A manual consolidation always tries
-    at once. With MEMORY_SUMMARIZER_FALLBACK, every failure the worker will not retry soon
-    falls back to the offline summarizer (a transient one only once degraded: the provider
-    usually comes back within the fast retries).
+    one attempt per maximum backoff. A manual consolidation always tries at once. With
+    MEMORY_SUMMARIZER_FALLBACK, every failure the worker will not retry soon falls back to the
+    offline summarizer (a transient one only once degraded: the provider usually comes back
+    within the fast retries).
 
     ``isolate_next``: a refusal whose next attempt bisects the range (policy.isolation_due). That
     attempt can fix it, so it comes soon: a fast retry, and due by the next sweep."""
@@ -113,27 +118,24 @@ def retry_plan(kind: str, consecutive_failures: int, isolate_next: bool = False)
 
 def _plan(kind: str, consecutive_failures: int, isolate_next: bool) -> RetryPlan:
     degraded_after = settings.MEMORY_DEGRADED_AFTER_FAILURES
+    degraded = consecutive_failures >= degraded_after
     klass = failure_class(kind)
     if isolate_next:
         # Half a sweep interval at most: jittered, it is still due by the next sweep.
         soon = min(
             settings.MEMORY_FAILURE_BACKOFF_SECONDS, settings.MEMORY_SWEEP_INTERVAL_SECONDS / 2
         )
-        return RetryPlan(klass, _jittered(soon), degraded=False, fast_retry=True)
+        return RetryPlan(klass, _jittered(soon), degraded, fast_retry=True)
     if klass == TRANSIENT:
-        degraded = consecutive_failures >= degraded_after
         return RetryPlan(klass, failure_backoff(consecutive_failures), degraded, not degraded)
     if klass == INVALID_OUTPUT:
         if consecutive_failures <= 1:
             delay = _jittered(settings.MEMORY_INVALID_OUTPUT_RETRY_SECONDS)
-            return RetryPlan(klass, delay, degraded=False, fast_retry=True)
+            return RetryPlan(klass, delay, degraded, fast_retry=True)
         step = consecutive_failures - 1 + max(degraded_after - 1, 0)
-        return RetryPlan(klass, failure_backoff(step), degraded=True, fast_retry=False)
+        return RetryPlan(klass, failure_backoff(step), degraded, fast_retry=False)
     return RetryPlan(
-        klass,
-        _jittered(settings.MEMORY_FAILURE_BACKOFF_MAX_SECONDS),
-        degraded=True,
-        fast_retry=False,
+        klass, _jittered(settings.MEMORY_FAILURE_BACKOFF_MAX_SECONDS), degraded, fast_retry=False
     )
 
 

@@ -23,6 +23,11 @@ Standalone (benchmarks, manual runs)::
 
     python -m tests.fake_openai --port 8999 --latency 1.0 --fault-rate 0.3 --faults 429,500
 
+A model window, as llama.cpp's server has one: with ``context_window`` and ``prompt_counter`` (a
+tokenizer's ``text -> tokens``), a chat request whose prompt, rendered as a ChatML template
+would be, has at least that many tokens is refused with llama.cpp's error (400, or an ``error``
+event in a stream it had started); ``server.prompt_sizes`` records every counted prompt.
+
 Streamed replies (``stream: true``) are chunked server-sent events, two words per chunk, with
 ``chunk_delay`` seconds before each content chunk (``--chunk-delay``), so clients can be tested
 against a reply that arrives slowly.
@@ -89,7 +94,8 @@ HTTP_FAULTS: dict[str, tuple[int, str, str | None, str]] = {
     ),
 }
 # Faults that change a normal answer rather than replacing it.
-ANSWER_FAULTS = ("timeout", "truncated", "empty", "refusal", "stream_cut")
+# "context_exceeded": llama.cpp's refusal of a prompt over its window, whatever the prompt.
+ANSWER_FAULTS = ("timeout", "truncated", "empty", "refusal", "stream_cut", "context_exceeded")
 FAULT_NAMES = (*HTTP_FAULTS, *ANSWER_FAULTS)
 # In a queue of faults: this request is answered normally (``queue_faults("summarize", ["ok",
 # "500"])`` fails the second request).
@@ -100,6 +106,8 @@ GOAL_WORDS = ("want", "prefer", "goal", "like", "need", "plan", "hope", "aim")
 ARTIFACT_PATTERN = re.compile(r"https?://\S+|`[^`]+`|\b[\w-]+\.(?:py|js|ts|md|txt|json|pdf|csv)\b")
 TOOL_MARKER = re.compile(r"CALL_TOOL:([A-Za-z0-9_-]+)")
 WORDS_PER_STREAM_CHUNK = 2
+# llama.cpp's server refusing a prompt longer than its context (type exceed_context_size_error).
+LLAMA_CPP_CONTEXT_ERROR = "the request exceeds the available context size, try increasing it"
 
 
 # --------------------------------------------------------------------------------------------
@@ -140,6 +148,13 @@ def prompt_tokens(body: dict[str, Any]) -> int:
     if messages is not None:
         return sum(approx_tokens(content_text(m.get("content"))) + 4 for m in messages)
     return sum(approx_tokens(text) + 4 for text in request_texts(body))
+
+
+def chatml_prompt_tokens(body: dict[str, Any], counter: Callable[[str], int]) -> int:
+    """A chat request's prompt as a ChatML template renders it: each message's content, 5
+    tokens of role and markers around it, 3 for the assistant's opening."""
+    messages = body.get("messages") or []
+    return sum(counter(content_text(m.get("content"))) + 5 for m in messages) + 3
 
 
 def last_user_text(body: dict[str, Any]) -> str:
@@ -843,6 +858,8 @@ class FakeOpenAI:
         seed: int | None = 1,
         limit_mode: str | None = None,
         runaway_tokens: int = RUNAWAY_TOKENS,
+        prompt_counter: Callable[[str], int] | None = None,
+        context_window: int | None = None,
     ) -> None:
         if limit_mode is not None and limit_mode not in LIMIT_MODES:
             raise ValueError(f"limit_mode must be one of {sorted(LIMIT_MODES)} or None")
@@ -856,6 +873,8 @@ class FakeOpenAI:
         self.summary_cap_words = summary_cap_words
         self.timeout_sleep = timeout_sleep
         self.chunk_delay = chunk_delay
+        self.prompt_counter, self.context_window = prompt_counter, context_window
+        self.prompt_sizes: list[int] = []  # chat prompts counted with prompt_counter
         self._faults = _FaultPlan()
         self._recorder = _Recorder()
         if fault_rate or faults:
@@ -1018,6 +1037,8 @@ class FakeOpenAI:
         if refuses_both_limits(body, self.limit_mode):
             handler._send_error(400, "invalid_request_error", BOTH_LIMITS_MESSAGE, None)
             return
+        if self._over_window(handler, body, record, fault == "context_exceeded"):
+            return
         reply = apply_answer_fault(self._reply(body, record), fault)
         reply = apply_limit_mode(reply, body, self.limit_mode, self.runaway_tokens)
         model = str(body.get("model") or self.models[0])
@@ -1031,6 +1052,36 @@ class FakeOpenAI:
                 handler._send_cut_json(completion)
             else:
                 handler._send_json(200, completion)
+
+    def _over_window(
+        self, handler: _Handler, body: dict[str, Any], record: RecordedRequest, forced: bool
+    ) -> bool:
+        """Refuse a chat prompt that does not fit ``context_window`` as llama.cpp's server does
+        (its check: prompt tokens >= n_ctx); ``forced``: refuse it whatever its size."""
+        counted = self.prompt_counter is not None and self.context_window is not None
+        if not forced and not (counted and record.kind == "chat"):
+            return False
+        counter = self.prompt_counter or approx_tokens
+        tokens = chatml_prompt_tokens(body, counter)
+        window = self.context_window or tokens
+        if counted:
+            self.prompt_sizes.append(tokens)
+        if tokens < window and not forced:
+            return False
+        error = {
+            "code": 400,
+            "message": LLAMA_CPP_CONTEXT_ERROR,
+            "type": "exceed_context_size_error",
+            "n_prompt_tokens": tokens,
+            "n_ctx": window,
+        }
+        if body.get("stream"):
+            handler._start_sse()
+            handler._send_sse(json.dumps({"error": error}))
+            handler.wfile.write(b"0\r\n\r\n")
+        else:
+            handler._send_json(400, {"error": error})
+        return True
 
     def _reply(self, body: dict[str, Any], record: RecordedRequest) -> Reply:
         if record.kind == "summarize":

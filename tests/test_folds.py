@@ -670,8 +670,8 @@ def test_a_repair_that_drops_it_again_fails_the_fold_and_writes_nothing(
         before.last_consolidated,
         before.version,
     )
-    # Visible at once; an invalid output, so retried soon with the stricter prompt, degraded on
-    # a repeat (test_retry_policy).
+    # Visible at once; an invalid output, so retried soon with the stricter prompt, degraded
+    # only after a streak of failures (test_retry_policy).
     assert "4821" in brief.last_error and brief.failure_kind == "lossy"
     assert outcome.retry_in is not None and not brief.degraded
     row = Consolidation.objects.get(pk=outcome.ledger_id)

@@ -268,13 +268,70 @@ def test_an_error_event_mid_stream_raises_after_the_deltas_so_far(server: Script
     assert stream.result is None
 
 
+@pytest.mark.parametrize(
+    "error",
+    [
+        # llama.cpp's server
+        {
+            "code": 400,
+            "message": "the request exceeds the available context size, try increasing it",
+            "type": "exceed_context_size_error",
+        },
+        # OpenAI, vLLM
+        {
+            "message": "This model's maximum context length is 8192 tokens.",
+            "type": "invalid_request_error",
+            "code": "context_length_exceeded",
+        },
+    ],
+)
+def test_an_error_event_saying_the_prompt_exceeds_the_window_is_not_retryable(
+    server: ScriptedServer, error: dict[str, Any]
+) -> None:
+    server.script(Reply(events=[{"error": error}]))
+    stream = openai_model(server).stream(MESSAGES, "m")
+    with pytest.raises(ModelError) as caught:
+        list(stream)
+    assert (caught.value.status, caught.value.retryable) == (502, False)
+    assert "longer than its context window" in str(caught.value)
+    assert error["message"] in str(caught.value)
+
+
+def test_an_error_event_says_why_the_server_stopped_and_stays_retryable(
+    server: ScriptedServer,
+) -> None:
+    error_event = {"error": {"message": "slot unavailable", "type": "server_error"}}
+    server.script(Reply(events=[chunk("Hel"), error_event]))
+    with pytest.raises(ModelError) as caught:
+        list(openai_model(server).stream(MESSAGES, "m"))
+    assert caught.value.retryable
+    assert "stopped the reply with an error. It said: slot unavailable" in str(caught.value)
+
+
+def test_a_400_saying_the_prompt_exceeds_the_window_says_so(server: ScriptedServer) -> None:
+    body = {
+        "error": {
+            "code": 400,
+            "message": "the request exceeds the available context size, try increasing it",
+            "type": "exceed_context_size_error",
+        }
+    }
+    server.script(Reply(status=400, body=body))
+    with pytest.raises(ModelError) as caught:
+        openai_model(server).complete(MESSAGES, "m")
+    assert not caught.value.retryable
+    assert "longer than its context window; sending it again cannot help" in str(caught.value)
+
+
 def test_a_stream_cut_before_its_finish_is_a_502(server: ScriptedServer) -> None:
     server.script(Reply(events=[chunk("Hel"), chunk("lo")], done=False))
     stream = openai_model(server).stream(MESSAGES, "m")
     with pytest.raises(ModelError) as caught:
         list(stream)
     assert caught.value.status == 502
-    assert "ended before the reply was complete" in str(caught.value)
+    # The server ended the stream itself: told apart from a broken connection.
+    assert "ended its reply stream before the reply was complete" in str(caught.value)
+    assert "without saying why" in str(caught.value)
 
 
 def test_a_connection_broken_mid_stream_is_a_502(server: ScriptedServer) -> None:
@@ -283,7 +340,7 @@ def test_a_connection_broken_mid_stream_is_a_502(server: ScriptedServer) -> None
     with pytest.raises(ModelError) as caught:
         list(stream)
     assert caught.value.status == 502
-    assert "broke during the reply" in str(caught.value)
+    assert "broke during the reply (a network failure" in str(caught.value)
 
 
 def test_an_unreachable_endpoint_is_a_502() -> None:

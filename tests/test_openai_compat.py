@@ -416,6 +416,29 @@ def test_a_request_the_model_refuses_is_not_retried_and_says_why(
     assert not Message.objects.filter(chat__external_id="refused").exists()
 
 
+def test_a_prompt_over_the_models_window_is_not_retried_plain_or_streamed(
+    live_server: Any,
+    token: str,
+    retrying_client: openai.OpenAI,
+    use_fake_openai: FakeOpenAI,
+) -> None:
+    """The model server's context-size refusal (llama.cpp's: a 400, or an error event in a
+    stream it started) is a 502 marked not to be retried, and a stream's error says so."""
+    use_fake_openai.queue_faults("chat", ["context_exceeded"])
+    with pytest.raises(openai.APIStatusError) as failed:
+        retrying_client.chat.completions.create(model="default", messages=HELLO, user="window")
+    assert failed.value.status_code == 502
+    assert failed.value.response.headers["x-should-retry"] == "false"
+    assert "longer than its context window" in failed.value.message
+    assert len(chat_requests(use_fake_openai)) == 1
+    use_fake_openai.queue_faults("chat", ["context_exceeded"])
+    response = post(live_server, token, {"stream": True})
+    error = json.loads(sse_data(response)[-1])["error"]
+    assert "sending it again cannot help" in error["message"]
+    assert "retry the turn" not in error["message"]
+    assert not Message.objects.filter(chat__external_id="window").exists()
+
+
 def test_a_transient_model_failure_stays_retryable(
     live_server: Any, token: str, use_fake_openai: FakeOpenAI
 ) -> None:

@@ -72,17 +72,36 @@ def test_jitter_spreads_retries(ladder) -> None:  # type: ignore[no-untyped-def]
 
 
 @pytest.mark.parametrize("kind", ["quota", "client_error", "request_refused"])
-def test_rejected_requests_are_degraded_at_once_and_wait_the_longest(ladder, kind: str) -> None:  # type: ignore[no-untyped-def]
+def test_rejected_requests_wait_the_longest_and_are_never_retried_fast(ladder, kind: str) -> None:  # type: ignore[no-untyped-def]
     plan = retries.retry_plan(kind, 1)
-    assert (plan.failure_class, plan.degraded, plan.fast_retry) == ("rejected", True, False)
+    assert (plan.failure_class, plan.degraded, plan.fast_retry) == ("rejected", False, False)
     assert 0.8 * 3600 <= seconds(plan) <= 1.2 * 3600
+
+
+@pytest.mark.parametrize(
+    "kinds",
+    [
+        ["malformed", "malformed", "malformed", "malformed"],
+        ["quota", "quota", "quota", "quota"],
+        ["server_error", "malformed", "quota", "timeout"],
+        ["malformed", "timeout", "request_refused", "empty"],
+    ],
+)
+def test_degraded_is_the_same_streak_of_failures_whatever_their_kinds(
+    ladder, kinds: list[str]
+) -> None:  # type: ignore[no-untyped-def]
+    """One rule: MEMORY_DEGRADED_AFTER_FAILURES failed folds in a row, never the latest kind."""
+    degraded = [retries.retry_plan(kind, n).degraded for n, kind in enumerate(kinds, 1)]
+    assert degraded == [False, False, True, True]
+    ladder.MEMORY_DEGRADED_AFTER_FAILURES = 1
+    assert all(retries.retry_plan(kind, 1).degraded for kind in kinds)
 
 
 @pytest.mark.parametrize("kind", ["request_refused", "refused"])
 def test_a_refusal_whose_next_attempt_bisects_comes_by_the_next_sweep(ladder, kind: str) -> None:  # type: ignore[no-untyped-def]
     for failures in (1, 5):
         plan = retries.retry_plan(kind, failures, isolate_next=True)
-        assert (plan.degraded, plan.fast_retry) == (False, True)
+        assert (plan.degraded, plan.fast_retry) == (failures >= 3, True)
         assert seconds(plan) < ladder.MEMORY_SWEEP_INTERVAL_SECONDS
 
 
@@ -96,11 +115,13 @@ def test_one_invalid_output_is_retried_soon_and_only_a_repeat_climbs_the_ladder(
     assert (first.degraded, first.fast_retry) == (False, True)
     assert 0.8 * 5 <= seconds(first) <= 1.2 * 5
     # A repeat starts where a transient failure stands once degraded: 4x the first transient
-    # delay, and no fast retry: the same input keeps failing the same way.
+    # delay, and no fast retry: the same input keeps failing the same way. Degraded only with
+    # the streak, as every kind.
     second = retries.retry_plan(kind, 2)
-    assert (second.degraded, second.fast_retry) == (True, False)
+    assert (second.degraded, second.fast_retry) == (False, False)
     assert 0.8 * 120 <= seconds(second) <= 1.2 * 120
     third = retries.retry_plan(kind, 3)
+    assert third.degraded
     assert 0.8 * 240 <= seconds(third) <= 1.2 * 240
     # After transient failures an invalid output is a repeat too.
     assert not retries.retry_plan(kind, 3).fast_retry
@@ -191,7 +212,7 @@ def test_a_rejected_request_is_not_retried_fast(
     assert tasks.consolidate_chat(chat_id, "turn") == ["failed"]
     assert published == []
     brief = Brief.objects.get(chat_id=chat_id)
-    assert (brief.consecutive_failures, brief.degraded) == (1, True)
+    assert (brief.consecutive_failures, brief.degraded) == (1, False)
     assert brief.next_attempt_at is not None
     assert (brief.next_attempt_at - before).total_seconds() >= 0.8 * 3600
     # Turn triggers (and their reruns) wait; only a manual consolidation tries at once.
@@ -262,7 +283,7 @@ def test_a_worker_folds_in_seconds_after_one_empty_summary(
 
 
 @pytest.mark.django_db
-def test_a_second_invalid_summary_in_a_row_is_degraded_and_left_to_the_ladder(
+def test_a_second_invalid_summary_in_a_row_is_left_to_the_ladder_and_a_third_degrades(
     api, use_fake_openai, ladder, monkeypatch
 ) -> None:  # type: ignore[no-untyped-def]
     published = queued_retries(monkeypatch)
@@ -275,12 +296,21 @@ def test_a_second_invalid_summary_in_a_row_is_degraded_and_left_to_the_ladder(
     assert tasks.consolidate_chat(chat_id, "retry") == ["failed"]
     assert len(published) == 1  # the first failure's fast retry only
     brief = Brief.objects.get(chat_id=chat_id)
-    assert (brief.consecutive_failures, brief.degraded) == (2, True)
+    assert (brief.consecutive_failures, brief.degraded) == (2, False)
     assert brief.next_attempt_at is not None
     assert (brief.next_attempt_at - before).total_seconds() >= 0.8 * 120
+    assert api.get(f"/api/v1/chats/{chat_id}/brief/").json()["degraded_reason"] == ""
     # Turn triggers wait; only a manual consolidation tries at once.
     assert folds.consolidate_once(chat_id, RequestTrigger.TURN).status == "deferred"
+    use_fake_openai.queue_faults("summarize", ["empty"])
+    assert folds.consolidate_once(chat_id, RequestTrigger.MANUAL).status == "failed"
+    brief.refresh_from_db()
+    assert (brief.consecutive_failures, brief.degraded) == (3, True)
+    reason = api.get(f"/api/v1/chats/{chat_id}/brief/").json()["degraded_reason"]
+    assert reason.startswith("3 folds in a row failed; the last (empty): "), reason
     assert folds.consolidate_once(chat_id, RequestTrigger.MANUAL).status == "succeeded"
+    brief.refresh_from_db()
+    assert (brief.consecutive_failures, brief.degraded) == (0, False)
 
 
 # --------------------------------------------------------------------------------------------
@@ -320,7 +350,7 @@ def test_a_background_fold_falls_back_once_no_fast_retry_is_left_and_the_brief_s
     assert brief.fallback_since is not None and brief.fallback_reason.startswith("summarizer")
     # The model summarizer still fails: the brief keeps saying so; the range is folded, so no
     # retry waits, and the next fold due asks the model first.
-    assert (brief.degraded, brief.consecutive_failures, brief.next_attempt_at) == (True, 2, None)
+    assert (brief.degraded, brief.consecutive_failures, brief.next_attempt_at) == (False, 2, None)
     shown = api.get(f"/api/v1/chats/{chat_id}/brief/").json()
     assert shown["fallback_since"] is not None and shown["fallback_reason"]
     # The next model fold rewrites the fallback summary and ends both states.
@@ -517,6 +547,7 @@ def test_a_failed_manual_fold_does_not_leave_the_chat_degraded_for_ever(
     chat_id = api.post("/api/v1/chats/", body, format="json").json()["id"]
     for number in range(5):
         api.post(f"/api/v1/chats/{chat_id}/turns/", {"content": f"n{number}"}, format="json")
+    ladder.MEMORY_DEGRADED_AFTER_FAILURES = 1
     use_fake_openai.queue_faults("summarize", ["401"])
     assert folds.consolidate_once(chat_id, RequestTrigger.MANUAL).status == "failed"
     brief = Brief.objects.get(chat_id=chat_id)

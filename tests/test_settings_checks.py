@@ -82,6 +82,11 @@ def test_memory_settings_are_checked(settings: Any, name: str, value: Any, says:
         ("DB_POOL_MAX_SIZE", -1, "DB_POOL_MAX_SIZE must not be negative"),
         ("LLM_TIMEOUT_SECONDS", 0.0, "LLM_TIMEOUT_SECONDS must be greater"),
         ("CHATMEM_MAX_MESSAGE_CHARS", 0, "CHATMEM_MAX_MESSAGE_CHARS must be greater"),
+        ("MODEL_TOKENIZERS", "smollm2", "must look like model=encoding_or_tokenizer.json"),
+        ("MODEL_TOKENIZERS", "smollm2=/nowhere/tokenizer.json", "smollm2's tokenizer"),
+        ("MODEL_TOKENIZERS", "smollm2=p50k_nonesuch", "smollm2's tokenizer"),
+        ("TOKEN_COUNT_MARGIN", 0.8, "TOKEN_COUNT_MARGIN 0.8 must be at least 1"),
+        ("UNKNOWN_MODEL_NON_LATIN_MARGIN", 0.5, "UNKNOWN_MODEL_NON_LATIN_MARGIN 0.5 must be"),
     ],
 )
 def test_web_settings_are_checked(settings: Any, name: str, value: Any, says: str) -> None:

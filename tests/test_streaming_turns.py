@@ -318,6 +318,7 @@ def test_model_failure_is_an_error_event_and_stores_nothing(  # type: ignore[no-
     error = events[-1].data
     assert error["code"] == code
     assert error["status"] == status
+    assert error["retry"] is True
     assert "Nothing was stored" in error["detail"]
     assert stored(chat_id) == []
     assert Chat.objects.get(pk=chat_id).last_seq == 0
@@ -325,6 +326,23 @@ def test_model_failure_is_an_error_event_and_stores_nothing(  # type: ignore[no-
     retry = post_turn(chat_id, {"content": "one two three four", "stream": True}).all_events()
     assert names(retry)[-1] == "done"
     assert [m.seq for m in stored(chat_id)] == [1, 2]
+
+
+def test_a_prompt_the_model_refuses_as_over_its_window_says_not_to_retry(  # type: ignore[no-untyped-def]
+    api, post_turn, use_fake_openai: FakeOpenAI
+) -> None:
+    """llama.cpp's server starts the stream, then sends its context-size error as an event:
+    the same turn would be refused again, so the error event says not to send it again."""
+    chat_id = new_chat(api)
+    use_fake_openai.queue_faults("chat", ["context_exceeded"])
+    events = post_turn(chat_id, {"content": "one two three four", "stream": True}).all_events()
+    assert names(events)[-1] == "error"
+    error = events[-1].data
+    assert (error["code"], error["status"], error["retry"]) == ("model_error", 502, False)
+    assert "longer than its context window; sending it again cannot help" in error["detail"]
+    assert "exceeds the available context size" in error["detail"]
+    assert "retry the turn" not in error["detail"]
+    assert stored(chat_id) == []
 
 
 def test_a_reply_trickling_past_the_model_deadline_times_out(  # type: ignore[no-untyped-def]

@@ -245,7 +245,8 @@ def test_with_the_background_fallback_the_worker_folds_offline_and_recovers(
         ]
         assert not any(r.synchronous for r in rows)
         brief = Brief.objects.get(chat_id=chat_id)
-        assert brief.fallback_since is not None and brief.degraded
+        assert brief.fallback_since is not None and brief.consecutive_failures >= 2
+        assert brief.degraded == (brief.consecutive_failures >= 3)  # the streak, not the kind
         use_fake_openai.clear_faults("summarize")
         for number in range(6):
             assert post_turn(user, chat_id, f"recovered {number}").status_code == 201

@@ -211,9 +211,10 @@ TURN_STREAM_DESCRIPTION = """Server-sent events, when the body has `"stream": tr
   "content", "token_count", "pending": true}}`, once, first;
 - `event: delta`: `{"content": "..."}` for each piece of the reply as the model produces it;
 - then exactly one of `event: done`, with the JSON turn's 201 body (`user_message`,
-  `assistant_message`, both stored), or `event: error`, with `{"code", "detail", "status"}` (the
-  JSON turn's error: 502/503/504 from the model or the memory bound, 409 `turn_in_progress`,
-  404 `chat_deleted`, 500 `server_error`; nothing was stored).
+  `assistant_message`, both stored), or `event: error`, with `{"code", "detail", "status",
+  "retry"}` (the JSON turn's error: 502/503/504 from the model or the memory bound, 409
+  `turn_in_progress`, 404 `chat_deleted`, 500 `server_error`; `retry` is false when sending the
+  same turn again cannot help, as the JSON turn's `x-should-retry: false`; nothing was stored).
 
 Lines starting with `:` are keep-alive comments. A client that disconnects does not cancel the
 turn: it is completed and stored. See docs/streaming.md."""

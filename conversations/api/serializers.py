@@ -168,6 +168,12 @@ class BriefSerializer(serializers.ModelSerializer):
     unfolded = serializers.IntegerField(read_only=True)
     pending = serializers.BooleanField(read_only=True)
     withheld = WithheldSerializer(many=True, read_only=True)
+    degraded_reason = serializers.SerializerMethodField(
+        help_text=(
+            "Why the memory is degraded: how many folds in a row failed and the last failure's "
+            "kind and error; empty when it is not."
+        )
+    )
 
     class Meta:
         model = Brief
@@ -180,6 +186,7 @@ class BriefSerializer(serializers.ModelSerializer):
             "unfolded",
             "pending",
             "degraded",
+            "degraded_reason",
             "consecutive_failures",
             "next_attempt_at",
             "last_error",
@@ -210,6 +217,16 @@ class BriefEditSerializer(serializers.Serializer):
                     {key: ["Unknown field; the only field is summary."] for key in unknown}
                 )
         return dict(super().to_internal_value(data))
+
+    def get_degraded_reason(self, brief: Brief) -> str:
+        return degraded_reason(brief)
+
+
+def degraded_reason(brief: Brief) -> str:
+    if not brief.degraded:
+        return ""
+    kind = f" ({brief.failure_kind})" if brief.failure_kind else ""
+    return f"{brief.consecutive_failures} folds in a row failed; the last{kind}: {brief.last_error}"
 
 
 class ConsolidationSerializer(serializers.ModelSerializer):

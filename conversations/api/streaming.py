@@ -3,7 +3,9 @@ true`` or ``Accept: text/event-stream``).
 
 Events, in order: ``accepted`` (once), ``delta`` (each piece of the reply as the model produces
 it), then exactly one of ``done`` (the stored user and assistant messages, as in the JSON turn)
-or ``error`` (``code``, ``detail``, ``status``: the JSON turn's error; nothing was stored).
+or ``error`` (``code``, ``detail``, ``status``: the JSON turn's error, and ``retry``: false when
+sending the same turn again cannot help, as the JSON turn's ``x-should-retry: false``; nothing
+was stored).
 Comment lines (``: keep-alive``) are sent while nothing else is, so idle proxies keep the
 connection open. The turn itself runs on its own thread (services.turns.start_streamed_turn):
 this module only formats its events, and a client that disconnects only stops the formatting.
@@ -97,7 +99,9 @@ def turn_event(event: TurnEvent | None) -> bytes:
         result = event.result
         return sse("done", turn_response_body(result.user_message, result.assistant_message))
     exc = errors.turn_error(event.error)
-    return sse("error", {"code": exc.default_code, "detail": exc.detail, "status": exc.status_code})
+    retry = getattr(exc, "should_retry", True)  # the JSON turn's x-should-retry
+    body = {"code": exc.default_code, "detail": exc.detail, "status": exc.status_code}
+    return sse("error", {**body, "retry": retry})
 
 
 def heartbeat_seconds() -> float:
