@@ -7,7 +7,7 @@ from django.contrib import admin
 from django.http import HttpRequest
 from django.utils.html import format_html
 
-from conversations.models import AgentState
+from conversations.models import AgentState, Chat
 
 RECENT_SUMMARIES = 10
 
@@ -16,10 +16,28 @@ def _pretty(value: object) -> str:
     return format_html("<pre>{}</pre>", json.dumps(value, indent=2, ensure_ascii=False))
 
 
+def agent_state_shown(chat: Chat) -> bool:
+    """Whether the chat has agent state worth a section: most chats have none, or only empty
+    lists."""
+    state = AgentState.objects.filter(chat=chat).first()
+    if state is None:
+        return False
+    tracked = (
+        state.engagement_summary,
+        state.active_entities,
+        state.entity_registry,
+        state.pending_clarification,
+        state.recent_steps,
+        state.step_summaries,
+        state.context_block,
+    )
+    return any(tracked) or chat.response_summaries.exists()
+
+
 class AgentStateInline(admin.StackedInline):
     model = AgentState
     can_delete = False
-    verbose_name = verbose_name_plural = "agent state (seed 004)"
+    verbose_name = verbose_name_plural = "what the assistant is tracking (agent state)"
     readonly_fields = (
         "engagement_summary",
         "active",
