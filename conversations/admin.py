@@ -223,7 +223,7 @@ class ChatAdmin(admin.ModelAdmin):
     def degraded(self, chat: Chat) -> str:
         return shown.degraded_badge(chat.brief.degraded)
 
-    @admin.display(description="next fold")
+    @admin.display(description="folding")
     def next_fold(self, chat: Chat) -> str:
         return shown.outlook_line(self.outlook(chat))
 
