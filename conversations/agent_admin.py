@@ -2,6 +2,7 @@
 written only by the Summarize step after replies."""
 
 import json
+from typing import Any
 
 from django.contrib import admin
 from django.http import HttpRequest
@@ -34,6 +35,18 @@ def agent_state_shown(chat: Chat) -> bool:
     return any(tracked) or chat.response_summaries.exists()
 
 
+# The inline's fields left out when their model field is empty.
+HIDDEN_WHEN_EMPTY = {
+    "engagement_summary": "engagement_summary",
+    "active": "active_entities",
+    "pending": "pending_clarification",
+    "registry": "entity_registry",
+    "steps": "recent_steps",
+    "older_steps": "step_summaries",
+    "context_block": "context_block",
+}
+
+
 class AgentStateInline(admin.StackedInline):
     model = AgentState
     can_delete = False
@@ -53,6 +66,17 @@ class AgentStateInline(admin.StackedInline):
         "updated_at",
     )
     fields = readonly_fields
+
+    def get_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        """Only what the state holds: an empty list or text is left out, not shown as []."""
+        state = getattr(obj, "agent_state", None)
+        if state is None:
+            return self.fields
+        return [
+            name
+            for name in self.fields
+            if name not in HIDDEN_WHEN_EMPTY or getattr(state, HIDDEN_WHEN_EMPTY[name])
+        ]
 
     def has_add_permission(self, request: HttpRequest, obj: object = None) -> bool:
         return False

@@ -764,6 +764,7 @@ def test_agent_state_is_shown_under_a_plain_title_only_when_there_is_some(
     page = change_page(staff, chat)
     assert "What the assistant is tracking" in page and "the Lisbon trip" in page
     assert "seed 004" not in page
+    assert "Recent step results" not in page  # empty: left out, not shown as []
 
 
 def test_the_message_list_shows_content_truncated(staff: Client, user: Any) -> None:
