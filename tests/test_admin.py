@@ -1,9 +1,10 @@
 """The Django admin for inspecting and editing chats.
 
-Inspecting: summary, ledger, context preview, filters, the "consolidate now" action; and the same
-walkthrough in headless Chromium (Debian's chromium and chromium-driver), with a screenshot in
-artifacts/. The pages that grow with the data (the owner select, the message and ledger lists,
-the daily notes) stay cheap as it grows (docs/operations.md, "The admin").
+Inspecting: memory shown once and plainly (the summary against its cap, folded/verbatim marks,
+the next fold's outlook), ledger, context preview, filters, the "consolidate now" action; the
+same page in headless Chromium is tests/test_first_hour.py's (chromium_driver below). The pages
+that grow with the data (the owner select, the message and ledger lists, the daily notes) stay
+cheap as it grows (docs/operations.md, "The admin").
 
 Editing keeps the API's rules: a chat added there gets its brief and a counted system prompt, a
 policy, variant or policy_overrides its turns could not use is refused on the form, an edit never
@@ -17,7 +18,6 @@ import importlib
 import re
 import shutil
 from datetime import date, timedelta
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -48,7 +48,6 @@ from tests.conftest import require
 
 pytestmark = pytest.mark.django_db
 
-ROOT = Path(__file__).resolve().parent.parent
 PASSWORD = "admin-pw-123"
 HIDDEN = re.compile(
     r'<input type="hidden" name="([^"]+-(?:TOTAL|INITIAL|MIN_NUM|MAX_NUM)_FORMS)"[^>]*value="(\d*)"'
@@ -185,35 +184,6 @@ def chromium_driver() -> Any:
         options.add_argument(argument)
     options.add_argument("--window-size=1400,2400")
     return webdriver.Chrome(service=Service(str(chromedriver)), options=options)
-
-
-def test_admin_walkthrough_in_headless_chromium(
-    live_server: Any, admin_user: Any, api: Any
-) -> None:
-    from selenium.webdriver.common.by import By
-
-    chat = chat_with_summary(api)
-    brief = Brief.objects.get(chat=chat)
-    driver = chromium_driver()
-    try:
-        driver.implicitly_wait(10)
-        driver.get(f"{live_server.url}/admin/login/?next=/admin/")
-        driver.find_element(By.NAME, "username").send_keys("root")
-        driver.find_element(By.NAME, "password").send_keys(PASSWORD)
-        driver.find_element(By.CSS_SELECTOR, "input[type=submit]").click()
-        driver.find_element(By.LINK_TEXT, "Chats").click()
-        driver.find_element(By.LINK_TEXT, str(chat.pk)).click()
-        body = driver.find_element(By.TAG_NAME, "body").text
-        assert brief.summary.splitlines()[0].lstrip("#").strip() in body
-        assert "succeeded" in body  # the ledger
-        assert "What the model sees next" in body
-        last = chat.messages.order_by("-seq").first()
-        assert last is not None and last.content[:40] in body
-        artifacts = ROOT / "artifacts"
-        artifacts.mkdir(exist_ok=True)
-        assert driver.save_screenshot(str(artifacts / "admin-chat.png"))
-    finally:
-        driver.quit()
 
 
 def test_chat_page_shows_daily_notes(client: Any, admin_user: Any, api: Any) -> None:

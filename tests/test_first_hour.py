@@ -138,10 +138,11 @@ def test_the_admin_shows_a_folded_chats_memory_once_and_plainly(live_server: Any
     driver = chromium_driver()
     try:
         driver.implicitly_wait(2)
-        driver.get(f"{live_server.url}/admin/login/?next=/admin/conversations/chat/")
+        driver.get(f"{live_server.url}/admin/login/?next=/admin/")
         driver.find_element(By.NAME, "username").send_keys("root")
         driver.find_element(By.NAME, "password").send_keys(ADMIN_PASSWORD)
         driver.find_element(By.CSS_SELECTOR, "input[type=submit]").click()
+        driver.find_element(By.LINK_TEXT, "Chats").click()
         driver.find_element(By.LINK_TEXT, str(chat.pk)).click()
         summaries = driver.find_elements(By.CSS_SELECTOR, ".chatmem-summary")
         assert len(summaries) == 1
@@ -155,6 +156,10 @@ def test_the_admin_shows_a_folded_chats_memory_once_and_plainly(live_server: Any
         marked = {cells[1].text for cells in marks if len(cells) > 2}
         assert {"folded", "verbatim"} <= marked
         assert "next fold: when" in body or "due now:" in body
+        assert "succeeded" in body  # the ledger
+        assert "What the model sees next" in body
+        last = chat.messages.order_by("-seq").first()
+        assert last is not None and last.content[:40] in body
         ARTIFACTS.mkdir(exist_ok=True)
         assert driver.save_screenshot(str(ARTIFACTS / "first-hour-admin-chat.png"))
     except Exception:

@@ -20,7 +20,6 @@ import os
 import secrets
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -29,15 +28,14 @@ from django.contrib.auth import get_user_model
 from django.core.exceptions import ImproperlyConfigured
 from rest_framework.authtoken.models import Token
 
-from bench.throughput import free_port, gunicorn_command
 from chatmem_project import boot
 from chatmem_project.boot import check_model_configured, check_secret_key
 from conversations.checks import check_web_settings
 from conversations.services.chats import create_chat
 from memory_worker.checks import check_memory_settings
 from tests.fake_openai import FakeOpenAI
-from tests.http_turns import send_turn
-from tests.test_gevent_server import answers, url_of_the_test_database
+from tests.http_turns import send_turn, serving_gunicorn
+from tests.test_gevent_server import url_of_the_test_database
 from tests.workers import worker_env
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -458,30 +456,12 @@ def test_a_server_started_with_only_a_base_url_sends_turns_to_it(
         CHAT_MODEL="fake-chat",
         TURN_RATE_LIMIT="",
     )
-    port = free_port()
-    command = [*gunicorn_command(port, workers=1, threads=2, worker_class="gthread")]
-    server = subprocess.Popen(
-        command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
-    try:
-        deadline = time.monotonic() + DEADLINE
-        while not answers(port):
-            if server.poll() is not None:
-                pytest.fail(f"gunicorn exited: {server.stdout.read()}")  # type: ignore[union-attr]
-            assert time.monotonic() < deadline, "gunicorn did not answer /healthz"
-            time.sleep(0.1)  # still booting: poll until the deadline
+    with serving_gunicorn(env, "gthread", 2, DEADLINE) as port:
         connection = http.client.HTTPConnection("127.0.0.1", port, timeout=DEADLINE)
         send_turn(connection, token, chat.pk, {"content": "Hello"}, "application/json")
         response = connection.getresponse()
         body = json.loads(response.read())
-        assert response.status == 201, body
-        [request] = fake_openai.chat_requests()
-        assert request.body["messages"][-1]["content"] == "Hello"
-        assert body["assistant_message"]["content"].startswith("fake reply #1"), body
-    finally:
-        server.terminate()
-        try:
-            server.wait(DEADLINE)
-        except subprocess.TimeoutExpired:
-            server.kill()  # never leave a server running behind a failed shutdown
-            server.wait(DEADLINE)
+    assert response.status == 201, body
+    [request] = fake_openai.chat_requests()
+    assert request.body["messages"][-1]["content"] == "Hello"
+    assert body["assistant_message"]["content"].startswith("fake reply #1"), body
