@@ -207,6 +207,8 @@ LANGUAGE_CODE = "en-us"
 TIME_ZONE = env_text("TIME_ZONE", "UTC")
 USE_I18N = True
 USE_TZ = True
+# One timestamp format on every admin page (chatmem_project/formats/en/formats.py).
+FORMAT_MODULE_PATH = ["chatmem_project.formats"]
 STATIC_URL = "static/"
 STATIC_ROOT = env_text("STATIC_ROOT", str(BASE_DIR / "staticfiles"))
 # WhiteNoise (conversations.middleware.StaticFilesMiddleware) serves them from STATIC_ROOT once

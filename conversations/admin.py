@@ -10,18 +10,21 @@ from django.core.exceptions import PermissionDenied
 from django.db.models import CASCADE, Model, QuerySet
 from django.http import HttpRequest
 from django.urls import reverse
-from django.utils import formats, timezone
-from django.utils.html import format_html, format_html_join, linebreaks
+from django.utils import formats
+from django.utils.html import format_html, format_html_join
 from django.utils.safestring import mark_safe
 
+from conversations import admin_memory as shown
 from conversations.admin_brief import edit_link, summary_edit_urls
 from conversations.admin_filters import MemoryFilter, TriggerFilter
 from conversations.admin_forms import ChatForm
-from conversations.agent_admin import AgentStateInline
+from conversations.admin_memory import table, when
+from conversations.agent_admin import AgentStateInline, agent_state_shown
 from conversations.models import Brief, Chat, Consolidation, DailyNote, Message
 from conversations.pin_admin import PinInline
 from conversations.services import chats as chat_service
 from conversations.services.chats import next_context
+from conversations.services.fold_outlook import FoldOutlook, fold_outlook
 from memory_worker.dispatch import RequestTrigger
 from memory_worker.fold_ledger import lag_ms
 from memory_worker.runs import request_consolidation
@@ -76,26 +79,6 @@ def counted_deletion(
     return listed, counts, perms_needed or set(), []
 
 
-class BriefInline(admin.StackedInline):
-    model = Brief
-    can_delete = False
-    readonly_fields = (
-        "summary",
-        "summary_tokens",
-        "last_consolidated",
-        "last_consolidated_at",
-        "version",
-        "degraded",
-        "consecutive_failures",
-        "next_attempt_at",
-        "last_error",
-        "withheld",
-        "fallback_since",
-        "fallback_reason",
-    )
-    fields = readonly_fields
-
-
 # Viewing a chat must not queue folds (each costs a model call): the action needs the change
 # permission, as editing the chat would.
 @admin.action(description="Consolidate now", permissions=["change"])
@@ -129,16 +112,6 @@ def chat_column(row: Message | Consolidation) -> str:
     return str(row.chat)
 
 
-def table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
-    head = format_html_join("", "<th>{}</th>", ((cell,) for cell in header))
-    body = format_html_join(
-        "",
-        "<tr>{}</tr>",
-        ((format_html_join("", "<td>{}</td>", ((cell,) for cell in row)),) for row in rows),
-    )
-    return format_html('<table class="chatmem-table"><tr>{}</tr>{}</table>', head, body)
-
-
 @admin.register(Chat)
 class ChatAdmin(admin.ModelAdmin):
     list_display = [
@@ -165,43 +138,67 @@ class ChatAdmin(admin.ModelAdmin):
         "unfolded",
         "last_consolidated_at",
         "degraded",
+        "next_fold",
         "summary",
+        "memory_notes",
         "context_preview",
         "recent_messages",
         "ledger",
         "daily_notes",
+        "created_at",
+        "updated_at",
     ]
-    fieldsets = [
-        (None, {"fields": list(chat_service.EDITABLE_FIELDS)}),
-        (
-            "Memory",
-            {
-                "fields": [
-                    "last_seq",
-                    "last_consolidated",
-                    "unfolded",
-                    "last_consolidated_at",
-                    "degraded",
-                    "summary",
-                ]
-            },
-        ),
-        ("What the model sees next", {"fields": ["context_preview"]}),
-        ("History (append-only)", {"fields": ["recent_messages", "ledger"]}),
-        ("Daily notes (seed 002)", {"fields": ["daily_notes"]}),
-        (
-            "Turn slot",
-            {
-                "classes": ["collapse"],
-                "fields": ["turn_token", "turn_started_at", "system_prompt_tokens"],
-            },
-        ),
-    ]
-    inlines = [BriefInline, PinInline, AgentStateInline]
+    inlines = [PinInline, AgentStateInline]
     actions = [consolidate_now]
     form = ChatForm
     # A select of every user: 2 MB and seconds per page with 50,000 of them.
     raw_id_fields = ["owner"]
+
+    def get_fieldsets(self, request: HttpRequest, obj: Chat | None = None) -> Any:
+        editable = (None, {"fields": list(chat_service.EDITABLE_FIELDS)})
+        if obj is None:
+            return [editable]
+        brief = obj.brief
+        memory = ["degraded"] if brief.degraded else []
+        memory += ["next_fold", "summary", "last_seq", "last_consolidated", "unfolded"]
+        memory += ["last_consolidated_at"]
+        if memory_notes(brief):
+            memory.append("memory_notes")
+        return [
+            editable,
+            ("Memory", {"fields": memory}),
+            ("What the model sees next", {"fields": ["context_preview"]}),
+            ("History (append-only)", {"fields": ["recent_messages", "ledger"]}),
+            ("Daily notes", {"fields": ["daily_notes"]}),
+            (
+                "Turn slot and times",
+                {
+                    "classes": ["collapse"],
+                    "fields": [
+                        "turn_token",
+                        "turn_started_at",
+                        "system_prompt_tokens",
+                        "created_at",
+                        "updated_at",
+                    ],
+                },
+            ),
+        ]
+
+    def get_inline_instances(self, request: HttpRequest, obj: Chat | None = None) -> list[Any]:
+        # Agent state only where a chat has some (most have none: a page of empty lists).
+        instances = super().get_inline_instances(request, obj)
+        if obj is None or not agent_state_shown(obj):
+            return [i for i in instances if not isinstance(i, AgentStateInline)]
+        return instances
+
+    def outlook(self, chat: Chat) -> FoldOutlook:
+        # Read once per page: several fields show it.
+        found: FoldOutlook | None = getattr(chat, "_fold_outlook", None)
+        if found is None:
+            found = fold_outlook(chat)
+            chat._fold_outlook = found  # type: ignore[attr-defined]
+        return found
 
     def save_model(self, request: HttpRequest, obj: Chat, form: Any, change: bool) -> None:
         chat_service.save_chat(obj)
@@ -224,40 +221,54 @@ class ChatAdmin(admin.ModelAdmin):
         return chat.last_seq - chat.brief.last_consolidated
 
     @admin.display(description="last consolidated at")
-    def last_consolidated_at(self, chat: Chat) -> object:
-        return chat.brief.last_consolidated_at
+    def last_consolidated_at(self, chat: Chat) -> str:
+        return when(chat.brief.last_consolidated_at)
 
-    @admin.display(description="degraded", boolean=True)
-    def degraded(self, chat: Chat) -> bool:
-        return chat.brief.degraded
+    # A warning only when true: a red "no" read as an alarm.
+    @admin.display(description="degraded", ordering="brief__degraded")
+    def degraded(self, chat: Chat) -> str:
+        return shown.degraded_badge(chat.brief.degraded)
+
+    @admin.display(description="folding")
+    def next_fold(self, chat: Chat) -> str:
+        return shown.outlook_line(self.outlook(chat))
 
     @admin.display(description="summary")
     def summary(self, chat: Chat) -> str:
-        if not chat.brief.summary:
-            return format_html("(no summary yet){}", edit_link(chat))
-        # linebreaks escapes the text itself (autoescape=True): safe to mark as such.
-        rendered = mark_safe(linebreaks(chat.brief.summary, autoescape=True))
-        return format_html('<div class="chatmem-summary">{}</div>{}', rendered, edit_link(chat))
+        return format_html(
+            "{}{}", shown.summary_block(chat.brief.summary, self.outlook(chat)), edit_link(chat)
+        )
+
+    @admin.display(description="also")
+    def memory_notes(self, chat: Chat) -> str:
+        return format_html_join(mark_safe("<br>"), "{}: {}", memory_notes(chat.brief))
 
     @admin.display(description="context preview")
     def context_preview(self, chat: Chat) -> str:
         """Exactly the list the model receives next (the /context/ endpoint), before the new
         user message."""
-        rows = [
-            [m["role"], format_html("<pre>{}</pre>", m.get("content") or "")]
-            for m in next_context(chat)
-        ]
-        return table(["role", "content"], rows)
+        return table(["role", "content"], shown.context_rows(next_context(chat)))
 
     @admin.display(description=f"latest {RECENT_ROWS} messages")
     def recent_messages(self, chat: Chat) -> str:
         latest = chat.messages.order_by("-seq")[:RECENT_ROWS]
-        rows = [[m.seq, m.role, m.token_count, m.content[:300]] for m in reversed(latest)]
+        watermark = chat.brief.last_consolidated
+        rows = [
+            [
+                m.seq,
+                shown.memory_mark(m.seq, watermark),
+                m.role,
+                m.token_count,
+                when(m.created_at),
+                m.content[:300],
+            ]
+            for m in reversed(latest)
+        ]
         # The message list is newest first (MessageAdmin.ordering): the link continues this table.
         link = reverse("admin:conversations_message_changelist") + f"?chat__id__exact={chat.pk}"
         return format_html(
             '{}<p><a href="{}">all messages</a></p>',
-            table(["seq", "role", "tokens", "content"], rows),
+            table(["seq", "memory", "role", "tokens", "created", "content"], rows),
             link,
         )
 
@@ -294,7 +305,7 @@ class ChatAdmin(admin.ModelAdmin):
                 formats.date_format(note.day),
                 format_html_join(mark_safe("<br>"), "- {}", ((f["text"],) for f in note.facts)),
                 note.extractor,
-                formats.localize(timezone.localtime(note.updated_at)),
+                when(note.updated_at),
             ]
             for note in latest
         ]
@@ -307,9 +318,18 @@ class ChatAdmin(admin.ModelAdmin):
 
 @admin.register(Message)
 class MessageAdmin(ReadOnlyAdmin):
-    list_display = [chat_column, "seq", "role", "token_count", "model_variant", "created_at"]
+    list_display = [
+        chat_column,
+        "seq",
+        "memory",
+        "role",
+        "content_column",
+        "token_count",
+        "model_variant",
+        "created_at",
+    ]
     list_filter = ["role"]
-    list_select_related = ["chat"]
+    list_select_related = ["chat", "chat__brief"]
     # Newest first, on the table's own UNIQUE (chat, seq) index: the model's ordering ("chat")
     # sorts by the chat's ordering, a join and a sort of every message.
     ordering = ["-chat_id", "-seq"]
@@ -318,6 +338,14 @@ class MessageAdmin(ReadOnlyAdmin):
     # Spares the second count, of the whole table, that a filtered page shows as "(N total)".
     # The paginator still counts the rows it pages: all of them on the unfiltered list.
     show_full_result_count = False
+
+    @admin.display(description="memory")
+    def memory(self, message: Message) -> str:
+        return shown.memory_mark(message.seq, message.chat.brief.last_consolidated)
+
+    @admin.display(description="content")
+    def content_column(self, message: Message) -> str:
+        return shown.content_preview(message.content)
 
 
 @admin.register(Consolidation)
@@ -357,11 +385,32 @@ class BriefAdmin(ReadOnlyAdmin):
         "chat",
         "last_consolidated",
         "version",
-        "degraded",
+        "degraded_warning",
         "next_attempt_at",
         "fallback_since",
     ]
     list_filter = ["degraded", ("fallback_since", admin.EmptyFieldListFilter)]
+
+    @admin.display(description="degraded", ordering="degraded")
+    def degraded_warning(self, brief: Brief) -> str:
+        return shown.degraded_badge(brief.degraded)
+
+
+def memory_notes(brief: Brief) -> list[tuple[str, object]]:
+    """The brief's failure and fallback state, only what is set."""
+    notes: list[tuple[str, object]] = []
+    if brief.consecutive_failures:
+        notes.append(("failed folds in a row", brief.consecutive_failures))
+    if brief.next_attempt_at:
+        notes.append(("next attempt", when(brief.next_attempt_at)))
+    if brief.last_error:
+        notes.append(("last error", brief.last_error))
+    if brief.withheld:
+        notes.append(("withheld messages (the summarizer refused them)", brief.withheld))
+    if brief.fallback_since:
+        reason = brief.fallback_reason or "the summarizer failed"
+        notes.append(("offline fallback summary since", f"{when(brief.fallback_since)} ({reason})"))
+    return notes
 
 
 class ChatOwnerAdmin(UserAdmin):

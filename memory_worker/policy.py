@@ -311,29 +311,72 @@ def _newest_turn_boundary(state: ChatState) -> int:
     return max(boundaries(state))
 
 
-def _triggered(state: ChatState, policy: Policy, now: datetime) -> Trigger | None:
+@dataclass(frozen=True, slots=True)
+class Measure:
+    """One background trigger's test: where the chat stands (``value``, in ``quantity``) against
+    its threshold, reached past it (``strict``) or at it, and only while ``armed``."""
+
+    trigger: Trigger
+    quantity: str
+    value: float
+    threshold: float
+    strict: bool = True
+    armed: bool = True
+
+    @property
+    def reached(self) -> bool:
+        if not self.armed:
+            return False
+        return self.value > self.threshold if self.strict else self.value >= self.threshold
+
+
+def measures(state: ChatState, policy: Policy, now: datetime) -> list[Measure]:
+    """Each background trigger the policy has, in priority order, measured now: what ``decide``
+    tests, and what tells a person when the next fold is due."""
     pending = backlog(state, policy)
     limits = chat_thresholds(state, policy)
-    checks = {
-        Trigger.TOKEN_BUDGET: _token_budget_exceeded(state, limits),
-        Trigger.OVERFLOW: limits.message_trigger is not None
-        and len(state.unfolded) > limits.message_trigger,
-        Trigger.HARD_LIMIT: policy.hard_limit is not None and pending >= policy.hard_limit,
-        Trigger.WINDOW: policy.window is not None and pending >= policy.window,
-        Trigger.SAFETY: policy.safety_user_turns is not None
-        and sum(1 for m in state.unfolded if m.role == "user" and m.seq > state.turns_mark)
-        >= policy.safety_user_turns,
-        Trigger.CHUNK_SIZE: limits.chunk_trigger is not None
-        and history_tokens(state) > limits.chunk_trigger,
-        Trigger.COOLDOWN: policy.cooldown_seconds is not None
-        and pending > 0
-        and (
-            state.last_consolidated_at is None
-            or (now - state.last_consolidated_at).total_seconds() >= policy.cooldown_seconds
-        ),
-    }
+    history = history_tokens(state)
+    found = [
+        Measure(Trigger.TOKEN_BUDGET, "prompt tokens", prompt_tokens(state), limits.prompt_trigger)
+    ]
+    if limits.token_trigger is not None:
+        found.append(Measure(Trigger.TOKEN_BUDGET, "history tokens", history, limits.token_trigger))
+    if limits.message_trigger is not None:
+        unfolded = len(state.unfolded)
+        found.append(
+            Measure(Trigger.OVERFLOW, "unfolded messages", unfolded, limits.message_trigger)
+        )
+    for trigger, knob in ((Trigger.HARD_LIMIT, policy.hard_limit), (Trigger.WINDOW, policy.window)):
+        if knob is not None:
+            found.append(Measure(trigger, "backlog messages", pending, knob, strict=False))
+    if policy.safety_user_turns is not None:
+        users = sum(1 for m in state.unfolded if m.role == "user" and m.seq > state.turns_mark)
+        found.append(
+            Measure(Trigger.SAFETY, "user turns", users, policy.safety_user_turns, strict=False)
+        )
+    if limits.chunk_trigger is not None:
+        found.append(Measure(Trigger.CHUNK_SIZE, "history tokens", history, limits.chunk_trigger))
+    if policy.cooldown_seconds is not None:
+        since = state.last_consolidated_at
+        elapsed = float("inf") if since is None else (now - since).total_seconds()
+        cooldown = policy.cooldown_seconds
+        found.append(
+            Measure(
+                Trigger.COOLDOWN,
+                "seconds since the last fold",
+                elapsed,
+                cooldown,
+                strict=False,
+                armed=pending > 0,
+            )
+        )
+    return found
+
+
+def _triggered(state: ChatState, policy: Policy, now: datetime) -> Trigger | None:
+    reached = {measure.trigger for measure in measures(state, policy, now) if measure.reached}
     for trigger in TRIGGER_PRIORITY:
-        if checks[trigger] and _range_end(state, policy, trigger) > state.last_consolidated:
+        if trigger in reached and _range_end(state, policy, trigger) > state.last_consolidated:
             return trigger
     return None
 

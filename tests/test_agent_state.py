@@ -665,7 +665,7 @@ def test_admin_shows_the_agent_state(api, admin_client) -> None:  # type: ignore
     page = admin_client.get(f"/admin/conversations/chat/{chat_id}/change/")
     assert page.status_code == 200
     html = page.content.decode()
-    assert "Agent state (seed 004)" in html
+    assert "What the assistant is tracking (agent state)" in html
     assert "Which bowl, exactly?" in html
 
 

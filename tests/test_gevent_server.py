@@ -26,7 +26,7 @@ from conversations.models import Chat, Message
 from conversations.services.chats import create_chat
 from tests.conftest import require
 from tests.fake_openai import FakeOpenAI
-from tests.http_turns import send_turn
+from tests.http_turns import send_turn, serving_gunicorn
 
 ROOT = Path(__file__).resolve().parent.parent
 DEADLINE = 30.0  # seconds; every wait below polls up to this and then fails
@@ -71,38 +71,15 @@ def gunicorn(port: int, env: dict[str, str]) -> subprocess.Popen:
     )
 
 
-def answers(port: int) -> bool:
-    try:
-        probe = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
-        probe.request("GET", "/healthz")
-        return probe.getresponse().status == 200
-    except OSError:
-        return False
-
-
 @pytest.fixture
 def gevent_url(require_postgres: None, fake_openai: FakeOpenAI) -> Iterator[tuple[str, int]]:
     try:
         import gevent  # noqa: F401
     except ImportError:
         require("gevent", "not installed (pip install -e '.[test]')")
-    port = free_port()
-    server = gunicorn(port, server_env(fake_openai.base_url, POOL_SIZE))
-    try:
-        deadline = time.monotonic() + DEADLINE
-        while not answers(port):
-            if server.poll() is not None:
-                pytest.fail(f"gunicorn -k gevent exited: {server.stdout.read()}")  # type: ignore[union-attr]
-            assert time.monotonic() < deadline, "gunicorn -k gevent did not answer /healthz"
-            time.sleep(0.1)  # still booting: poll until the deadline
+    env = server_env(fake_openai.base_url, POOL_SIZE)
+    with serving_gunicorn(env, "gevent", GREENLETS, DEADLINE) as port:
         yield "127.0.0.1", port
-    finally:
-        server.terminate()
-        try:
-            server.wait(DEADLINE)
-        except subprocess.TimeoutExpired:
-            server.kill()  # never leave a server running behind a failed shutdown
-            server.wait(DEADLINE)
 
 
 @pytest.fixture

@@ -5,10 +5,15 @@ the processes that run the checks stop on them.
 With DEBUG off, a known or short SECRET_KEY (the development default in the source, the
 .env.example placeholder) lets anyone forge the admin's sessions: every server refuses to start
 with it (chatmem.E008). A checkout with nothing configured (the tests, CI's `manage.py check`,
-benchmarks) and README's command 1 (DEBUG=true) still run."""
+benchmarks) and README's command 1 (DEBUG=true) still run.
+
+With DEBUG off and no model configured a server refuses to start, saying what to set
+(chatmem.E009); a real gunicorn given only OPENAI_BASE_URL (no key, as Ollama or vLLM need none)
+sends turns to that server."""
 
 from __future__ import annotations
 
+import http.client
 import json
 import logging
 import os
@@ -19,12 +24,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from django.contrib.auth import get_user_model
 from django.core.exceptions import ImproperlyConfigured
+from rest_framework.authtoken.models import Token
 
 from chatmem_project import boot
 from chatmem_project.boot import check_model_configured, check_secret_key
 from conversations.checks import check_web_settings
+from conversations.services.chats import create_chat
 from memory_worker.checks import check_memory_settings
+from tests.fake_openai import FakeOpenAI
+from tests.http_turns import send_turn, serving_gunicorn
+from tests.test_gevent_server import url_of_the_test_database
 from tests.workers import worker_env
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -384,6 +395,8 @@ def test_a_gunicorn_worker_stops_when_no_model_is_configured(tmp_path: Path) -> 
     refused = gunicorn_worker_boots(tmp_path, DEBUG="false", SECRET_KEY=key, **NO_MODEL)
     assert refused.returncode != 0, refused.stdout + refused.stderr
     assert "chatmem.E009" in refused.stderr, refused.stderr[-2000:]
+    # What to set, in the message the operator sees: a model endpoint, or the echo model meant.
+    assert "OPENAI_BASE_URL" in refused.stderr and "CHAT_BACKEND=offline" in refused.stderr
     meant = gunicorn_worker_boots(
         tmp_path, DEBUG="false", SECRET_KEY=key, **{**NO_MODEL, "CHAT_BACKEND": "offline"}
     )
@@ -422,3 +435,38 @@ def test_a_celery_worker_refuses_the_placeholder(redis_url: str, tmp_path: Path)
     )
     assert process.returncode == 78, process.stdout + process.stderr
     assert "chatmem.E008" in process.stderr
+
+
+def test_a_server_started_with_only_a_base_url_sends_turns_to_it(
+    require_postgres: None, fake_openai: FakeOpenAI
+) -> None:
+    """A real gunicorn, started as a self-hoster starts one for Ollama or vLLM: DEBUG off, a
+    SECRET_KEY, OPENAI_BASE_URL and no OPENAI_API_KEY (nor CHAT_BACKEND): it starts, and a turn
+    is answered by that server, not the offline echo model."""
+    owner = get_user_model().objects.create_user(username="self-hoster")
+    token = Token.objects.create(user=owner).key
+    chat = create_chat(owner, title="first hour")
+    env = {
+        key: value
+        for key, value in os.environ.items()
+        if key not in ("DEBUG", "CHAT_BACKEND", "MEMORY_SUMMARIZER_BACKEND", "OPENAI_API_KEY")
+    }
+    env.update(
+        DJANGO_SETTINGS_MODULE="chatmem_project.settings",
+        DATABASE_URL=url_of_the_test_database(),
+        REDIS_URL="",
+        DEBUG="false",
+        SECRET_KEY=secrets.token_urlsafe(50),
+        OPENAI_BASE_URL=fake_openai.base_url,
+        CHAT_MODEL="fake-chat",
+        TURN_RATE_LIMIT="",
+    )
+    with serving_gunicorn(env, "gthread", 2, DEADLINE) as port:
+        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=DEADLINE)
+        send_turn(connection, token, chat.pk, {"content": "Hello"}, "application/json")
+        response = connection.getresponse()
+        body = json.loads(response.read())
+    assert response.status == 201, body
+    [request] = fake_openai.chat_requests()
+    assert request.body["messages"][-1]["content"] == "Hello"
+    assert body["assistant_message"]["content"].startswith("fake reply #1"), body
