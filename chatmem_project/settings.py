@@ -392,6 +392,9 @@ CHATMEM_MAX_MESSAGE_CHARS = env_int("CHATMEM_MAX_MESSAGE_CHARS", 32000)
 # Turns cost model calls: limited per user ("120/min"; empty = off), counted in the shared cache
 # (Redis when configured, so the limit holds across web processes). conversations/throttling.py
 TURN_RATE_LIMIT = env("TURN_RATE_LIMIT", default="120/min")
+# Manual folds (POST .../consolidate/) per user, counted the same way ("12/min"; empty = off):
+# each may be a summarizer call, and one queued per chat is all a chat gets anyway.
+MEMORY_MANUAL_FOLD_RATE_LIMIT = env("MEMORY_MANUAL_FOLD_RATE_LIMIT", default="12/min")
 # Requests with a larger body are refused with 413 before anything reads them.
 CHATMEM_MAX_BODY_BYTES = env_int("CHATMEM_MAX_BODY_BYTES", 1024 * 1024)
 DATA_UPLOAD_MAX_MEMORY_SIZE = CHATMEM_MAX_BODY_BYTES
