@@ -464,6 +464,9 @@ MEMORY_SUMMARIZER_FALLBACK = env("MEMORY_SUMMARIZER_FALLBACK", default="").strip
 # The sweep only looks at chats whose last fold is at least this old (the shortest cooldown).
 MEMORY_SWEEP_MIN_COOLDOWN_SECONDS = env_float("MEMORY_SWEEP_MIN_COOLDOWN_SECONDS", 60.0)
 MEMORY_SWEEP_BATCH = env_int("MEMORY_SWEEP_BATCH", 500)
+# Failed, superseded, interrupted and nothing-to-fold ledger rows older than this are deleted by
+# the sweep (0 = keep them all); succeeded rows stay: they prove coverage of 1..W.
+MEMORY_LEDGER_RETENTION_DAYS = env_int("MEMORY_LEDGER_RETENTION_DAYS", 30)
 # Seed 002's flush hooks: dotted paths of callables hook(chat_id, messages, version), each run
 # as its own task after a fold commits.
 MEMORY_FLUSH_HOOKS = env.list("MEMORY_FLUSH_HOOKS", default=[])

@@ -131,6 +131,16 @@ class ConsolidationStatus(models.TextChoices):
     NOTHING_TO_FOLD = "nothing_to_fold"
 
 
+# Ledger rows the retention deletes once older than MEMORY_LEDGER_RETENTION_DAYS: every outcome
+# but "succeeded" (the committed rows prove coverage of 1..W) and "running".
+PRUNABLE_STATUSES = [
+    ConsolidationStatus.FAILED.value,
+    ConsolidationStatus.SUPERSEDED.value,
+    ConsolidationStatus.INTERRUPTED.value,
+    ConsolidationStatus.NOTHING_TO_FOLD.value,
+]
+
+
 class Consolidation(models.Model):
     """The ledger: one row per fold attempt. Succeeded rows of a chat cover 1..W exactly once."""
 
@@ -174,6 +184,13 @@ class Consolidation(models.Model):
                 fields=["started_at"],
                 condition=models.Q(status="running"),
                 name="consolidation_running",
+            ),
+            # The retention's deletions (memory_worker.fold_ledger.prune_ledger) find the old rows
+            # of these outcomes without reading the succeeded ones, which stay.
+            models.Index(
+                fields=["finished_at"],
+                condition=models.Q(status__in=PRUNABLE_STATUSES),
+                name="consolidation_prunable",
             ),
         ]
 

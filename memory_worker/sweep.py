@@ -16,7 +16,7 @@ from conversations.models import Brief, Consolidation, ConsolidationStatus, hold
 from memory_worker import policy as engine
 from memory_worker.deadlines import longest_lock_hold
 from memory_worker.dispatch import RequestTrigger
-from memory_worker.fold_ledger import failed_fold_fields
+from memory_worker.fold_ledger import DATABASE_ERROR, failed_fold_fields
 from memory_worker.folds import decide_for_chat
 from memory_worker.locks import ChatLock
 from memory_worker.provider_recovery import catch_up
@@ -120,6 +120,8 @@ def deaths_in_a_row(ledger: Consolidation) -> int:
     earlier = (
         Consolidation.objects.filter(chat_id=ledger.chat_id, synchronous=False, pk__lt=ledger.pk)
         .exclude(status=ConsolidationStatus.RUNNING)
+        # A database outage's interruption says nothing of what the fold does to its worker.
+        .exclude(error__endswith=DATABASE_ERROR)
         .order_by("-pk")
         .values_list("status", "error")[: CRASH_AFTER_INTERRUPTIONS - 1]
     )

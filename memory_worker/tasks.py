@@ -13,6 +13,7 @@ from django.utils import timezone
 from conversations.rows import DATABASE_ERRORS
 from memory_worker import agent_summaries, hooks, retries
 from memory_worker.dispatch import RequestTrigger, clear_manual_queued, clear_queued
+from memory_worker.fold_ledger import prune_ledger
 from memory_worker.outcomes import FoldResult
 from memory_worker.runs import CONSOLIDATE_CHAT, consolidate_with_lock, request_consolidation
 from memory_worker.runtime import chat_lock
@@ -117,6 +118,7 @@ def sweep() -> int:
     for chat_id in chat_ids:
         request_consolidation(chat_id, RequestTrigger.SWEEP)
     hooks.replay_missed_daily_notes(now)  # daily-notes hooks whose publish failed
+    prune_ledger()
     log.info("sweep", extra={"event": "sweep", "enqueued": len(chat_ids)})
     return len(chat_ids)
 

@@ -17,7 +17,7 @@ from django.core.cache import cache
 from django.utils import timezone
 
 from conversations.models import Brief, Chat, Consolidation
-from memory_worker import folds, retries, sweep, tasks
+from memory_worker import fold_ledger, folds, retries, sweep, tasks
 from memory_worker.dispatch import RequestTrigger
 from memory_worker.locks import LocalChatLock
 from tests.test_folds import new_chat, turns
@@ -475,3 +475,34 @@ def test_provider_wide_failures_retry_once_a_model_fold_succeeds_and_content_one
     assert sorted(sweep_recorder["requested"]) == sorted([quota, outage])
     waiting = Brief.objects.get(chat_id=malformed).next_attempt_at
     assert waiting is not None and waiting > timezone.now()
+
+
+@pytest.mark.django_db
+def test_the_sweep_deletes_old_ledger_rows_that_prove_nothing(api, settings) -> None:  # type: ignore[no-untyped-def]
+    """Failed, superseded, interrupted and nothing-to-fold rows older than the retention go;
+    succeeded rows (they prove coverage), running rows and recent rows stay."""
+    settings.MEMORY_LEDGER_RETENTION_DAYS = 30
+    chat_id = new_chat(api)
+    old, recent = timezone.now() - timedelta(days=31), timezone.now() - timedelta(days=29)
+    kept: list[int] = []
+    pruned: list[int] = []
+    for status in ("succeeded", "failed", "superseded", "interrupted", "nothing_to_fold"):
+        for finished_at in (old, recent):
+            row = Consolidation.objects.create(
+                chat_id=chat_id,
+                trigger="window",
+                status=status,
+                from_seq=1,
+                to_seq=2,
+                base_version=0,
+                finished_at=finished_at,
+            )
+            (pruned if status != "succeeded" and finished_at == old else kept).append(row.pk)
+    running = Consolidation.objects.create(
+        chat_id=chat_id, trigger="window", from_seq=1, to_seq=2, base_version=0
+    )
+    settings.MEMORY_LEDGER_RETENTION_DAYS = 0  # keep everything
+    assert fold_ledger.prune_ledger() == 0
+    settings.MEMORY_LEDGER_RETENTION_DAYS = 30
+    assert fold_ledger.prune_ledger() == len(pruned) == 4
+    assert set(Consolidation.objects.values_list("pk", flat=True)) == {*kept, running.pk}
