@@ -506,3 +506,31 @@ def test_the_sweep_deletes_old_ledger_rows_that_prove_nothing(api, settings) -> 
     settings.MEMORY_LEDGER_RETENTION_DAYS = 30
     assert fold_ledger.prune_ledger() == len(pruned) == 4
     assert set(Consolidation.objects.values_list("pk", flat=True)) == {*kept, running.pk}
+
+
+@pytest.mark.django_db
+def test_the_sweep_leaves_a_held_chats_pending_mark_to_its_holder(api, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A live holder serves its chat's mark when it releases; the sweep takes only the marks
+    no run holds, once, so the rerun is asked for once, by whoever takes the mark first."""
+    from memory_worker import runs
+
+    lock = LocalChatLock(ttl_seconds=30)
+    now = timezone.now()
+    held, stranded = new_chat(api), new_chat(api)
+    assert lock.acquire_or_mark_pending(held, "its-run")
+    lock.mark_pending(held)  # a request during the run
+    lock.mark_pending(stranded)  # its run died after marking a rerun
+    assert sweep.sweep_candidates(now, lock, limit=100) == [stranded]
+    assert sweep.sweep_candidates(now, lock, limit=100) == []  # taken: not asked for twice
+    asked: list[tuple[int, str]] = []
+
+    def request(chat_id: int, trigger: str, due_at: object) -> bool:
+        asked.append((chat_id, trigger))
+        return True
+
+    monkeypatch.setattr(runs, "request_consolidation", request)
+    assert lock.release(held, "its-run")
+    runs.hand_on_pending(held, lock, RequestTrigger.RERUN, None)  # the holder's exit
+    runs.hand_on_pending(held, lock, RequestTrigger.RERUN, None)
+    assert asked == [(held, "rerun")]
+    assert sweep.sweep_candidates(now, lock, limit=100) == []
