@@ -102,10 +102,13 @@ QUEUED_KEY = "chatmem:queued:{}"
 
 def mark_queued(chat_id: int) -> bool:
     """Take the chat's queued marker; False if a queued task already holds it."""
+    return take_marker(QUEUED_KEY.format(chat_id))
+
+
+def take_marker(key: str) -> bool:
     ttl = settings.MEMORY_ENQUEUE_DEDUP_SECONDS
     if ttl <= 0 or not settings.REDIS_URL:
         return True
-    key = QUEUED_KEY.format(chat_id)
     return bool(redis_client(settings.REDIS_URL).set(key, "1", nx=True, px=int(ttl * 1000)))
 
 
@@ -129,11 +132,7 @@ MANUAL_QUEUED_KEY = "chatmem:manual-queued:{}"
 
 def mark_manual_queued(chat_id: int) -> bool:
     """Take the chat's queued-manual-fold marker; False if a queued manual fold holds it."""
-    ttl = settings.MEMORY_ENQUEUE_DEDUP_SECONDS
-    if ttl <= 0 or not settings.REDIS_URL:
-        return True
-    key = MANUAL_QUEUED_KEY.format(chat_id)
-    return bool(redis_client(settings.REDIS_URL).set(key, "1", nx=True, px=int(ttl * 1000)))
+    return take_marker(MANUAL_QUEUED_KEY.format(chat_id))
 
 
 def clear_manual_queued(chat_id: int) -> None:

@@ -50,18 +50,16 @@ class DatabaseLostAfterStore(DatabaseUnavailable):
     should_retry = False
 
 
-class DatabaseConflict(exceptions.APIException):
+class DatabaseConflict(DatabaseUnavailable):
     """The database rolled the request's transaction back to break a deadlock or a
     serialization conflict with another writer of the same rows: nothing it did stands."""
 
-    status_code = status.HTTP_503_SERVICE_UNAVAILABLE
     default_detail = (
         "The request collided with other work on the same chat and was rolled back; nothing "
         "was changed. Retry it."
     )
     default_code = "database_conflict"
-    wait: int | None = 1  # DRF sends it as Retry-After
-    should_retry = True
+    wait = 1
 
 
 def database_error(error: BaseException) -> DatabaseUnavailable:
