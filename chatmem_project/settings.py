@@ -409,6 +409,9 @@ CHATMEM_MAX_MESSAGE_CHARS = env_int("CHATMEM_MAX_MESSAGE_CHARS", 32000)
 # Turns cost model calls: limited per user ("120/min"; empty = off), counted in the shared cache
 # (Redis when configured, so the limit holds across web processes). conversations/throttling.py
 TURN_RATE_LIMIT = env("TURN_RATE_LIMIT", default="120/min")
+# Manual folds (POST .../consolidate/) per user, counted the same way ("12/min"; empty = off):
+# each may be a summarizer call, and one queued per chat is all a chat gets anyway.
+MEMORY_MANUAL_FOLD_RATE_LIMIT = env("MEMORY_MANUAL_FOLD_RATE_LIMIT", default="12/min")
 # Requests with a larger body are refused with 413 before anything reads them.
 CHATMEM_MAX_BODY_BYTES = env_int("CHATMEM_MAX_BODY_BYTES", 1024 * 1024)
 DATA_UPLOAD_MAX_MEMORY_SIZE = CHATMEM_MAX_BODY_BYTES
@@ -478,6 +481,9 @@ MEMORY_SUMMARIZER_FALLBACK = env("MEMORY_SUMMARIZER_FALLBACK", default="").strip
 # The sweep only looks at chats whose last fold is at least this old (the shortest cooldown).
 MEMORY_SWEEP_MIN_COOLDOWN_SECONDS = env_float("MEMORY_SWEEP_MIN_COOLDOWN_SECONDS", 60.0)
 MEMORY_SWEEP_BATCH = env_int("MEMORY_SWEEP_BATCH", 500)
+# Failed, superseded, interrupted and nothing-to-fold ledger rows older than this are deleted by
+# the sweep (0 = keep them all); succeeded rows stay: they prove coverage of 1..W.
+MEMORY_LEDGER_RETENTION_DAYS = env_int("MEMORY_LEDGER_RETENTION_DAYS", 30)
 # Seed 002's flush hooks: dotted paths of callables hook(chat_id, messages, version), each run
 # as its own task after a fold commits.
 MEMORY_FLUSH_HOOKS = env.list("MEMORY_FLUSH_HOOKS", default=[])

@@ -1,5 +1,6 @@
 """Admin for inspecting chats: history is append-only, so messages and the ledger are read-only."""
 
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
@@ -25,9 +26,8 @@ from conversations.pin_admin import PinInline
 from conversations.services import chats as chat_service
 from conversations.services.chats import next_context
 from conversations.services.fold_outlook import FoldOutlook, fold_outlook
-from memory_worker.dispatch import RequestTrigger
 from memory_worker.fold_ledger import lag_ms
-from memory_worker.runs import request_consolidation
+from memory_worker.manual_folds import ManualRequest, request_manual_fold
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):
@@ -84,21 +84,33 @@ def counted_deletion(
 @admin.action(description="Consolidate now", permissions=["change"])
 def consolidate_now(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: QuerySet) -> None:
     chat_ids = list(queryset.values_list("pk", flat=True))
-    queued = 0
+    answers: Counter[ManualRequest] = Counter()
     for chat_id in chat_ids:
-        if not request_consolidation(chat_id, RequestTrigger.MANUAL):
+        try:
+            answer = request_manual_fold(chat_id)
+        except Chat.DoesNotExist:
+            continue  # deleted since the list was shown
+        if answer == ManualRequest.NOT_QUEUED:
             # The broker is down (each try can wait for its timeout): stop rather than try the
             # rest one by one.
             modeladmin.message_user(
                 request,
-                f"Queued {queued} of {len(chat_ids)} consolidation(s); the next one could not "
-                "be queued (the broker is unavailable, or MEMORY_DISPATCH is off), so the rest "
-                "were not tried. The sweep folds whatever falls due.",
+                f"{manual_fold_summary(answers)} The next consolidation could not be queued "
+                "(the broker is unavailable, or MEMORY_DISPATCH is off), so the rest were not "
+                "tried. The sweep folds whatever falls due.",
                 messages.ERROR,
             )
             return
-        queued += 1
-    modeladmin.message_user(request, f"Queued {queued} consolidation(s).", messages.SUCCESS)
+        answers[answer] += 1
+    modeladmin.message_user(request, manual_fold_summary(answers), messages.SUCCESS)
+
+
+def manual_fold_summary(answers: Counter[ManualRequest]) -> str:
+    return (
+        f"Queued {answers[ManualRequest.QUEUED]} consolidation(s); "
+        f"{answers[ManualRequest.ALREADY_QUEUED]} already queued; "
+        f"{answers[ManualRequest.NOTHING_TO_FOLD]} with nothing to fold."
+    )
 
 
 RECENT_ROWS = 30

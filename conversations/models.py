@@ -8,7 +8,7 @@ Invariants kept here:
 """
 
 from django.conf import settings
-from django.db import models
+from django.db import connection, models
 from django.db.models.signals import pre_delete
 from django.dispatch import receiver
 
@@ -134,6 +134,18 @@ class ConsolidationStatus(models.TextChoices):
     # Its worker died mid-fold (kill -9, out of memory): nothing was written, and it is not the
     # chat's failure (memory_worker.sweep).
     INTERRUPTED = "interrupted"
+    # A manual fold asked for when every message it may fold was folded: its trace.
+    NOTHING_TO_FOLD = "nothing_to_fold"
+
+
+# Ledger rows the retention deletes once older than MEMORY_LEDGER_RETENTION_DAYS: every outcome
+# but "succeeded" (the committed rows prove coverage of 1..W) and "running".
+PRUNABLE_STATUSES = [
+    ConsolidationStatus.FAILED.value,
+    ConsolidationStatus.SUPERSEDED.value,
+    ConsolidationStatus.INTERRUPTED.value,
+    ConsolidationStatus.NOTHING_TO_FOLD.value,
+]
 
 
 class Consolidation(models.Model):
@@ -181,6 +193,13 @@ class Consolidation(models.Model):
                 fields=["started_at"],
                 condition=models.Q(status="running"),
                 name="consolidation_running",
+            ),
+            # The retention's deletions (memory_worker.fold_ledger.prune_ledger) find the old rows
+            # of these outcomes without reading the succeeded ones, which stay.
+            models.Index(
+                fields=["finished_at"],
+                condition=models.Q(status__in=PRUNABLE_STATUSES),
+                name="consolidation_prunable",
             ),
         ]
 
@@ -295,6 +314,24 @@ def lock_chat_being_deleted(sender: type[Chat], instance: Chat, **kwargs: object
     locked, a turn's append waits and then finds no chat (its 404), a fold's ledger row waits
     and then fails its own foreign key (the fold ends: the chat is gone), a note's hook attempt
     fails and its retry finds no messages, and an agent state commit holds the chat before its
-    rows (memory_worker.agent_summaries.hold_chat), so the two cannot wait for each other.
+    rows (hold_chat), so the two cannot wait for each other.
     SQLite: no row locks, and a deletion holds the database's one write lock anyway."""
     Chat.objects.select_for_update().filter(pk=instance.pk).values_list("pk").first()
+
+
+HOLD_CHAT_SQL = f"SELECT 1 FROM {Chat._meta.db_table} WHERE id = %s FOR KEY SHARE"
+
+
+def hold_chat(chat_id: int) -> bool:
+    """Whether the chat still exists, holding it against deletion until the transaction ends.
+    A deletion locks the chat row first, then deletes its rows table by table
+    (lock_chat_being_deleted); a transaction that writes a chat's rows and whose foreign keys
+    are checked at commit (a row inserted, or updated twice) would otherwise hold those rows
+    while waiting for the chat at commit, as the deletion holds the chat and waits for the rows:
+    a deadlock. Every such transaction calls this first. FOR KEY SHARE blocks only a deletion
+    (or a key change), not a turn's updates of the chat row."""
+    if connection.vendor != "postgresql":
+        return Chat.objects.filter(pk=chat_id).exists()
+    with connection.cursor() as cursor:
+        cursor.execute(HOLD_CHAT_SQL, [chat_id])
+        return cursor.fetchone() is not None

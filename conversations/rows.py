@@ -262,11 +262,25 @@ DATABASE_ERRORS = (OperationalError, InterfaceError)
 UNREACHABLE_SQLSTATES = ("57P01", "57P02", "57P03")
 
 
+# SQLSTATEs of a transaction the database rolled back to break a lock cycle or a serialization
+# conflict: nothing it wrote stands, and the same request sent again normally succeeds.
+CONFLICT_SQLSTATES = ("40P01", "40001")
+
+
+def lost_a_conflict(error: BaseException) -> bool:
+    """Whether ``error`` is a deadlock or serialization failure the database broke by rolling
+    this transaction back: a 503 to retry, not a bug's 500."""
+    if not isinstance(error, OperationalError):
+        return False
+    return getattr(error.__cause__, "sqlstate", None) in CONFLICT_SQLSTATES
+
+
 def database_unreachable(error: BaseException) -> bool:
     """Whether a database error means the database could not be reached or the connection was
     lost (a restart, a failover, a network cut, the pool out of connections): an outage to
-    retry, a 503. Not an error the database answered (a deadlock, a statement timeout, a missing
-    table, a constraint): those are bugs or load to look into, a 500 with its traceback."""
+    retry, a 503. Not an error the database answered (a statement timeout, a missing table, a
+    constraint): those are bugs or load to look into, a 500 with its traceback; a deadlock or
+    serialization failure is lost_a_conflict's."""
     if isinstance(error, InterfaceError):  # "connection already closed"
         return True
     if not isinstance(error, OperationalError):

@@ -176,3 +176,14 @@ class TurnRateThrottle(UserRateThrottle):
         # In the next window this one is the previous: wait until its weight has slid enough.
         later = self.duration * (1 - (limit - 1) / current) if current > limit - 1 else 0.0
         return max(math.ceil(self.duration - into + later), 1.0)
+
+
+class ManualFoldRateThrottle(TurnRateThrottle):
+    """Manual folds per user (``POST .../consolidate/`` and nothing else), as turns are counted:
+    each one may be a summarizer call. The rate is MEMORY_MANUAL_FOLD_RATE_LIMIT ("12/min";
+    empty: no limit)."""
+
+    scope = "manual_folds"
+
+    def get_rate(self) -> str | None:
+        return settings.MEMORY_MANUAL_FOLD_RATE_LIMIT or None

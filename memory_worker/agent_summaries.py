@@ -13,11 +13,10 @@ import time
 from typing import Any
 
 from django.conf import settings
-from django.db import IntegrityError, connection, transaction
+from django.db import IntegrityError, transaction
 
 from conversations import agent_state as rules
-from conversations import rows
-from conversations.models import AgentState, Chat, Message, ResponseSummary, Role
+from conversations.models import AgentState, Chat, Message, ResponseSummary, Role, hold_chat
 from memory_worker.agent_turns import (
     Draft,
     NoTimeLeft,
@@ -242,19 +241,3 @@ def commit(state: AgentState, turns: list[Turn], draft: Draft) -> bool:
         },
     )
     return bool(committed)
-
-
-def hold_chat(chat_id: int) -> bool:
-    """Whether the chat still exists, holding it against deletion until the transaction ends.
-    A deletion locks the chat row first, then deletes its rows table by table
-    (conversations.models.lock_chat_being_deleted); this commit updates the agent state row, then
-    inserts response summaries, whose foreign key on the chat is checked at commit. Without the
-    chat locked first, each waited for the other: a deadlock that failed the deletion. FOR KEY
-    SHARE blocks only a deletion (or a key change), not a turn's updates of the chat row."""
-    if connection.vendor != "postgresql":
-        return Chat.objects.filter(pk=chat_id).exists()
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"SELECT 1 FROM {rows.quoted_table(Chat)} WHERE id = %s FOR KEY SHARE", [chat_id]
-        )
-        return cursor.fetchone() is not None

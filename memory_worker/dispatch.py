@@ -102,10 +102,13 @@ QUEUED_KEY = "chatmem:queued:{}"
 
 def mark_queued(chat_id: int) -> bool:
     """Take the chat's queued marker; False if a queued task already holds it."""
+    return take_marker(QUEUED_KEY.format(chat_id))
+
+
+def take_marker(key: str) -> bool:
     ttl = settings.MEMORY_ENQUEUE_DEDUP_SECONDS
     if ttl <= 0 or not settings.REDIS_URL:
         return True
-    key = QUEUED_KEY.format(chat_id)
     return bool(redis_client(settings.REDIS_URL).set(key, "1", nx=True, px=int(ttl * 1000)))
 
 
@@ -119,6 +122,22 @@ def fold_queued(chat_id: int) -> bool:
 def clear_queued(chat_id: int) -> None:
     if settings.REDIS_URL:
         redis_client(settings.REDIS_URL).delete(QUEUED_KEY.format(chat_id))
+
+
+# One queued manual fold per chat, the same way: the API and the admin take this marker before
+# they queue one (a request finding it taken is told one is queued), and the task clears it before
+# it reads anything, so a request after that queues one that sees what came since.
+MANUAL_QUEUED_KEY = "chatmem:manual-queued:{}"
+
+
+def mark_manual_queued(chat_id: int) -> bool:
+    """Take the chat's queued-manual-fold marker; False if a queued manual fold holds it."""
+    return take_marker(MANUAL_QUEUED_KEY.format(chat_id))
+
+
+def clear_manual_queued(chat_id: int) -> None:
+    if settings.REDIS_URL:
+        redis_client(settings.REDIS_URL).delete(MANUAL_QUEUED_KEY.format(chat_id))
 
 
 def _executor() -> ThreadPoolExecutor:

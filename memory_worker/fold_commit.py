@@ -16,7 +16,7 @@ from django.db.models import F
 from django.utils import timezone
 
 from conversations import rows
-from conversations.models import Brief, Chat, Consolidation, ConsolidationStatus
+from conversations.models import HOLD_CHAT_SQL, Brief, Chat, Consolidation, ConsolidationStatus
 from conversations.variants import chat_variant
 from memory_worker import fold_guard
 from memory_worker import policy as engine
@@ -214,7 +214,9 @@ def commit_in_one_statement(write: FoldWrite) -> bool:
     """PostgreSQL: ``commit_in_transaction`` as one statement, atomic on its own (no BEGIN and
     COMMIT round trips): the brief's conditional UPDATE in a data-modifying CTE, and the ledger
     row's UPDATE reading whether it changed a row. A CTE's UPDATE runs exactly once, however
-    often the statement refers to it."""
+    often the statement refers to it. The brief's UPDATE first holds the chat row (its one-time
+    filter runs before any row is touched), as a deletion takes the chat before the brief and
+    the ledger (conversations.models.hold_chat): one order, so the two cannot deadlock."""
     snapshot = write.snapshot
     column = rows.column
     brief_sets, params = rows.assignments(Brief, write.brief_values)
@@ -225,14 +227,16 @@ def commit_in_one_statement(write: FoldWrite) -> bool:
         f"WITH folded AS (UPDATE {rows.quoted_table(Brief)} "
         f"SET {brief_sets}, {version} = {version} + 1 "
         f"WHERE {column(Brief, 'chat')} = %s AND {version} = %s "
-        f"AND {column(Brief, 'last_consolidated')} = %s RETURNING 1) "
+        f"AND {column(Brief, 'last_consolidated')} = %s "
+        f"AND EXISTS ({HOLD_CHAT_SQL}) RETURNING 1) "
         f"UPDATE {rows.quoted_table(Consolidation)} SET {ledger_sets}, "
         f"{column(Consolidation, 'status')} = CASE WHEN {won} THEN %s ELSE %s END, "
         f"{column(Consolidation, 'summary_tokens_after')} = CASE WHEN {won} THEN %s ELSE %s END, "
         f"{column(Consolidation, 'dropped_details')} = CASE WHEN {won} THEN %s ELSE %s END "
         f"WHERE {column(Consolidation, 'id')} = %s RETURNING {won}"
     )
-    params += [write.chat_id, snapshot.version, snapshot.last_consolidated, *ledger_params]
+    params += [write.chat_id, snapshot.version, snapshot.last_consolidated, write.chat_id]
+    params += ledger_params
     params += [ConsolidationStatus.SUCCEEDED.value, ConsolidationStatus.SUPERSEDED.value]
     params += [write.summary_tokens, snapshot.summary_tokens]
     details = rows.model_field(Consolidation, "dropped_details")

@@ -1,18 +1,21 @@
 """The ledger rows of fold attempts (``Consolidation``): the "running" row a fold starts with,
-the row of a fold a database error interrupted, and the fields of every failed fold's log line."""
+the row of a fold a database error interrupted, the fields of every failed fold's log line, and
+the retention of old rows that prove nothing."""
 
 import logging
 import socket
 import time
 import uuid
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
+from django.conf import settings
 from django.db import connection
+from django.db.models.functions import Now
 from django.utils import timezone
 
 from conversations import rows
-from conversations.models import Consolidation, ConsolidationStatus
+from conversations.models import PRUNABLE_STATUSES, Consolidation, ConsolidationStatus
 from memory_worker.outcomes import FoldResult
 
 log = logging.getLogger("chatmem.fold")
@@ -31,8 +34,13 @@ def record_running(ledger: Consolidation) -> None:
         ledger.save(force_insert=True)
 
 
+# The error of a row a database error interrupted: "<exception class> (database error)".
+DATABASE_ERROR = "(database error)"
+
+
 def record_interrupted(ledger: Consolidation, error: BaseException, started: float) -> None:
-    """Best effort: the ledger row of a fold a database error interrupted, marked failed, and
+    """Best effort: the ledger row of a fold a database error interrupted, marked interrupted
+    (not the chat's failure, nor its worker's death: memory_worker.sweep.deaths_in_a_row), and
     the attempt's ``fold`` log line. Only a row still "running": the error may have come after
     the commit itself landed (the connection lost before its answer), and then the row says so.
     The brief is left alone: nothing is wrong with the chat's folds, and the task counts its own
@@ -47,10 +55,10 @@ def record_interrupted(ledger: Consolidation, error: BaseException, started: flo
             connection.close_if_unusable_or_obsolete()
         marked = bool(
             Consolidation.objects.filter(pk=ledger.pk, status=ConsolidationStatus.RUNNING).update(
-                status=ConsolidationStatus.FAILED,
+                status=ConsolidationStatus.INTERRUPTED,
                 finished_at=timezone.now(),
                 duration_ms=duration_ms,
-                error=f"{error_name} (database error)",
+                error=f"{error_name} {DATABASE_ERROR}",
             )
         )
     except Exception as unmarked:
@@ -70,12 +78,40 @@ def record_interrupted(ledger: Consolidation, error: BaseException, started: flo
         "fold interrupted by a database error",
         extra={
             **failed_fold_fields(ledger),
+            "outcome": str(ConsolidationStatus.INTERRUPTED),
             "ledger_id": ledger.pk,
             "error_kind": "database",
             "duration_ms": duration_ms,
             "error": error_name,
         },
     )
+
+
+# Rows deleted per statement, and statements per call: one sweep's share, so a large backlog of
+# old rows goes over several sweeps rather than in one long transaction.
+PRUNE_BATCH = 1000
+PRUNE_BATCHES_PER_SWEEP = 10
+
+
+def prune_ledger() -> int:
+    """Deletes ledger rows of PRUNABLE_STATUSES finished more than MEMORY_LEDGER_RETENTION_DAYS
+    ago (0: keep every row), in batches; returns how many. Database time: the rows were stamped
+    by many hosts."""
+    days = settings.MEMORY_LEDGER_RETENTION_DAYS
+    if days <= 0:
+        return 0
+    old = Consolidation.objects.filter(
+        status__in=PRUNABLE_STATUSES, finished_at__lt=Now() - timedelta(days=days)
+    )
+    deleted = 0
+    for _batch in range(PRUNE_BATCHES_PER_SWEEP):
+        ids = list(old.order_by().values_list("pk", flat=True)[:PRUNE_BATCH])
+        if not ids:
+            break
+        deleted += Consolidation.objects.filter(pk__in=ids).delete()[0]
+    if deleted:
+        log.info("ledger pruned", extra={"event": "ledger_pruned", "deleted": deleted})
+    return deleted
 
 
 def failed_fold_fields(ledger: Consolidation) -> dict[str, Any]:

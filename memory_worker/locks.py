@@ -28,7 +28,9 @@ class Release(Enum):
 class ChatLock(Protocol):
     ttl_seconds: float
 
-    def acquire_or_mark_pending(self, chat_id: int, token: str) -> bool: ...
+    def acquire_or_mark_pending(
+        self, chat_id: int, token: str, *, manual: bool = False
+    ) -> bool: ...
     def try_acquire(self, chat_id: int, token: str) -> bool: ...
     def release_or_rerun(self, chat_id: int, token: str) -> Release: ...
     def release(self, chat_id: int, token: str) -> bool: ...
@@ -37,12 +39,21 @@ class ChatLock(Protocol):
     def is_pending(self, chat_id: int) -> bool: ...
     def pending_chats(self) -> list[int]: ...
     def clear_pending(self, chat_id: int) -> None: ...
+    def take_pending(self, chat_id: int, *, only_if_free: bool = False) -> bool: ...
+    def mark_manual(self, chat_id: int) -> None: ...
+    def take_manual(self, chat_id: int) -> bool: ...
     def is_held(self, chat_id: int) -> bool: ...
+
+
+# A manual request that met a held lock: the holder's rerun for the pending mark it also left
+# folds as a manual one (decide_manual), not by the policy's own triggers.
+MANUAL_PENDING_SET = "chatmem:pending:manual"
 
 
 PENDING_SET = "chatmem:pending"
 
-# KEYS[1] lock, KEYS[2] pending set; ARGV: token, ttl ms, chat id
+# KEYS[1] lock, KEYS[2] pending set, KEYS[3] manual pending set; ARGV: token, ttl ms, chat
+# id, "1" for a manual request (its mark also says so, in the same step)
 _ACQUIRE = """
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   -- this run reads the state after acquiring, so it covers every earlier trigger
@@ -50,6 +61,9 @@ if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   return 1
 end
 redis.call('SADD', KEYS[2], ARGV[3])
+if ARGV[4] == '1' then
+  redis.call('SADD', KEYS[3], ARGV[3])
+end
 return 0
 """
 
@@ -65,6 +79,15 @@ if redis.call('SREM', KEYS[2], ARGV[3]) == 1 then
 end
 redis.call('DEL', KEYS[1])
 return 1
+"""
+
+# Test-and-clear of the pending mark (1 = it was set), only while no run holds the lock when
+# ARGV[2] is "1": that run serves the mark itself when it releases.
+_TAKE_PENDING = """
+if ARGV[2] == '1' and redis.call('EXISTS', KEYS[1]) == 1 then
+  return 0
+end
+return redis.call('SREM', KEYS[2], ARGV[1])
 """
 
 _RELEASE = """
@@ -93,14 +116,16 @@ class RedisChatLock:
         self._release_or_rerun = client.register_script(_RELEASE_OR_RERUN)
         self._release = client.register_script(_RELEASE)
         self._renew = client.register_script(_RENEW)
+        self._take_pending = client.register_script(_TAKE_PENDING)
 
     @staticmethod
     def key(chat_id: int) -> str:
         return f"chatmem:lock:chat:{chat_id}"
 
-    def acquire_or_mark_pending(self, chat_id: int, token: str) -> bool:
-        keys = [self.key(chat_id), PENDING_SET]
-        return bool(self._acquire(keys=keys, args=[token, self._ttl_ms, chat_id]))
+    def acquire_or_mark_pending(self, chat_id: int, token: str, *, manual: bool = False) -> bool:
+        keys = [self.key(chat_id), PENDING_SET, MANUAL_PENDING_SET]
+        args: list[str | int] = [token, self._ttl_ms, chat_id, "1" if manual else "0"]
+        return bool(self._acquire(keys=keys, args=args))
 
     def try_acquire(self, chat_id: int, token: str) -> bool:
         """Take the lock if free, leaving the pending set alone: for a holder that does not
@@ -131,6 +156,19 @@ class RedisChatLock:
     def clear_pending(self, chat_id: int) -> None:
         self._client.srem(PENDING_SET, str(chat_id))
 
+    def take_pending(self, chat_id: int, *, only_if_free: bool = False) -> bool:
+        """Clear the pending mark; whether it was set (then the caller asks for the rerun: the
+        one who clears it, so it is asked for once). ``only_if_free``: not while a run holds
+        the lock."""
+        keys = [self.key(chat_id), PENDING_SET]
+        return bool(self._take_pending(keys=keys, args=[chat_id, "1" if only_if_free else "0"]))
+
+    def mark_manual(self, chat_id: int) -> None:
+        self._client.sadd(MANUAL_PENDING_SET, str(chat_id))
+
+    def take_manual(self, chat_id: int) -> bool:
+        return bool(self._client.srem(MANUAL_PENDING_SET, str(chat_id)))
+
     def is_held(self, chat_id: int) -> bool:
         return bool(self._client.exists(self.key(chat_id)))
 
@@ -146,6 +184,7 @@ class LocalChatLock:
         self._mutex = threading.Lock()
         self._holders: dict[int, tuple[str, float]] = {}
         self._pending: set[int] = set()
+        self._manual: set[int] = set()
         self.ttl_seconds = ttl_seconds
         self._ttl = ttl_seconds
 
@@ -153,10 +192,12 @@ class LocalChatLock:
         holder = self._holders.get(chat_id)
         return holder is not None and holder[0] != token and holder[1] > time.monotonic()
 
-    def acquire_or_mark_pending(self, chat_id: int, token: str) -> bool:
+    def acquire_or_mark_pending(self, chat_id: int, token: str, *, manual: bool = False) -> bool:
         with self._mutex:
             if self._held_by_other(chat_id, token):
                 self._pending.add(chat_id)
+                if manual:
+                    self._manual.add(chat_id)
                 return False
             self._holders[chat_id] = (token, time.monotonic() + self._ttl)
             self._pending.discard(chat_id)
@@ -212,6 +253,24 @@ class LocalChatLock:
     def clear_pending(self, chat_id: int) -> None:
         with self._mutex:
             self._pending.discard(chat_id)
+
+    def take_pending(self, chat_id: int, *, only_if_free: bool = False) -> bool:
+        with self._mutex:
+            if only_if_free and self._held_by_other(chat_id, ""):
+                return False
+            taken = chat_id in self._pending
+            self._pending.discard(chat_id)
+            return taken
+
+    def mark_manual(self, chat_id: int) -> None:
+        with self._mutex:
+            self._manual.add(chat_id)
+
+    def take_manual(self, chat_id: int) -> bool:
+        with self._mutex:
+            taken = chat_id in self._manual
+            self._manual.discard(chat_id)
+            return taken
 
     def is_held(self, chat_id: int) -> bool:
         with self._mutex:

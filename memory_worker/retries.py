@@ -10,12 +10,9 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import F
 from django.utils import timezone
 
-from conversations.models import Brief, Consolidation, ConsolidationStatus
-from memory_worker.deadlines import longest_lock_hold
-from memory_worker.dispatch import RequestTrigger
+from conversations.models import Brief, Consolidation, ConsolidationStatus, hold_chat
 from memory_worker.fold_ledger import failed_fold_fields
 from memory_worker.outcomes import FoldOutcome, FoldResult
 from memory_worker.state import MemorySnapshot
@@ -159,25 +156,6 @@ def within_visibility(delay: float | None) -> float | None:
     return delay
 
 
-# A manual fold asked for while another run holds the chat waits for it: that run's reruns
-# judge by the policy's own triggers, which need not want what was asked for by hand. Every
-# MANUAL_WAIT_SECONDS, for as long as a lock can be held.
-MANUAL_WAIT_SECONDS = 5.0
-
-
-def manual_wait_delay(
-    chat_id: int, trigger: RequestTrigger, outcomes: list[FoldOutcome], waited: float
-) -> float | None:
-    """Seconds after which a manual request that met a held lock (no outcome) asks again, or
-    None: not such a request, or it has waited as long as a lock can be held."""
-    if outcomes or trigger != RequestTrigger.MANUAL:
-        return None
-    if waited >= longest_lock_hold():
-        log.warning("manual fold gave up waiting for the lock", extra={"chat_id": chat_id})
-        return None
-    return MANUAL_WAIT_SECONDS
-
-
 def record_failure(
     chat_id: int,
     snapshot: MemorySnapshot,
@@ -213,31 +191,37 @@ def fail_brief(
     degraded per the retry plan; and its log line. Filtered by the version the attempt read: if
     another fold committed meanwhile, this failure is old news.
 
-    The count is incremented in the database, in the conditional UPDATE itself, and the plan is
-    made from the count it wrote: two failures of the same version (a crash and the sweep's
-    abandonment, two workers) count two, not one each read-then-written as N + 1. The row stays
-    locked until the plan is written, so a concurrent failure waits and plans from N + 2."""
+    The brief's row is locked and read, then updated once, with the count it read plus one: two
+    failures of the same version (a crash and the sweep's abandonment, two workers) count two,
+    the second waiting for the first's commit. The chat row is held first (hold_chat), as a
+    deletion holds it before the brief: taken the other way round, the two deadlocked."""
     chat_id = ledger.chat_id
     with transaction.atomic():
-        current = Brief.objects.filter(chat_id=chat_id, version=version).update(
-            consecutive_failures=F("consecutive_failures") + 1,
-            last_error=error[:2000],
-            failure_kind=kind[:32],
-            updated_at=timezone.now(),
-        )
+        hold_chat(chat_id)
         count = (
-            Brief.objects.filter(chat_id=chat_id)
+            Brief.objects.select_for_update()
+            .filter(chat_id=chat_id, version=version)
             .values_list("consecutive_failures", flat=True)
             .first()
         )
-        # Not counted (another fold committed meanwhile): the plan only for the log line.
-        failures = (count or 0) + (0 if current else 1)
+        current = count is not None
+        if count is None:  # another fold committed meanwhile (or the chat is gone)
+            count = (
+                Brief.objects.filter(chat_id=chat_id)
+                .values_list("consecutive_failures", flat=True)
+                .first()
+            )
+        failures = (count or 0) + 1
         plan = retry_plan(kind, failures, isolate_next)
         if current:
-            # Guarded by the count this failure wrote: a newer failure's plan is not overwritten.
-            Brief.objects.filter(
-                chat_id=chat_id, version=version, consecutive_failures=failures
-            ).update(degraded=plan.degraded, next_attempt_at=now + plan.delay)
+            Brief.objects.filter(chat_id=chat_id, version=version).update(
+                consecutive_failures=failures,
+                last_error=error[:2000],
+                failure_kind=kind[:32],
+                degraded=plan.degraded,
+                next_attempt_at=now + plan.delay,
+                updated_at=timezone.now(),
+            )
     if not current:
         # Another fold committed meanwhile: neither a retry nor a fallback of this range is due.
         plan = RetryPlan(plan.failure_class, plan.delay, plan.degraded, fast_retry=False)

@@ -77,7 +77,9 @@ def consolidate_with_lock(
     (the lock was busy) is served by the holder's reruns, timed from the holder's ``due_at``."""
     max_runs = max_runs or settings.MEMORY_MAX_RERUNS_PER_TASK
     token = uuid.uuid4().hex
-    if not lock.acquire_or_mark_pending(chat_id, token):
+    # A manual request meeting a held lock leaves one pending mark that says "manual": the
+    # holder's rerun serves it; the request does not come back to make the holder run again.
+    if not lock.acquire_or_mark_pending(chat_id, token, manual=trigger == RequestTrigger.MANUAL):
         log.info("lock busy, rerun marked", extra={"event": "lock_contended", "chat_id": chat_id})
         return []
     # Reruns and a fold's later chunks stop in time to end the task before its soft time limit:
@@ -106,20 +108,37 @@ def consolidate_with_lock(
                     if trigger == RequestTrigger.MANUAL and outcome.cut_short
                     else RequestTrigger.RERUN
                 )
-                # A lost lease hands on (what is left is marked pending): another run may hold
-                # the chat now, and it serves the mark; if none does, a fresh task takes it.
+                # A lost lease hands on (what is left is marked pending).
                 if len(outcomes) >= max_runs or not time_for_a_chunk(deadline) or lease.lost:
                     break
                 release = lock.release_or_rerun(chat_id, token)
                 if release is Release.LOST:
                     log.warning("lock expired during a run", extra={"chat_id": chat_id})
+                    hand_on_pending(chat_id, lock, next_trigger, due_at)
                 if release is not Release.RERUN:
                     return outcomes
-                trigger = next_trigger
+                trigger = RequestTrigger.MANUAL if lock.take_manual(chat_id) else next_trigger
     except BaseException:
         lock.release(chat_id, token)
+        hand_on_pending(chat_id, lock, next_trigger, due_at)
         raise
     lock.release(chat_id, token)
-    if lock.is_pending(chat_id):
-        request_consolidation(chat_id, next_trigger, due_at)
+    hand_on_pending(chat_id, lock, next_trigger, due_at)
     return outcomes
+
+
+def hand_on_pending(
+    chat_id: int, lock: ChatLock, trigger: RequestTrigger, due_at: datetime | None
+) -> None:
+    """A run ending without serving the chat's pending mark (its own "more due", or a request
+    during it) asks for the rerun at once, whatever ended it. The mark is taken in one atomic
+    step, so the rerun is asked for once, by whoever takes it first (this, or the sweep once the
+    lock is free). Never raises: with Redis down, the mark stays for the sweep."""
+    try:
+        if not lock.take_pending(chat_id):
+            return
+        manual = lock.take_manual(chat_id)
+    except Exception:
+        log.warning("pending mark not read; left to the sweep", extra={"chat_id": chat_id})
+        return
+    request_consolidation(chat_id, RequestTrigger.MANUAL if manual else trigger, due_at)

@@ -12,11 +12,11 @@ from django.db import transaction
 from django.db.models import F, Q
 from django.db.models.functions import Now
 
-from conversations.models import Brief, Consolidation, ConsolidationStatus
+from conversations.models import Brief, Consolidation, ConsolidationStatus, hold_chat
 from memory_worker import policy as engine
 from memory_worker.deadlines import longest_lock_hold
 from memory_worker.dispatch import RequestTrigger
-from memory_worker.fold_ledger import failed_fold_fields
+from memory_worker.fold_ledger import DATABASE_ERROR, failed_fold_fields
 from memory_worker.folds import decide_for_chat
 from memory_worker.locks import ChatLock
 from memory_worker.provider_recovery import catch_up
@@ -89,6 +89,8 @@ def interrupt_run(ledger: Consolidation, now: datetime) -> Refold | None:
         else (ConsolidationStatus.INTERRUPTED, INTERRUPTED)
     )
     with transaction.atomic():
+        # The chat first, as a deletion takes it before the ledger and the brief.
+        hold_chat(ledger.chat_id)
         # Conditional: a row that finished meanwhile keeps its own outcome.
         marked = Consolidation.objects.filter(
             pk=ledger.pk, status=ConsolidationStatus.RUNNING
@@ -118,6 +120,8 @@ def deaths_in_a_row(ledger: Consolidation) -> int:
     earlier = (
         Consolidation.objects.filter(chat_id=ledger.chat_id, synchronous=False, pk__lt=ledger.pk)
         .exclude(status=ConsolidationStatus.RUNNING)
+        # A database outage's interruption says nothing of what the fold does to its worker.
+        .exclude(error__endswith=DATABASE_ERROR)
         .order_by("-pk")
         .values_list("status", "error")[: CRASH_AFTER_INTERRUPTIONS - 1]
     )
@@ -131,14 +135,14 @@ def deaths_in_a_row(ledger: Consolidation) -> int:
 
 def sweep_candidates(now: datetime, lock: ChatLock, limit: int) -> list[int]:
     """Chats the beat sweep should look at: failed chats whose retry is due, chats whose
-    cooldown has passed with messages beyond the watermark, and chats marked pending whose
-    run died. Provider-wide failures are caught up first once the provider answers again
+    cooldown has passed with messages beyond the watermark, and chats marked pending that no
+    run holds. Provider-wide failures are caught up first once the provider answers again
     (provider_recovery)."""
     catch_up(now, limit)
     retry_due = Brief.objects.filter(
         next_attempt_at__lte=now, chat__folds_paused=False
     ).values_list("chat_id", flat=True)
-    chosen = dict.fromkeys([*retry_due[:limit], *lock.pending_chats()[:limit]])
+    chosen = dict.fromkeys([*retry_due[:limit], *orphaned_pending(lock, limit)])
     # Only as many as the batch has room for: the rotation moves past every chat it judges,
     # so a due chat judged and then cut off would wait a whole round.
     room = limit - len(chosen)
@@ -146,6 +150,20 @@ def sweep_candidates(now: datetime, lock: ChatLock, limit: int) -> list[int]:
         if cooldown_fold_due(chat_id, now):
             chosen[chat_id] = None
     return list(chosen)[:limit]
+
+
+def orphaned_pending(lock: ChatLock, limit: int) -> list[int]:
+    """Chats marked pending that no run holds (its holder died, or Redis failed its hand-on),
+    up to ``limit``, their marks taken: a live holder serves its chat's mark itself when it
+    releases, and a mark is served once, by whoever takes it first."""
+    taken: list[int] = []
+    for chat_id in lock.pending_chats():
+        if len(taken) >= limit:
+            break
+        if lock.take_pending(chat_id, only_if_free=True):
+            lock.take_manual(chat_id)  # the sweep's fold judges by the policy's triggers
+            taken.append(chat_id)
+    return taken
 
 
 def cooldown_fold_due(chat_id: int, now: datetime) -> bool:

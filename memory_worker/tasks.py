@@ -12,7 +12,8 @@ from django.utils import timezone
 
 from conversations.rows import DATABASE_ERRORS
 from memory_worker import agent_summaries, hooks, retries
-from memory_worker.dispatch import RequestTrigger, clear_queued
+from memory_worker.dispatch import RequestTrigger, clear_manual_queued, clear_queued
+from memory_worker.fold_ledger import prune_ledger
 from memory_worker.outcomes import FoldResult
 from memory_worker.runs import CONSOLIDATE_CHAT, consolidate_with_lock, request_consolidation
 from memory_worker.runtime import chat_lock
@@ -32,18 +33,20 @@ def consolidate_chat(
     chat_id: int,
     trigger: str = RequestTrigger.TURN,  # a string in the message: converted below
     due_at: float | None = None,
-    waited: float = 0.0,
+    waited: float = 0.0,  # a keyword messages already in the broker may carry; unused
     db_retries: int = 0,
 ) -> list[str]:
     started = time.monotonic()  # Celery's time limits count from here
     # Before reading anything: a turn that commits from here on queues a new task (dispatch).
+    requested = RequestTrigger(trigger)
     try:
         clear_queued(chat_id)
+        if requested == RequestTrigger.MANUAL:
+            clear_manual_queued(chat_id)
     except Exception:
         # Redis is down: the marker expires on its own; the lock below will fail the task.
         log.warning("could not clear the queued marker", extra={"chat_id": chat_id})
     due = datetime.fromtimestamp(due_at, UTC) if due_at is not None else None
-    requested = RequestTrigger(trigger)
     try:
         outcomes = consolidate_with_lock(
             chat_id, requested, chat_lock(), due_at=due, started=started
@@ -51,13 +54,10 @@ def consolidate_chat(
     except DATABASE_ERRORS as error:
         # The lock is already released (consolidate_with_lock) and the ledger row marked failed
         # if the database let it be (fold_ledger.record_interrupted).
-        if not _retry_after_database_error(chat_id, requested, due_at, waited, db_retries, error):
+        if not _retry_after_database_error(chat_id, requested, due_at, db_retries, error):
             raise
         return [FoldResult.DATABASE_ERROR]
     # The policy lives in the service; the task only queues what it says.
-    wait = retries.manual_wait_delay(chat_id, requested, outcomes, waited)
-    if wait is not None:
-        _queue_again(chat_id, RequestTrigger.MANUAL, wait, {"waited": waited + wait})
     delay = retries.fast_retry_delay(outcomes)
     if delay is not None:
         _queue_again(chat_id, RequestTrigger.RETRY, delay)
@@ -68,7 +68,6 @@ def _retry_after_database_error(
     chat_id: int,
     trigger: RequestTrigger,
     due_at: float | None,
-    waited: float,
     db_retries: int,
     error: BaseException,
 ) -> bool:
@@ -88,8 +87,6 @@ def _retry_after_database_error(
     kwargs: dict[str, float] = {"db_retries": db_retries + 1}
     if due_at is not None:
         kwargs["due_at"] = due_at
-    if waited:
-        kwargs["waited"] = waited
     _queue_again(chat_id, trigger, delay, kwargs)
     return True
 
@@ -121,6 +118,7 @@ def sweep() -> int:
     for chat_id in chat_ids:
         request_consolidation(chat_id, RequestTrigger.SWEEP)
     hooks.replay_missed_daily_notes(now)  # daily-notes hooks whose publish failed
+    prune_ledger()
     log.info("sweep", extra={"event": "sweep", "enqueued": len(chat_ids)})
     return len(chat_ids)
 

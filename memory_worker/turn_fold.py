@@ -23,7 +23,7 @@ from memory_worker.folds import execute_fold
 from memory_worker.lease import Lease
 from memory_worker.locks import ChatLock
 from memory_worker.outcomes import FoldOutcome, FoldResult
-from memory_worker.runs import request_consolidation
+from memory_worker.runs import hand_on_pending
 from memory_worker.runtime import chat_lock
 from memory_worker.state import MemorySnapshot, load_snapshot
 
@@ -95,10 +95,10 @@ def release(chat_id: int, token: str, lock: ChatLock) -> None:
     gone meanwhile: the lock expires by its TTL, and the sweep finds the chat."""
     try:
         lock.release(chat_id, token)
-        if lock.is_pending(chat_id):
-            request_consolidation(chat_id, RequestTrigger.RERUN)
     except redis.RedisError:
         log.warning("could not release the chat's lock", extra={"chat_id": chat_id})
+        return
+    hand_on_pending(chat_id, lock, RequestTrigger.RERUN, None)
 
 
 def acquire_or_wait(

@@ -40,11 +40,12 @@ from conversations.variants import resolve_variant
 from memory_worker.chat_policy import effective_policy
 from memory_worker.dispatch import RequestTrigger
 from memory_worker.folds import consolidate_once, decide_for_chat
+from memory_worker.manual_folds import ManualRequest
 from memory_worker.policy import TRIGGER_PRIORITY, Trigger
 from memory_worker.presets import PRESETS, PolicyError
 from memory_worker.state import load_snapshot
 from memory_worker.tokens import count_tokens
-from tests.conftest import require
+from tests.conftest import contract_chat_after_turns, require
 
 pytestmark = pytest.mark.django_db
 
@@ -157,15 +158,24 @@ def test_filters_find_chats_with_many_unfolded_and_degraded(
 
 def test_consolidate_now_action(client: Any, admin_user: Any, api: Any, settings: Any) -> None:
     settings.MEMORY_DISPATCH = "off"
-    chat_id = api.post("/api/v1/chats/", {"title": "x"}, format="json").json()["id"]
+    empty = api.post("/api/v1/chats/", {"title": "x"}, format="json").json()["id"]
+    chat_id = contract_chat_after_turns(api, 4)  # a manual fold would fold 2
     client.force_login(admin_user)
+    response = client.post(
+        "/admin/conversations/chat/",
+        {"action": "consolidate_now", "_selected_action": [empty]},
+        follow=True,
+    )
+    # Nothing to fold: said so, and recorded in the ledger.
+    assert "0 already queued; 1 with nothing to fold." in response.content.decode()
+    assert Consolidation.objects.get(chat_id=empty).status == "nothing_to_fold"
     response = client.post(
         "/admin/conversations/chat/",
         {"action": "consolidate_now", "_selected_action": [chat_id]},
         follow=True,
     )
     # Dispatch is off here: the action reports honestly that nothing could be queued.
-    assert "Queued 0 of 1 consolidation(s); the next one could not" in response.content.decode()
+    assert "The next consolidation could not be queued" in response.content.decode()
 
 
 def chromium_driver() -> Any:
@@ -283,15 +293,17 @@ def test_consolidate_now_stops_at_the_first_refusal(
     chats = [chat_service.create_chat(user) for _ in range(5)]
     tried: list[int] = []
 
-    def refused(chat_id: int, trigger: str) -> bool:
+    def refused(chat_id: int) -> ManualRequest:
         tried.append(chat_id)
-        return len(tried) < 3  # the broker goes away at the third
+        if len(tried) < 3:  # the broker goes away at the third
+            return ManualRequest.QUEUED
+        return ManualRequest.NOT_QUEUED
 
-    monkeypatch.setattr(chat_admin, "request_consolidation", refused)
+    monkeypatch.setattr(chat_admin, "request_manual_fold", refused)
     data = {"action": "consolidate_now", "_selected_action": [str(c.pk) for c in chats]}
     response = staff.post("/admin/conversations/chat/", data, follow=True)
     assert len(tried) == 3
-    assert "Queued 2 of 5" in response.content.decode()
+    assert "Queued 2 consolidation(s)" in response.content.decode()
 
 
 def test_stored_chats_are_brought_within_the_new_rules(user: Any, api: Any) -> None:
@@ -444,9 +456,7 @@ def test_deleting_a_user_without_chats_needs_no_chat_permission(user: Any) -> No
 def test_a_view_only_staff_user_cannot_queue_folds(user: Any, monkeypatch: Any) -> None:
     chat = chat_service.create_chat(user)
     queued: list[int] = []
-    monkeypatch.setattr(
-        chat_admin, "request_consolidation", lambda chat_id, trigger: queued.append(chat_id)
-    )
+    monkeypatch.setattr(chat_admin, "request_manual_fold", queued.append)
     viewer = staff_with("conversations.view_chat")
     listing = viewer.get("/admin/conversations/chat/")
     assert listing.status_code == 200
@@ -460,11 +470,11 @@ def test_a_staff_user_who_may_change_chats_can_queue_folds(user: Any, monkeypatc
     chat = chat_service.create_chat(user)
     queued: list[int] = []
 
-    def accept(chat_id: int, trigger: str) -> bool:
+    def accept(chat_id: int) -> ManualRequest:
         queued.append(chat_id)
-        return True
+        return ManualRequest.QUEUED
 
-    monkeypatch.setattr(chat_admin, "request_consolidation", accept)
+    monkeypatch.setattr(chat_admin, "request_manual_fold", accept)
     editor = staff_with("conversations.view_chat", "conversations.change_chat")
     data = {"action": "consolidate_now", "_selected_action": [str(chat.pk)]}
     editor.post("/admin/conversations/chat/", data)

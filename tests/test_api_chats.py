@@ -403,3 +403,50 @@ def test_the_ledger_shows_what_each_fold_let_go(api) -> None:  # type: ignore[no
         [],
         ["QX-7719", "https://example.com/inv/88213"],
     ]
+
+
+def test_a_manual_fold_with_nothing_to_fold_says_so_and_leaves_a_ledger_row(api) -> None:  # type: ignore[no-untyped-def]
+    chat_id = api.post("/api/v1/chats/", {}, format="json").json()["id"]
+    response = api.post(f"/api/v1/chats/{chat_id}/consolidate/")
+    assert response.status_code == 200
+    assert response.json()["status"] == "nothing_to_fold" and response.json()["queued"] is False
+    [row] = api.get(f"/api/v1/chats/{chat_id}/consolidations/").json()["results"]
+    assert (row["status"], row["trigger"]) == ("nothing_to_fold", "manual")
+
+
+def test_one_manual_fold_is_queued_per_chat_at_a_time(
+    api, settings, clean_redis, monkeypatch
+) -> None:  # type: ignore[no-untyped-def]
+    """A request while one is queued and not started queues nothing; once the task starts (it
+    clears the marker before reading), the next request queues one that sees what came since."""
+    from memory_worker.dispatch import clear_manual_queued
+    from tests.conftest import contract_chat_after_turns
+
+    settings.REDIS_URL = clean_redis
+    requested: list[int] = []
+
+    def queue(chat_id: int, trigger: str) -> bool:
+        requested.append(chat_id)
+        return True
+
+    monkeypatch.setattr("memory_worker.manual_folds.request_consolidation", queue)
+    chat_id = contract_chat_after_turns(api, 4)  # a manual fold would fold 2
+    answers = [api.post(f"/api/v1/chats/{chat_id}/consolidate/") for _ in range(3)]
+    assert [a.status_code for a in answers] == [202, 202, 202]
+    assert [a.json()["status"] for a in answers] == ["queued", "already_queued", "already_queued"]
+    assert requested == [chat_id]
+    clear_manual_queued(chat_id)  # the task started
+    assert api.post(f"/api/v1/chats/{chat_id}/consolidate/").json()["status"] == "queued"
+    assert requested == [chat_id, chat_id]
+
+
+def test_manual_folds_are_throttled_per_user(api, settings, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    settings.MEMORY_MANUAL_FOLD_RATE_LIMIT = "3/min"
+    chat_id = api.post("/api/v1/chats/", {}, format="json").json()["id"]
+    answers = [api.post(f"/api/v1/chats/{chat_id}/consolidate/") for _ in range(4)]
+    assert [a.status_code for a in answers] == [200, 200, 200, 429]
+    assert int(answers[-1]["Retry-After"]) > 0
+    assert answers[-1].json()["code"] == "throttled"
+    # Turns are counted apart.
+    turn = api.post(f"/api/v1/chats/{chat_id}/turns/", {"content": "hi"}, format="json")
+    assert turn.status_code == 201

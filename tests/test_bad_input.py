@@ -14,6 +14,7 @@ from conversations.models import Brief, Chat, Message
 from conversations.services import bounded_context, turn_model, turn_slot
 from memory_worker.dispatch import RequestTrigger
 from memory_worker.folds import consolidate_once
+from tests.conftest import contract_chat_after_turns
 from tests.fake_openai import FakeOpenAI
 
 pytestmark = pytest.mark.django_db
@@ -335,7 +336,8 @@ def test_a_chat_deleted_during_its_turn_is_a_404(api: APIClient, monkeypatch: An
 
 
 def test_a_manual_fold_not_queued_answers_in_the_error_shape(api: APIClient) -> None:
-    chat_id = new_chat(api)  # MEMORY_DISPATCH is "off" in unit tests: nothing can queue it
+    # MEMORY_DISPATCH is "off" in unit tests: nothing can queue it.
+    chat_id = contract_chat_after_turns(api, 4)  # a manual fold would fold 2
     response = api.post(f"/api/v1/chats/{chat_id}/consolidate/")
     assert response.status_code == 503
     body = response.json()
@@ -370,8 +372,6 @@ def test_a_turn_whose_slot_was_taken_during_its_fold_stops_before_the_model(
 
     from django.utils import timezone
 
-    from tests.conftest import contract_chat_after_turns
-
     chat_id = contract_chat_after_turns(api, 6)  # 12 unfolded: the 7th turn folds first
     taken: list[Any] = []
 
@@ -392,8 +392,6 @@ def test_a_long_fold_renews_the_turn_slot(api: APIClient, monkeypatch: Any) -> N
     from datetime import timedelta
 
     from django.utils import timezone
-
-    from tests.conftest import contract_chat_after_turns
 
     chat_id = contract_chat_after_turns(api, 6)
     started = timezone.now()

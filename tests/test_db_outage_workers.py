@@ -18,10 +18,11 @@ from typing import Any
 import psycopg
 import pytest
 from django.db import OperationalError, connection
+from django.utils import timezone
 
 from conversations import health
 from conversations.models import Brief, Consolidation
-from memory_worker import fold_commit, folds, retries, tasks
+from memory_worker import fold_commit, folds, retries, sweep, tasks
 from memory_worker.runtime import chat_lock
 from tests.conftest import contract_chat_after_turns
 
@@ -156,7 +157,8 @@ def test_a_fold_whose_commit_fails_on_the_database_is_retried(
     api: Any, ladder: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The task retries itself: failing and being acknowledged would lose the manual request
-    and leave the ledger row "running" until the recovery marks it interrupted."""
+    and leave the ledger row "running" until the recovery marks it interrupted. The row says
+    interrupted, not failed: not the chat's failure."""
     published = queued_retries(monkeypatch)
     chat_id = contract_chat_after_turns(api, 6)  # 12 unfolded messages: a fold is due
 
@@ -167,7 +169,7 @@ def test_a_fold_whose_commit_fails_on_the_database_is_retried(
     monkeypatch.setattr(fold_commit, "commit_in_transaction", lost)
     assert tasks.consolidate_chat(chat_id, "manual", due_at=1000.0) == ["database_error"]
     row = Consolidation.objects.get(chat_id=chat_id)
-    assert (row.status, row.error) == ("failed", "OperationalError (database error)")
+    assert (row.status, row.error) == ("interrupted", "OperationalError (database error)")
     assert row.finished_at is not None
     brief = Brief.objects.get(chat_id=chat_id)
     # Not the chat's failure: no backoff, not degraded, nothing folded.
@@ -196,7 +198,7 @@ def test_a_fold_whose_commit_fails_on_the_database_is_retried(
     assert Brief.objects.get(chat_id=chat_id).last_consolidated > 0
     assert published == []
     assert set(Consolidation.objects.filter(chat_id=chat_id).values_list("status", flat=True)) == {
-        "failed",
+        "interrupted",
         "succeeded",
     }
 
@@ -205,7 +207,7 @@ def test_a_connection_killed_during_the_summarizer_call(
     require_postgres: None, api: Any, ladder: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The real thing: the worker's backend is terminated while the summarizer answers (no
-    transaction is open then); the commit fails, the row is marked failed on a new connection
+    transaction is open then); the commit fails, the row is marked interrupted on a new connection
     and the task queues its retry."""
     published = queued_retries(monkeypatch)
     chat_id = contract_chat_after_turns(api, 6)
@@ -230,7 +232,7 @@ def test_a_connection_killed_during_the_summarizer_call(
     monkeypatch.setattr(folds, "get_summarizer", lambda cap: Killed(real(cap)))
     assert tasks.consolidate_chat(chat_id, "manual") == ["database_error"]
     row = Consolidation.objects.get(chat_id=chat_id)
-    assert row.status == "failed" and "database error" in row.error
+    assert row.status == "interrupted" and "database error" in row.error
     assert Brief.objects.get(chat_id=chat_id).last_consolidated == 0
     assert [options["args"] for options in published] == [(chat_id, "manual")]
     assert lock_is_free(chat_id)
@@ -256,3 +258,24 @@ def test_a_not_ready_probe_is_a_warning_not_an_error(
         ("chatmem.health", "not_ready")
     ]
     assert "OperationalError" in warnings[0].getMessage()
+
+
+@pytest.mark.django_db
+def test_folds_interrupted_by_outages_are_not_counted_as_deaths(api: Any, ladder: Any) -> None:
+    """Three folds a database outage interrupted, then a run the sweep finds dead: that is the
+    chat's first death, interrupted and folded again at once, not a crash counted on the brief
+    (which would push the chat into backoff after an outage)."""
+    chat_id = contract_chat_after_turns(api, 6)
+    row = {"chat_id": chat_id, "trigger": "window", "from_seq": 1, "to_seq": 12, "base_version": 0}
+    for _outage in range(sweep.CRASH_AFTER_INTERRUPTIONS):
+        Consolidation.objects.create(
+            **row, status="interrupted", error="OperationalError (database error)"
+        )
+    dead = Consolidation.objects.create(**row)
+    assert sweep.deaths_in_a_row(dead) == 1
+    refold = sweep.interrupt_run(dead, timezone.now())
+    assert refold is not None and refold.chat_id == chat_id
+    dead.refresh_from_db()
+    assert (dead.status, dead.error) == ("interrupted", sweep.INTERRUPTED)
+    brief = Brief.objects.get(chat_id=chat_id)
+    assert (brief.consecutive_failures, brief.next_attempt_at) == (0, None)

@@ -7,16 +7,21 @@ writers wait, then find the chat gone."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
-from django.db import connection, connections
+import psycopg
+from django.db import OperationalError, connection, connections
 from django.utils import timezone
 
-from conversations.models import Chat, Consolidation, Message
+from conversations.models import Brief, Chat, Consolidation, Message
 from conversations.offline_chat_model import OfflineChatModel
-from memory_worker import folds
+from memory_worker import folds, retries
+from memory_worker.state import load_snapshot
 from tests.conftest import client_for
 from tests.test_folds import chat_with_a_fold_due
 from tests.workers import wait_until
@@ -231,3 +236,91 @@ def test_an_agent_state_commit_during_a_deletion(
     assert not Chat.objects.filter(pk=chat_id).exists()
     assert not AgentState.objects.filter(chat_id=chat_id).exists()
     assert not ResponseSummary.objects.filter(chat_id=chat_id).exists()
+
+
+# A failing fold's record (the ledger row, then the brief's count and backoff) racing the chat's
+# deletion through the API. CHATMEM_DELETION_RACES sets how many: 300 here, the acceptance's
+# 1,000 with `CHATMEM_DELETION_RACES=1000 python -m pytest tests/test_deletion_races.py -k racing`.
+RACES = int(os.environ.get("CHATMEM_DELETION_RACES", "300"))
+RACING_PAIRS = 4
+
+
+def chats_with_a_running_fold(user: Any, count: int) -> list[Consolidation]:
+    """``count`` chats, each with its brief and a "running" ledger row (written in bulk: the
+    race is about their last moments)."""
+    chats = Chat.objects.bulk_create(
+        Chat(owner=user, title=f"race {number}", policy="sliding-window") for number in range(count)
+    )
+    Brief.objects.bulk_create(Brief(chat=chat) for chat in chats)
+    return Consolidation.objects.bulk_create(
+        Consolidation(chat=chat, trigger="manual", from_seq=1, to_seq=2, base_version=0)
+        for chat in chats
+    )
+
+
+def test_deletions_racing_failing_folds_all_complete(require_postgres: None, user: Any) -> None:
+    """Each pair of threads starts together on one chat: one records a failed fold (the path
+    of every failed summarizer call), the other deletes the chat. A deadlock between them was a
+    500 with nothing deleted; both take the chat row first."""
+    ledgers = chats_with_a_running_fold(user, RACES)
+    deletions: list[int] = []
+    errors: list[BaseException] = []
+
+    def fail(ledger: Consolidation) -> None:
+        retries.record_failure(
+            ledger.chat_id,
+            load_snapshot(ledger.chat_id),
+            ledger,
+            error="upstream 503",
+            kind="server_error",
+            now=timezone.now(),
+            started=time.monotonic(),
+        )
+
+    def race(share: list[Consolidation], start: threading.Barrier, side: str) -> None:
+        client = client_for(user)
+        client.raise_request_exception = False
+        try:
+            for ledger in share:
+                start.wait(DEADLINE)
+                if side == "delete":
+                    deletions.append(client.delete(f"/api/v1/chats/{ledger.chat_id}/").status_code)
+                else:
+                    with contextlib.suppress(Brief.DoesNotExist):  # deleted first: no fold
+                        fail(ledger)
+        except BaseException as error:  # reported to the test
+            errors.append(error)
+            start.abort()
+        finally:
+            connections.close_all()
+
+    threads = []
+    for pair in range(RACING_PAIRS):
+        share, start = ledgers[pair::RACING_PAIRS], threading.Barrier(2)
+        threads += [
+            threading.Thread(target=race, args=(share, start, side)) for side in ("fail", "delete")
+        ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    assert sorted(set(deletions)) == [204] and len(deletions) == RACES
+    assert not Chat.objects.filter(owner=user).exists()
+    assert not Consolidation.objects.filter(pk__in=[ledger.pk for ledger in ledgers]).exists()
+
+
+def test_a_deadlocked_deletion_is_a_503_to_retry(api: Any, monkeypatch: Any) -> None:
+    """Should the database still break a lock cycle by rolling the request back: nothing was
+    done, and the client is told to retry (Retry-After), with a JSON body, not a 500."""
+    chat_id = new_chat(api)
+
+    def deadlocked(*args: Any, **kwargs: Any) -> Any:
+        raise OperationalError("deadlock detected") from psycopg.errors.DeadlockDetected()
+
+    monkeypatch.setattr(Chat, "delete", deadlocked)
+    response = api.delete(f"/api/v1/chats/{chat_id}/")
+    assert response.status_code == 503
+    assert response.json()["code"] == "database_conflict"
+    assert response["Retry-After"] == "1"
+    assert Chat.objects.filter(pk=chat_id).exists()

@@ -165,10 +165,11 @@ def test_turn_enqueues_only_when_a_fold_is_due(
 
 def test_manual_consolidate_endpoint_queues(api, settings, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     requested: list[tuple[int, str]] = []
-    monkeypatch.setattr("conversations.api.views.request_consolidation", recorder(requested))
-    chat_id = new_chat(api)
+    monkeypatch.setattr("memory_worker.manual_folds.request_consolidation", recorder(requested))
+    chat_id = contract_chat_after_turns(api, 4)  # a manual fold would fold 2
     response = api.post(f"/api/v1/chats/{chat_id}/consolidate/")
     assert response.status_code == 202
+    assert response.json()["status"] == "queued"
     assert requested == [(chat_id, "manual")]
 
 

@@ -8,12 +8,21 @@ turn at message 100,000 cost 2.5 times a turn at message 10 (docs/benchmarks.md)
 read with EXPLAIN ANALYZE after ANALYZE, so it is the one the statistics lead to."""
 
 import json
+from datetime import timedelta
 from typing import Any
 
 import pytest
 from django.db import connection
+from django.db.models.functions import Now
 
-from conversations.models import Brief, Chat, Message
+from conversations.models import (
+    PRUNABLE_STATUSES,
+    Brief,
+    Chat,
+    Consolidation,
+    ConsolidationStatus,
+    Message,
+)
 from conversations.services.chats import create_chat
 from memory_worker.state import chat_with_snapshot_query, snapshot_query
 
@@ -77,3 +86,49 @@ def test_the_tail_of_a_long_chat_is_read_by_chat_and_seq(user) -> None:  # type:
         assert "seq >" in scan.get("Index Cond", ""), (label, scan)
         assert scan["Actual Rows"] == TAIL, (label, scan)
         assert scan.get("Rows Removed by Filter", 0) == 0, (label, scan)
+
+
+def plan_nodes(plan: Any) -> list[dict[str, Any]]:
+    return [plan, *(node for child in plan.get("Plans", []) for node in plan_nodes(child))]
+
+
+@pytest.mark.usefixtures("require_postgres")
+def test_the_ledger_queries_of_the_sweep_read_only_their_rows(user) -> None:  # type: ignore[no-untyped-def]
+    """The abandonment looks at the running rows every recovery interval, the retention at the
+    old failed ones every sweep: each by its partial index, not by reading a large ledger."""
+    chat_id = create_chat(user, title="ledger").pk
+    table = connection.ops.quote_name(Consolidation._meta.db_table)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO {table} (chat_id, trigger, status, from_seq, to_seq, base_version, "
+            "synchronous, input_tokens, output_tokens, summary_tokens_before, "
+            "summary_tokens_after, summarizer_calls, started_at, finished_at, error, error_kind, "
+            "withheld_seqs, worker, dropped_details) "
+            "SELECT %s, 'window', CASE WHEN n <= 5 THEN 'running' WHEN n <= 50 THEN 'failed' "
+            "ELSE 'succeeded' END, n, n, n, false, 0, 0, 0, 0, 1, now(), "
+            "now() - interval '40 days', '', '', '[]', '', '[]' "
+            "FROM generate_series(1, 50000) AS n",
+            [chat_id],
+        )
+        cursor.execute(f"ANALYZE {table}")
+    running = Consolidation.objects.filter(status=ConsolidationStatus.RUNNING)
+    too_old = Now() - timedelta(seconds=60)
+    prunable = Consolidation.objects.filter(
+        status__in=PRUNABLE_STATUSES, finished_at__lt=Now() - timedelta(days=30)
+    )
+    queries = {
+        "the running rows (recover_dead_runs)": running.order_by("pk").values_list("pk"),
+        "the expired running rows": running.filter(started_at__lt=too_old).values_list("pk"),
+        "the old rows to delete (prune_ledger)": prunable.order_by().values_list("pk")[:1000],
+    }
+    for label, query in queries.items():
+        sql, params = query.query.sql_with_params()
+        with connection.cursor() as cursor:
+            cursor.execute(f"EXPLAIN (ANALYZE, FORMAT JSON) {sql}", params)
+            (document,) = cursor.fetchone()
+        plan = (json.loads(document) if isinstance(document, str) else document)[0]["Plan"]
+        nodes = plan_nodes(plan)
+        table_scans = [n for n in nodes if n.get("Relation Name") == Consolidation._meta.db_table]
+        assert table_scans and all(n["Node Type"] != "Seq Scan" for n in table_scans), label
+        indexes = {n.get("Index Name") for n in nodes}
+        assert indexes & {"consolidation_running", "consolidation_prunable"}, (label, plan)

@@ -442,10 +442,11 @@ def test_fast_retries_stop_at_the_degraded_limit(api, use_fake_openai, ladder, m
 
 
 @pytest.mark.django_db
-def test_a_manual_fold_waits_for_a_run_holding_the_chat(api, settings, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    """The holder's reruns judge by the policy's triggers, and here none is due: a manual request
-    that only marked the chat pending would be lost, so it comes back when the lock may be
-    free."""
+def test_manual_folds_meeting_a_held_lock_leave_one_manual_rerun(api, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """The holder's reruns judge by the policy's triggers, and here none is due: the requests'
+    one pending mark says "manual", and the holder's exit asks for one manual run. The requests
+    do not come back (each would make the holder run again)."""
+    from memory_worker import runs
     from memory_worker.runtime import chat_lock
 
     published = queued_retries(monkeypatch)
@@ -453,21 +454,18 @@ def test_a_manual_fold_waits_for_a_run_holding_the_chat(api, settings, monkeypat
     assert folds.consolidate_once(chat_id, RequestTrigger.TURN).status == "nothing"
     lock = chat_lock()
     assert lock.acquire_or_mark_pending(chat_id, "another-run")
-    assert tasks.consolidate_chat(chat_id, "manual") == []
-    assert [(o["args"], o["kwargs"], o["countdown"]) for o in published] == [
-        ((chat_id, "manual"), {"waited": 5.0}, 5.0)
-    ]
+    for _request in range(3):
+        assert tasks.consolidate_chat(chat_id, "manual") == []
+    assert published == []
+    requested: list[tuple[int, RequestTrigger]] = []
+    monkeypatch.setattr(runs, "request_consolidation", lambda c, t, d: requested.append((c, t)))
     assert lock.release(chat_id, "another-run")
-    lock.clear_pending(chat_id)
-    assert tasks.consolidate_chat(chat_id, "manual", waited=5.0) == ["succeeded"]
+    runs.hand_on_pending(chat_id, lock, RequestTrigger.RERUN, None)
+    runs.hand_on_pending(chat_id, lock, RequestTrigger.RERUN, None)  # served already
+    assert requested == [(chat_id, RequestTrigger.MANUAL)]
+    assert not lock.is_pending(chat_id)
+    assert tasks.consolidate_chat(chat_id, "manual") == ["succeeded"]
     assert Brief.objects.get(chat_id=chat_id).last_consolidated == 2
-    # It waits for as long as a lock can be held, no longer.
-    assert lock.acquire_or_mark_pending(chat_id, "another-run")
-    waited = float(settings.MEMORY_TASK_TIME_LIMIT + settings.MEMORY_LOCK_TTL_SECONDS)
-    assert tasks.consolidate_chat(chat_id, "manual", waited=waited) == []
-    assert len(published) == 1
-    lock.release(chat_id, "another-run")
-    lock.clear_pending(chat_id)
 
 
 def new_chat(api, **body: typing.Any) -> int:  # type: ignore[no-untyped-def]
@@ -477,27 +475,38 @@ def new_chat(api, **body: typing.Any) -> int:  # type: ignore[no-untyped-def]
 
 
 @pytest.mark.django_db
-def test_two_failures_of_the_same_version_count_two(api, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_two_failures_of_the_same_version_count_two(require_postgres, api, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """Two failures of the same version (a crash and the sweep's abandonment, two workers)
-    count two: fail_brief increments the count in the database, so a second failure landing
-    between one's read and its write is not lost."""
+    count two: fail_brief reads the count with the brief's row locked, so a second failure
+    arriving between one's read and its write waits, then counts from the first's."""
+    from tests.test_deletion_races import on_a_thread, waiting_on_a_lock
+
     chat_id = new_chat(api)
     now = timezone.now()
     ledger = Consolidation(chat_id=chat_id, trigger="turn", from_seq=1, to_seq=2)
     real = retries.retry_plan
-    nested: list[int] = []
+    second: list[typing.Any] = []
 
     def retry_plan(kind: str, failures: int, isolate_next: bool = False) -> retries.RetryPlan:
-        if not nested:  # the other failure lands between this one's read and its write
-            nested.append(failures)
-            retries.fail_brief(ledger, 0, "second", "timeout", now)
+        if not second:  # the other failure arrives between this one's read and its write
+            second.append(on_a_thread(lambda: retries.fail_brief(ledger, 0, "b", "timeout", now)))
+            assert wait_until(lambda: outside(waiting_on_a_lock), 15)
         return real(kind, failures, isolate_next)
+
+    def outside(check: typing.Callable[[], bool]) -> bool:
+        # On a connection of its own: this one's transaction sees one statistics snapshot.
+        thread, result = on_a_thread(check)
+        thread.join(15)
+        return bool(result.get("value"))
 
     monkeypatch.setattr(retries, "retry_plan", retry_plan)
     retries.fail_brief(ledger, 0, "first", "timeout", now)
+    thread, result = second[0]
+    thread.join(15)
+    assert "error" not in result, result.get("error")
     brief = Brief.objects.get(chat_id=chat_id)
     assert brief.consecutive_failures == 2
-    # The backoff is the second failure's (30 s x 2, +-20 %), not overwritten by the first's.
+    # The backoff is the second failure's (30 s x 2, +-20 %).
     assert brief.next_attempt_at is not None
     assert 48 <= (brief.next_attempt_at - now).total_seconds() <= 72
 

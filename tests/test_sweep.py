@@ -17,7 +17,7 @@ from django.core.cache import cache
 from django.utils import timezone
 
 from conversations.models import Brief, Chat, Consolidation
-from memory_worker import folds, retries, sweep, tasks
+from memory_worker import fold_ledger, folds, retries, sweep, tasks
 from memory_worker.dispatch import RequestTrigger
 from memory_worker.locks import LocalChatLock
 from tests.test_folds import new_chat, turns
@@ -480,3 +480,62 @@ def test_provider_wide_failures_retry_once_a_model_fold_succeeds_and_content_one
     assert sorted(sweep_recorder["requested"]) == sorted([quota, outage])
     waiting = Brief.objects.get(chat_id=malformed).next_attempt_at
     assert waiting is not None and waiting > timezone.now()
+
+
+@pytest.mark.django_db
+def test_the_sweep_deletes_old_ledger_rows_that_prove_nothing(api, settings) -> None:  # type: ignore[no-untyped-def]
+    """Failed, superseded, interrupted and nothing-to-fold rows older than the retention go;
+    succeeded rows (they prove coverage), running rows and recent rows stay."""
+    settings.MEMORY_LEDGER_RETENTION_DAYS = 30
+    chat_id = new_chat(api)
+    old, recent = timezone.now() - timedelta(days=31), timezone.now() - timedelta(days=29)
+    kept: list[int] = []
+    pruned: list[int] = []
+    for status in ("succeeded", "failed", "superseded", "interrupted", "nothing_to_fold"):
+        for finished_at in (old, recent):
+            row = Consolidation.objects.create(
+                chat_id=chat_id,
+                trigger="window",
+                status=status,
+                from_seq=1,
+                to_seq=2,
+                base_version=0,
+                finished_at=finished_at,
+            )
+            (pruned if status != "succeeded" and finished_at == old else kept).append(row.pk)
+    running = Consolidation.objects.create(
+        chat_id=chat_id, trigger="window", from_seq=1, to_seq=2, base_version=0
+    )
+    settings.MEMORY_LEDGER_RETENTION_DAYS = 0  # keep everything
+    assert fold_ledger.prune_ledger() == 0
+    settings.MEMORY_LEDGER_RETENTION_DAYS = 30
+    assert fold_ledger.prune_ledger() == len(pruned) == 4
+    assert set(Consolidation.objects.values_list("pk", flat=True)) == {*kept, running.pk}
+
+
+@pytest.mark.django_db
+def test_the_sweep_leaves_a_held_chats_pending_mark_to_its_holder(api, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A live holder serves its chat's mark when it releases; the sweep takes only the marks
+    no run holds, once, so the rerun is asked for once, by whoever takes the mark first."""
+    from memory_worker import runs
+
+    lock = LocalChatLock(ttl_seconds=30)
+    now = timezone.now()
+    held, stranded = new_chat(api), new_chat(api)
+    assert lock.acquire_or_mark_pending(held, "its-run")
+    lock.mark_pending(held)  # a request during the run
+    lock.mark_pending(stranded)  # its run died after marking a rerun
+    assert sweep.sweep_candidates(now, lock, limit=100) == [stranded]
+    assert sweep.sweep_candidates(now, lock, limit=100) == []  # taken: not asked for twice
+    asked: list[tuple[int, str]] = []
+
+    def request(chat_id: int, trigger: str, due_at: object) -> bool:
+        asked.append((chat_id, trigger))
+        return True
+
+    monkeypatch.setattr(runs, "request_consolidation", request)
+    assert lock.release(held, "its-run")
+    runs.hand_on_pending(held, lock, RequestTrigger.RERUN, None)  # the holder's exit
+    runs.hand_on_pending(held, lock, RequestTrigger.RERUN, None)
+    assert asked == [(held, "rerun")]
+    assert sweep.sweep_candidates(now, lock, limit=100) == []

@@ -12,7 +12,7 @@ import pytest
 from django.db import connection
 
 from conversations.models import Brief, Consolidation, Message
-from memory_worker import turn_fold
+from memory_worker import runs
 from memory_worker.dispatch import RequestTrigger, mark_queued
 from memory_worker.invariants import chat_violations
 from memory_worker.policy import Trigger
@@ -62,7 +62,7 @@ def test_a_turn_with_no_fold_in_flight_folds_under_the_lock_and_hands_on_a_trigg
     chat_id = chat_with_fold_due(user, settings)
     handed: list[tuple[int, str]] = []
     monkeypatch.setattr(
-        turn_fold, "request_consolidation", lambda chat, trigger: handed.append((chat, trigger))
+        runs, "request_consolidation", lambda chat, trigger, due: handed.append((chat, trigger))
     )
     responses: list[Any] = []
 
@@ -114,7 +114,7 @@ def test_a_rerun_asked_for_before_the_turn_took_the_lock_is_still_served(
     chat_id = chat_with_fold_due(user, settings)
     handed: list[tuple[int, str]] = []
     monkeypatch.setattr(
-        turn_fold, "request_consolidation", lambda chat, trigger: handed.append((chat, trigger))
+        runs, "request_consolidation", lambda chat, trigger, due: handed.append((chat, trigger))
     )
     chat_lock().mark_pending(chat_id)
     response = post_turn(user, chat_id, "over the bound")

@@ -3,6 +3,7 @@ worker killed in the middle of the LLM call, a paused worker whose result comes 
 
 import signal
 import time
+from collections import Counter
 
 import pytest
 import redis
@@ -229,4 +230,42 @@ def test_paused_worker_past_its_lock_writes_nothing(
         Consolidation.objects.filter(chat_id=chat_id).values_list("status", flat=True)
     )
     assert statuses == ["succeeded", "superseded"]
+    assert chat_violations(chat_id) == []
+
+
+def test_a_thousand_manual_fold_requests_on_one_chat(
+    require_postgres, broker, settings, user, use_fake_openai
+) -> None:  # type: ignore[no-untyped-def]
+    """1,000 requests in a loop (the throttle raised out of the way; it has its own test): at
+    most one task queued at a time, and one summarizer call for the one range that was due."""
+    use_fake_openai.summarize_latency = 0.5  # requests keep coming while the fold runs
+    settings.MEMORY_MANUAL_FOLD_RATE_LIMIT = ""
+    chat_id = chat_with_fold_due(user, settings)
+    api = client_for(user)
+    queue = redis.Redis.from_url(broker)
+    worker = Worker(broker, "manual", env=model_env(use_fake_openai))
+    answers: Counter[str] = Counter()
+    most_queued = 0
+    try:
+        worker.wait_ready()
+        for _request in range(1000):
+            response = api.post(f"/api/v1/chats/{chat_id}/consolidate/")
+            assert response.status_code in (200, 202), response.content
+            answers[response.json()["status"]] += 1
+            most_queued = max(most_queued, queue.llen("memory"))
+        assert wait_until(
+            lambda: (
+                queue_is_empty(broker)
+                and not ledger_running(chat_id)
+                and use_fake_openai.counters()["in_flight"] == 0
+            ),
+            timeout=60,
+        )
+    finally:
+        worker.stop()
+    assert most_queued <= 1, answers
+    folds = Consolidation.objects.filter(chat_id=chat_id).exclude(status="nothing_to_fold")
+    ranges = list(folds.values_list("from_seq", "to_seq"))
+    assert len(use_fake_openai.summarize_requests()) == len(ranges) == len(set(ranges)) == 1
+    assert answers["queued"] >= 1 and answers["nothing_to_fold"] >= 1, answers
     assert chat_violations(chat_id) == []

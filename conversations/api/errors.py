@@ -15,7 +15,7 @@ from rest_framework.views import exception_handler as drf_exception_handler
 
 from conversations.llm import UPSTREAM_TIMEOUT, ModelError
 from conversations.models import Chat
-from conversations.rows import database_unreachable
+from conversations.rows import database_unreachable, lost_a_conflict
 from conversations.services.bounded_context import ContextOverBound
 from conversations.services.chats import NoRoomInWindow
 from conversations.services.pins import PinRefused
@@ -49,6 +49,18 @@ class DatabaseLostAfterStore(DatabaseUnavailable):
     )
     wait = None
     should_retry = False
+
+
+class DatabaseConflict(DatabaseUnavailable):
+    """The database rolled the request's transaction back to break a deadlock or a
+    serialization conflict with another writer of the same rows: nothing it did stands."""
+
+    default_detail = (
+        "The request collided with other work on the same chat and was rolled back; nothing "
+        "was changed. Retry it."
+    )
+    default_code = "database_conflict"
+    wait = 1
 
 
 def database_error(error: BaseException) -> DatabaseUnavailable:
@@ -178,6 +190,9 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
     if unreachable:
         log.warning("database unavailable: %s", exc, extra={"path": context["request"].path})
         exc = database_error(exc)
+    elif lost_a_conflict(exc):
+        log.warning("database conflict: %s", exc, extra={"path": context["request"].path})
+        exc = DatabaseConflict()
     elif isinstance(exc, Http404):
         exc = exceptions.NotFound()
     elif isinstance(exc, PermissionDenied):

@@ -35,12 +35,11 @@ from conversations.services import turns as turn_service
 from conversations.services.chat_list import BadListQuery, owned_chats
 from conversations.services.turn_model import release_db_connection
 from conversations.services.turn_slot import Claimed, claim_owned_chat
-from conversations.throttling import TurnRateThrottle
+from conversations.throttling import ManualFoldRateThrottle, TurnRateThrottle
 from conversations.variants import chat_variant
 from memory_worker.chat_policy import effective_policy
-from memory_worker.dispatch import RequestTrigger
+from memory_worker.manual_folds import ManualRequest, request_manual_fold
 from memory_worker.presets import PRESETS, policy_parameters
-from memory_worker.runs import request_consolidation
 from memory_worker.summary_edit import edit_summary
 
 PUT_NOT_ALLOWED = (
@@ -201,21 +200,24 @@ class ChatViewSet(
         chat = self.get_object()
         return Response(AgentStateSerializer(agent_service.chat_state(chat)).data)
 
-    @action(detail=True, methods=["post"])
+    @action(detail=True, methods=["post"], throttle_classes=[ManualFoldRateThrottle])
     def consolidate(self, request: Request, pk: str | None = None) -> Response:
         chat = self.get_object()
-        if request_consolidation(chat.pk, RequestTrigger.MANUAL):
-            return Response({"queued": True, "chat_id": chat.pk}, status=status.HTTP_202_ACCEPTED)
-        # The error shape every other error has (DESIGN §7), with the 202's fields beside it.
-        return Response(
-            {
-                "detail": NOT_QUEUED,
-                "code": "not_queued",
-                "queued": False,
-                "chat_id": chat.pk,
-            },
-            status=status.HTTP_503_SERVICE_UNAVAILABLE,
-        )
+        try:
+            answer = request_manual_fold(chat.pk)
+        except Chat.DoesNotExist as error:
+            raise NotFound() from error
+        body: dict[str, Any] = {"chat_id": chat.pk, "status": str(answer)}
+        if answer == ManualRequest.NOTHING_TO_FOLD:
+            detail = "Nothing to fold: every message a manual fold may fold is folded."
+            return Response({**body, "queued": False, "detail": detail})
+        if answer == ManualRequest.NOT_QUEUED:
+            # The error shape every other error has (DESIGN §7), with the 202's fields beside it.
+            body.update(detail=NOT_QUEUED, code="not_queued", queued=False)
+            return Response(body, status=status.HTTP_503_SERVICE_UNAVAILABLE)
+        if answer == ManualRequest.ALREADY_QUEUED:
+            body["detail"] = "A manual fold of this chat is already queued; no other was queued."
+        return Response({**body, "queued": True}, status=status.HTTP_202_ACCEPTED)
 
     @action(
         detail=True, methods=["get", "post"], serializer_class=PinSerializer, pagination_class=None
