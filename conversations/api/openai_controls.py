@@ -19,8 +19,7 @@ from conversations.api.openai_request import OpenAIError
 from conversations.models import Chat
 from conversations.services import chats as chat_service
 from conversations.services import pins
-from memory_worker.dispatch import RequestTrigger
-from memory_worker.runs import request_consolidation
+from memory_worker.manual_folds import ManualRequest, request_manual_fold
 
 CONTROL_KEYS = ("pin", "fold", "policy", "policy_overrides")
 FOLD_VALUES = ("now", "pause", "resume")
@@ -103,8 +102,9 @@ def apply_controls(chat: Chat, controls: Controls, user: Any) -> Chat:
         if chat.folds_paused != paused:
             chat = chat_service.update_chat(chat.owner_id, chat.pk, {"folds_paused": paused})
     elif controls.fold == "now":
-        queued = request_consolidation(chat.pk, RequestTrigger.MANUAL)
-        if not queued:
+        # The REST endpoint's judgement: nothing to fold is answered, one queued fold at a time.
+        answer = request_manual_fold(chat.pk)
+        if answer == ManualRequest.NOT_QUEUED:
             raise OpenAIError(
                 "The fold could not be queued (the task broker is unavailable); nothing was "
                 "sent to the model. Retry later, or send the turn without chatmem.fold.",
@@ -112,7 +112,8 @@ def apply_controls(chat: Chat, controls: Controls, user: Any) -> Chat:
                 param="chatmem.fold",
                 code="not_queued",
             )
-        controls.applied["fold_queued"] = True
+        controls.applied["fold_queued"] = answer != ManualRequest.NOTHING_TO_FOLD
+        controls.applied["fold"] = str(answer)
     return chat
 
 

@@ -108,6 +108,11 @@ CHATMEM_STATE = {
         "degraded": {"type": "boolean"},
         "folds_paused": {"type": "boolean"},
         "fold_queued": {"type": "boolean", "description": 'After "fold": "now".'},
+        "fold": {
+            "type": "string",
+            "enum": ["queued", "already_queued", "nothing_to_fold"],
+            "description": 'After "fold": "now": as the REST consolidate endpoint answers.',
+        },
     },
     "required": ["chat_id", "seqs"],
 }
