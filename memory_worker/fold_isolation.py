@@ -10,7 +10,7 @@ any fold (memory_worker.fold_commit), so W still moves only to a turn boundary."
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from memory_worker import policy as engine
+from memory_worker import isolation_policy
 from memory_worker.deadlines import time_for_a_chunk
 from memory_worker.retries import REFUSAL_KINDS
 from memory_worker.summarizers import (
@@ -56,10 +56,10 @@ def isolate(
     deadline: float | None = None,
 ) -> Isolated:
     """``messages`` (refused as a whole with ``refusal``) summarized onto ``summary`` in pieces;
-    at most ``policy.isolation_call_budget`` summarizer attempts, none started that could not end
-    by ``deadline`` (deadlines.time_for_a_chunk). Stopped early, it returns what it folded if
-    that ends at a turn boundary: the rest is a later fold's."""
-    budget = engine.isolation_call_budget(len(messages))
+    at most ``isolation_policy.isolation_call_budget`` summarizer attempts, none started that
+    could not end by ``deadline`` (deadlines.time_for_a_chunk). Stopped early, it returns what
+    it folded if that ends at a turn boundary: the rest is a later fold's."""
+    budget = isolation_policy.isolation_call_budget(len(messages))
     pending = halves(messages) if len(messages) > 1 else [list(messages)]
     current = summary
     attempts = calls = input_tokens = output_tokens = 0
@@ -104,7 +104,7 @@ def isolate(
 
 
 def halves(piece: Sequence[FoldMessage]) -> list[list[FoldMessage]]:
-    at = engine.split_index([message.role for message in piece])
+    at = isolation_policy.split_index([message.role for message in piece])
     return [list(piece[:at]), list(piece[at:])]
 
 

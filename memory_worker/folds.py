@@ -14,6 +14,7 @@ from django.utils import timezone
 
 from conversations.models import Chat, Consolidation, Message
 from conversations.rows import DATABASE_ERRORS
+from memory_worker import isolation_policy
 from memory_worker import policy as engine
 from memory_worker.backends import get_summarizer, offline_summarizer, stricter_summarizer
 from memory_worker.chat_policy import policy_for_chat, variant_context_tokens
@@ -287,8 +288,8 @@ def summarize_and_commit(
     """The summarizer call (and the fold guard's repair, memory_worker.guarded_summary), with no
     transaction open, then the commit (or the failure's record) of the chunk whose ledger row
     ``record_running`` wrote. A background fold whose range the
-    summarizer has refused often enough (policy.isolation_due) is bisected in the same attempt
-    (memory_worker.fold_isolation); a turn's fold is not: it falls back to the offline
+    summarizer has refused often enough (isolation_policy.isolation_due) is bisected in the
+    same attempt (memory_worker.fold_isolation); a turn's fold is not: it falls back to the offline
     summarizer (memory_worker.turn_fold) and must not spend the turn's time on probes."""
     messages = [FoldMessage(m.seq, m.role, m.content) for m in batch]
     pinned = [pin.text for pin in snapshot.pins]
@@ -343,7 +344,9 @@ def fold_after_error(
     refusal due for isolation and the isolation folds the chunk."""
     isolate_next, calls = False, 0
     if error.kind in REFUSAL_KINDS and not ledger.synchronous:
-        if engine.isolation_due(prior_refusals(chat.pk, snapshot.version, chunk.from_seq) + 1):
+        if isolation_policy.isolation_due(
+            prior_refusals(chat.pk, snapshot.version, chunk.from_seq) + 1
+        ):
             try:
                 isolated = isolate(summarizer, snapshot.summary, messages, error, deadline)
             except IsolationFailed as unisolated:

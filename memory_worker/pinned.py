@@ -3,6 +3,8 @@ the summary, and what the block counts in the policy's bound (memory_worker.poli
 
 from collections.abc import Iterable
 
+from memory_worker.engine_state import ChatState, prompt_total
+from memory_worker.policy import PROMPT_WINDOW_SHARE, Policy, token_bound
 from memory_worker.tokens import count_tokens
 
 PINNED_HEADER = "Pinned by the user (always kept verbatim; not part of the summary):\n"
@@ -32,3 +34,23 @@ def pinned_block_tokens(pin_tokens: Iterable[int]) -> int:
 def pinned_message_text(role: str, content: str) -> str:
     """A pinned message as its pin shows it."""
     return f"{role}: {content}"
+
+
+# Of what a bound leaves once the system prompt and a summary at its cap are in, the share the
+# pins may take: the rest stays for verbatim messages, so folds still have a history to batch.
+PIN_SHARE = 0.5
+
+
+def pin_room(state: ChatState, policy: Policy) -> int:
+    """Tokens the pinned block may take in all (memory_worker.pinned.pinned_block_tokens), by
+    the tightest of the history token bound and the prompt bound."""
+    summary = max(state.summary_tokens, policy.summary_token_cap)
+    prompt_bound = int(PROMPT_WINDOW_SHARE * state.model_context_tokens)
+    # The prompt's fixed parts: priming, the system part and the summary with their overheads,
+    # and the pinned block's own overhead.
+    fixed = prompt_total(state.system_tokens, summary, 1, 0, 0)
+    rooms = [prompt_bound - fixed]
+    bound = token_bound(policy)
+    if bound is not None:
+        rooms.append(bound - summary)
+    return max(0, int(min(rooms) * PIN_SHARE))

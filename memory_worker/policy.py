@@ -12,11 +12,10 @@ Vocabulary (W, unfolded, turn boundary: memory_worker.engine_state):
 from __future__ import annotations
 
 from bisect import bisect_right
-from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
-from math import ceil, log2
+from math import ceil
 
 from memory_worker.engine_state import (
     ChatState,
@@ -475,55 +474,3 @@ def _pre_turn_fold_end(state: ChatState, policy: Policy, opens_turn: bool) -> in
 
 def _has_token_target(policy: Policy) -> bool:
     return token_bound(policy) is not None or policy.fold_target_tokens is not None
-
-
-# --- pins ------------------------------------------------------------------------------------
-
-# Of what a bound leaves once the system prompt and a summary at its cap are in, the share the
-# pins may take: the rest stays for verbatim messages, so folds still have a history to batch.
-PIN_SHARE = 0.5
-
-
-def pin_room(state: ChatState, policy: Policy) -> int:
-    """Tokens the pinned block may take in all (memory_worker.pinned.pinned_block_tokens), by
-    the tightest of the history token bound and the prompt bound."""
-    summary = max(state.summary_tokens, policy.summary_token_cap)
-    prompt_bound = int(PROMPT_WINDOW_SHARE * state.model_context_tokens)
-    # The prompt's fixed parts: priming, the system part and the summary with their overheads,
-    # and the pinned block's own overhead.
-    fixed = prompt_total(state.system_tokens, summary, 1, 0, 0)
-    rooms = [prompt_bound - fixed]
-    bound = token_bound(policy)
-    if bound is not None:
-        rooms.append(bound - summary)
-    return max(0, int(min(rooms) * PIN_SHARE))
-
-
-# Poison messages (docs/policies.md): a range the provider keeps refusing is folded piece by
-# piece, and the message it refuses on its own is withheld. Two refusals first, so one odd answer
-# does not cost a bisection; the second is the attempt that bisects.
-REFUSALS_BEFORE_ISOLATION = 2
-
-
-def isolation_due(refusals: int) -> bool:
-    """Whether a range refused ``refusals`` times in a row (this attempt's included) is bisected
-    now."""
-    return refusals >= REFUSALS_BEFORE_ISOLATION
-
-
-def isolation_call_budget(messages: int) -> int:
-    """The most summarizer calls one isolation of ``messages`` may make. One refused message
-    costs at most two calls per halving (the refused half, then the accepted one): a budget
-    with room for a second refused message, never one call per message."""
-    return 2 * ceil(log2(max(messages, 1))) + 4
-
-
-def split_index(roles: Sequence[str]) -> int:
-    """Where a refused piece (the messages' roles, in order; two or more) is halved: at the turn
-    boundary (a user message) nearest its middle, so whole turns stay together; a single turn
-    is halved by message (one withheld message, not its whole turn)."""
-    starts = [index for index, role in enumerate(roles) if index and role == "user"]
-    middle = len(roles) / 2
-    if not starts:
-        return len(roles) // 2
-    return min(starts, key=lambda index: (abs(index - middle), index))

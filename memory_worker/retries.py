@@ -106,8 +106,9 @@ def retry_plan(kind: str, consecutive_failures: int, isolate_next: bool = False)
     offline summarizer (a transient one only once degraded: the provider usually comes back
     within the fast retries).
 
-    ``isolate_next``: a refusal whose next attempt bisects the range (policy.isolation_due). That
-    attempt can fix it, so it comes soon: a fast retry, and due by the next sweep."""
+    ``isolate_next``: a refusal whose next attempt bisects the range
+    (isolation_policy.isolation_due). That attempt can fix it, so it comes soon: a fast retry,
+    and due by the next sweep."""
     plan = _plan(kind, consecutive_failures, isolate_next)
     fall_back = settings.MEMORY_SUMMARIZER_FALLBACK == "offline" and not plan.fast_retry
     return RetryPlan(plan.failure_class, plan.delay, plan.degraded, plan.fast_retry, fall_back)
@@ -260,7 +261,8 @@ def prior_refusals(chat_id: int, version: int, from_seq: int) -> int:
     return count
 
 
-REFUSALS_LOOKED_AT = 10  # more than the policy ever asks for (policy.REFUSALS_BEFORE_ISOLATION)
+# More than the policy ever asks for (isolation_policy.REFUSALS_BEFORE_ISOLATION).
+REFUSALS_LOOKED_AT = 10
 
 
 def clear_failure_state(chat_id: int, next_attempt_at: datetime) -> None:

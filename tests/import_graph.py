@@ -30,6 +30,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "memory_worker.retention_rules",
             "memory_worker.fold_guard",
             "memory_worker.pinned",
+            "memory_worker.isolation_policy",
         ),
     ),
     (

@@ -22,6 +22,7 @@ from memory_worker.engine_state import (
     history_tokens,
     prompt_tokens,
 )
+from memory_worker.pinned import pin_room
 from memory_worker.policy import (
     PROMPT_WINDOW_SHARE,
     Decision,
@@ -31,7 +32,6 @@ from memory_worker.policy import (
     compress_end,
     decide,
     decide_before_turn,
-    pin_room,
     thresholds,
     token_budget_exceeded,
 )

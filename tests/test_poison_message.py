@@ -14,8 +14,8 @@ from django.core.cache import cache
 from django.utils import timezone
 
 from conversations.models import Brief, Consolidation, Message
+from memory_worker import isolation_policy, sweep, tasks
 from memory_worker import policy as engine
-from memory_worker import sweep, tasks
 from memory_worker.dispatch import RequestTrigger
 from memory_worker.fold_isolation import IsolationFailed, isolate, with_withheld_lines
 from memory_worker.folds import consolidate_once
@@ -113,7 +113,7 @@ def test_a_refused_message_is_withheld_and_the_rest_folded_within_two_sweeps(
     [row] = Consolidation.objects.filter(chat_id=chat_id, status="succeeded")
     assert row.withheld_seqs == [refused_seq]
     assert (row.from_seq, row.to_seq) == (1, brief.last_consolidated)
-    assert row.summarizer_calls <= engine.isolation_call_budget(row.to_seq) + 1
+    assert row.summarizer_calls <= isolation_policy.isolation_call_budget(row.to_seq) + 1
     shown = api.get(f"/api/v1/chats/{chat_id}/brief/").json()
     assert [item["seq"] for item in shown["withheld"]] == [refused_seq]
     assert "HTTP 400" in shown["withheld"][0]["reason"]
@@ -183,7 +183,7 @@ def test_the_bisection_stays_within_its_call_budget(size: int) -> None:
     for refused in sorted({1, 2, size // 2, size - 1, size}):
         summarizer = Refusing([refused])
         isolated = isolate(summarizer, "", conversation(size), REFUSED)
-        assert summarizer.attempts <= engine.isolation_call_budget(size)
+        assert summarizer.attempts <= isolation_policy.isolation_call_budget(size)
         assert [item.seq for item in isolated.withheld] == [refused]
         summary, _, withheld_lines = isolated.result.text.partition("## Open Items")
         assert f"message {refused} withheld" in withheld_lines
@@ -194,14 +194,20 @@ def test_the_bisection_stays_within_its_call_budget(size: int) -> None:
 
 
 def test_the_call_budget_grows_with_the_logarithm_of_the_range() -> None:
-    assert engine.isolation_call_budget(2) == 6
-    assert engine.isolation_call_budget(1000) == 24
+    assert isolation_policy.isolation_call_budget(2) == 6
+    assert isolation_policy.isolation_call_budget(1000) == 24
 
 
 def test_pieces_are_cut_at_turn_boundaries_until_one_turn_is_left() -> None:
-    assert engine.split_index(["user", "assistant", "user", "assistant", "tool", "user"]) == 2
-    assert engine.split_index(["user", "assistant", "tool", "assistant"]) == 2
-    assert engine.split_index(["user", "assistant", "tool", "tool", "assistant", "user"]) == 5
+    assert (
+        isolation_policy.split_index(["user", "assistant", "user", "assistant", "tool", "user"])
+        == 2
+    )
+    assert isolation_policy.split_index(["user", "assistant", "tool", "assistant"]) == 2
+    assert (
+        isolation_policy.split_index(["user", "assistant", "tool", "tool", "assistant", "user"])
+        == 5
+    )
 
 
 def test_a_refused_piece_never_splits_a_turn_it_can_keep_whole() -> None:

@@ -1,6 +1,6 @@
 """A chat's pins: texts and stored messages the user keeps verbatim in every context (DESIGN §7).
 
-A pin counts in the policy's bound (memory_worker.policy.pin_room), so one that does not fit
+A pin counts in the policy's bound (memory_worker.pinned.pin_room), so one that does not fit
 is refused and nothing is stored. The check and the insert hold the chat's row lock: two pins
 added at once cannot each fit alone and together overrun the room."""
 
@@ -13,9 +13,8 @@ from django.db import transaction
 from conversations.models import Chat, Message, Pin
 from conversations.services.turn_store import queue_consolidation_if_due
 from conversations.variants import resolve_variant
-from memory_worker import policy as engine
 from memory_worker.chat_policy import policy_for_chat, variant_context_tokens
-from memory_worker.pinned import pinned_block_tokens, pinned_message_text
+from memory_worker.pinned import pin_room, pinned_block_tokens, pinned_message_text
 from memory_worker.state import MemorySnapshot, PinnedItem, engine_state, load_snapshot
 from memory_worker.tokens import count_tokens
 
@@ -102,9 +101,9 @@ def refuse_unless_room(
     chat: Chat, snapshot: MemorySnapshot, others: list[int], tokens: int, field: str
 ) -> None:
     """PinRefused unless the pinned block with ``others`` (the other pins' tokens) and a pin of
-    ``tokens`` fits the room the chat's policy keeps for pins (policy.pin_room)."""
+    ``tokens`` fits the room the chat's policy keeps for pins (pinned.pin_room)."""
     state = engine_state(chat, snapshot, variant_context_tokens(chat))
-    room = engine.pin_room(state, policy_for_chat(chat))
+    room = pin_room(state, policy_for_chat(chat))
     used = pinned_block_tokens(others)
     needed = pinned_block_tokens([*others, tokens]) - used
     if used + needed > room:
