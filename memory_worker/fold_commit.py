@@ -13,7 +13,6 @@ from typing import Any
 
 from django.db import connection, transaction
 from django.db.models import F
-from django.utils import timezone
 
 from conversations import rows
 from conversations.models import Brief, Chat, Consolidation, ConsolidationStatus
@@ -52,7 +51,7 @@ def commit_fold(
     keeps the first DROPPED_DETAILS_KEPT."""
     duration_ms = int((time.monotonic() - started) * 1000)
     summary_tokens = count_tokens(result.text)
-    finished_at = timezone.now()
+    finished_at = rows.database_now()
     chat_id = chat.pk
     ledger_values: dict[str, Any] = {
         "finished_at": finished_at,
@@ -77,7 +76,7 @@ def commit_fold(
             "last_consolidated_at": now,
             "turns_mark": snapshot.last_seq,
             **summary_source_values(snapshot, fallback_reason, now),
-            "updated_at": timezone.now(),
+            "updated_at": finished_at,
         },
         dropped_details=list(dropped_details[:DROPPED_DETAILS_KEPT]),
         ledger_values=ledger_values,

@@ -9,7 +9,7 @@ from datetime import datetime
 from typing import Any
 
 from django.db import connection
-from django.utils import timezone
+from django.db.models.functions import Now
 
 from conversations import rows
 from conversations.models import Consolidation, ConsolidationStatus
@@ -48,7 +48,7 @@ def record_interrupted(ledger: Consolidation, error: BaseException, started: flo
         marked = bool(
             Consolidation.objects.filter(pk=ledger.pk, status=ConsolidationStatus.RUNNING).update(
                 status=ConsolidationStatus.FAILED,
-                finished_at=timezone.now(),
+                finished_at=Now(),
                 duration_ms=duration_ms,
                 error=f"{error_name} (database error)",
             )

@@ -11,7 +11,7 @@ from datetime import datetime, timedelta
 from django.conf import settings
 from django.db import transaction
 from django.db.models import F
-from django.utils import timezone
+from django.db.models.functions import Now
 
 from conversations.models import Brief, Consolidation, ConsolidationStatus
 from memory_worker.deadlines import longest_lock_hold
@@ -190,7 +190,7 @@ def record_failure(
 ) -> RetryPlan:
     Consolidation.objects.filter(pk=ledger.pk).update(
         status=ConsolidationStatus.FAILED,
-        finished_at=timezone.now(),
+        finished_at=Now(),
         duration_ms=int((time.monotonic() - started) * 1000),
         error=error[:2000],
         error_kind=kind[:32],
@@ -221,7 +221,7 @@ def fail_brief(
             consecutive_failures=F("consecutive_failures") + 1,
             last_error=error[:2000],
             failure_kind=kind[:32],
-            updated_at=timezone.now(),
+            updated_at=Now(),
         )
         count = (
             Brief.objects.filter(chat_id=chat_id)
