@@ -171,4 +171,5 @@ def test_web_hosts_ten_minutes_apart_steal_no_live_slot(api, settings, monkeypat
     monkeypatch.setattr(timezone, "now", lambda: real_now() + timedelta(minutes=5))
     assert turn(api, chat_id, "while the first turn runs").status_code == 409
     chat.refresh_from_db()
+    assert chat.turn_started_at is not None
     assert abs((chat.turn_started_at - database_now()).total_seconds()) < 5
