@@ -7,7 +7,7 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from datetime import datetime
+from datetime import datetime, timedelta
 from functools import partial
 from typing import Any
 
@@ -51,7 +51,8 @@ def commit_fold(
     keeps the first DROPPED_DETAILS_KEPT."""
     duration_ms = int((time.monotonic() - started) * 1000)
     summary_tokens = count_tokens(result.text)
-    finished_at = rows.database_now()
+    # Database time (the row's start is the database's) plus the fold's own duration.
+    finished_at = ledger.started_at + timedelta(milliseconds=duration_ms)
     chat_id = chat.pk
     ledger_values: dict[str, Any] = {
         "finished_at": finished_at,
