@@ -45,6 +45,23 @@ def refuse_misconfigured_start(**_: object) -> None:
         os._exit(EX_CONFIG)
 
 
+@worker_init.connect
+@beat_init.connect
+def broker_timeouts_of_a_worker(**_: object) -> None:
+    """The settings' broker timeouts are a turn's (REDIS_REQUEST_TIMEOUT_SECONDS); a worker's
+    and beat's are longer: their publishes hold no request, and a consumer's read may wait on a
+    busy Redis. Set before the process opens its first broker connection."""
+    from django.conf import settings
+
+    seconds = settings.BROKER_SOCKET_TIMEOUT_SECONDS
+    app.conf.broker_transport_options = {
+        **app.conf.broker_transport_options,
+        "socket_connect_timeout": min(seconds, 2.0),
+        "socket_timeout": seconds,
+    }
+    app.conf.broker_connection_timeout = min(seconds, 2.0)
+
+
 @celeryd_after_setup.connect
 def consume_the_sweep_queue(instance: Any = None, **_: object) -> None:
     """A worker of the ``memory`` queue also consumes the sweep's own queue, whatever its

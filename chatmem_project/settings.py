@@ -263,8 +263,15 @@ SPECTACULAR_SETTINGS = {
 # --- Redis, Celery --------------------------------------------------------------------------
 # Unset = embedded mode: consolidation runs on an in-process background thread.
 REDIS_URL = env("REDIS_URL", default="")
-# The shared cache (turn throttling): Redis when configured, with short timeouts because a turn
-# must never wait on it (the throttle lets requests through when the cache is down).
+# The request path's Redis calls (the turn throttle, the post-commit enqueue) give up after this
+# long, and a timeout opens a breaker that skips them for REDIS_BREAKER_SECONDS: turns go on
+# unthrottled, and the chats whose fold came due are left to the beat sweep
+# (memory_worker.request_redis). Workers and beat keep the longer BROKER_SOCKET_TIMEOUT_SECONDS.
+REDIS_REQUEST_TIMEOUT_SECONDS = env_float("REDIS_REQUEST_TIMEOUT_SECONDS", 0.25)
+REDIS_BREAKER_SECONDS = env_float("REDIS_BREAKER_SECONDS", 30.0)
+BROKER_SOCKET_TIMEOUT_SECONDS = env_float("BROKER_SOCKET_TIMEOUT_SECONDS", 5.0)
+# The shared cache (turn throttling): Redis when configured, with the request path's timeouts
+# (the throttle lets requests through when the cache is down or stalled).
 CACHE_URL = env("CACHE_URL", default="") or REDIS_URL
 CACHES = {
     "default": (
@@ -272,7 +279,10 @@ CACHES = {
             "BACKEND": "django.core.cache.backends.redis.RedisCache",
             "LOCATION": CACHE_URL,
             "KEY_PREFIX": "chatmem-cache",
-            "OPTIONS": {"socket_connect_timeout": 0.5, "socket_timeout": 0.5},
+            "OPTIONS": {
+                "socket_connect_timeout": REDIS_REQUEST_TIMEOUT_SECONDS,
+                "socket_timeout": REDIS_REQUEST_TIMEOUT_SECONDS,
+            },
         }
         if CACHE_URL
         else {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}
@@ -334,12 +344,14 @@ CELERY_TASK_SOFT_TIME_LIMIT = MEMORY_TASK_SOFT_TIME_LIMIT
 CELERY_TASK_TIME_LIMIT = MEMORY_TASK_TIME_LIMIT
 CELERY_BROKER_TRANSPORT_OPTIONS = {
     "visibility_timeout": BROKER_VISIBILITY_TIMEOUT,
-    # A turn must not hang on a dead broker: fail fast, log, let the sweep find the chat.
-    "socket_connect_timeout": 2,
-    "socket_timeout": 5,
+    # A turn must not hang on a dead or stalled broker: fail fast, log, let the sweep find the
+    # chat. Workers and beat take BROKER_SOCKET_TIMEOUT_SECONDS when they start
+    # (chatmem_project.celery): their blocking reads and publishes are not a turn's.
+    "socket_connect_timeout": REDIS_REQUEST_TIMEOUT_SECONDS,
+    "socket_timeout": REDIS_REQUEST_TIMEOUT_SECONDS,
     "max_retries": 0,
 }
-CELERY_BROKER_CONNECTION_TIMEOUT = 2
+CELERY_BROKER_CONNECTION_TIMEOUT = REDIS_REQUEST_TIMEOUT_SECONDS
 # A publish waits at most this long for one of the process's broker_pool_limit (10) producers:
 # with gevent, hundreds of turns in a process wait on a broker that stopped answering (each call
 # until its socket timeout), unbounded by default, while a turn's answer waits on its publish.

@@ -7,7 +7,7 @@ Three sources, so the memory code stays free of metric calls:
   time to first token;
 - the structured log events the services already write (``MetricsLogHandler``): folds by trigger
   and outcome, fold duration, summarizer tokens, dropped details, fold guard verdicts,
-  synchronous folds, lock contention, reruns, enqueue failures;
+  synchronous folds, lock contention, reruns, enqueue failures and skips, throttle skips;
 - and, read from the database at scrape time (conversations.metrics_endpoint): unfolded
   messages, chats waiting for a retry, degraded chats.
 
@@ -112,6 +112,15 @@ ENQUEUE_FAILED = Counter(
     "chatmem_enqueue_failures_total",
     "Memory work (consolidations, agent-state updates, flush hooks) the broker did not take.",
 )
+ENQUEUE_SKIPPED = Counter(
+    "chatmem_enqueue_skipped_total",
+    "Memory work not offered to the broker while a Redis timeout held the request path's "
+    "breaker open (the sweep finds the chats).",
+)
+THROTTLE_SKIPPED = Counter(
+    "chatmem_throttle_skipped_total",
+    "Turns let through unthrottled because the cache failed, timed out, or timed out recently.",
+)
 
 
 # --- sources ---------------------------------------------------------------------------------
@@ -179,6 +188,10 @@ class MetricsLogHandler(logging.Handler):
                 LOCK_CONTENDED.inc()
             elif event == "enqueue_failed":
                 ENQUEUE_FAILED.inc()
+            elif event == "enqueue_skipped":
+                ENQUEUE_SKIPPED.inc()
+            elif event == "throttle_skipped":
+                THROTTLE_SKIPPED.inc()
         except Exception:  # metrics must never break the code that logs
             self.handleError(record)
 

@@ -9,6 +9,7 @@ model instance (``Model.from_db``), with any field not selected deferred as with
 import functools
 import sqlite3
 from collections.abc import Callable, Iterable, Sequence
+from datetime import datetime
 from typing import Any, TypeVar
 
 import psycopg
@@ -17,6 +18,7 @@ from django.db.models import Field, Model, signals
 from django.db.models.base import ModelState
 from django.db.models.fields.related_descriptors import ForeignKeyDeferredAttribute
 from django.db.models.query_utils import DeferredAttribute
+from django.utils import timezone
 
 ModelT = TypeVar("ModelT", bound=Model)
 Converter = Callable[[Any, Any, Any], Any]
@@ -159,22 +161,34 @@ def insert_without_flush_wait(instance: Model) -> None:
     disk once it returns. What this saves is a fold's second wait for a disk flush, during which
     the worker's core would sit idle."""
     model = type(instance)
-    quote = connection.ops.quote_name
     fields = insert_fields(model)
-    values = insert_values(instance, fields)
+    # Automatic timestamps (a ledger row's started_at) are the database's: other hosts compare
+    # them with their own now().
+    stamped = [field for field in fields if getattr(field, "auto_now_add", False)]
+    values = [
+        value
+        for field, value in zip(fields, insert_values(instance, fields), strict=True)
+        if field not in stamped
+    ]
     # Each value cast to its column's type: in INSERT ... SELECT a NULL or a bare string would
     # otherwise be text, which a timestamp or integer column does not take.
-    selected = ", ".join(f"%s::{field.db_type(connection)}" for field in fields)
+    selected = ", ".join(
+        "statement_timestamp()" if field in stamped else f"%s::{field.db_type(connection)}"
+        for field in fields
+    )
     primary_key = model._meta.pk
     assert primary_key is not None
     sql = (
         f"INSERT INTO {quoted_table(model)} ({column_list(fields)}) SELECT {selected} "
         f"FROM {NO_FLUSH_WAIT} "
-        f"RETURNING {quote(str(primary_key.column))}"
+        f"RETURNING {column_list([primary_key, *stamped])}"
     )
     with connection.cursor() as cursor:
         cursor.execute(sql, values)
-        (instance.pk,) = cursor.fetchone()
+        returned = cursor.fetchone()
+    instance.pk = returned[0]
+    for field, value in zip(stamped, returned[1:], strict=True):
+        setattr(instance, field.attname, value)
     instance._state.adding = False
     instance._state.db = connection.alias
 
@@ -295,3 +309,15 @@ def database_unreachable(error: BaseException) -> bool:
         # timeout carry no SQLSTATE.
         return cause is None or isinstance(cause, psycopg.OperationalError)
     return str(sqlstate).startswith("08") or sqlstate in UNREACHABLE_SQLSTATES
+
+
+def database_now() -> datetime:
+    """The database's clock, for times another host compares (claims, backoff, cooldowns,
+    abandonment): hosts' clocks differ, the database's is one. PostgreSQL's statement time (as
+    Django's Now()), one round trip; on SQLite every process runs on the one host, so its own."""
+    if connection.vendor != "postgresql":
+        return timezone.now()
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT statement_timestamp()")
+        row = cursor.fetchone()
+    return row[0]  # type: ignore[no-any-return]

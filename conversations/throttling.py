@@ -20,7 +20,9 @@ atomic, so concurrent requests of one user cannot all pass on the same stale cou
 values are the cache's own (``make_key``, plain integers), so either path reads the other's.
 
 Fail-open: turns never need Redis to answer, so when the cache cannot be reached the request
-goes through (and a warning is logged) rather than failing."""
+goes through (and a warning is logged, ``throttle_skipped``) rather than failing. A cache that
+times out (a stalled Redis) opens the request path's breaker (memory_worker.request_redis): for
+REDIS_BREAKER_SECONDS turns are let through without asking it, each one counted."""
 
 import functools
 import logging
@@ -33,6 +35,8 @@ from django.conf import settings
 from django.core.cache import cache as default_cache
 from rest_framework.request import Request
 from rest_framework.throttling import UserRateThrottle
+
+from memory_worker.request_redis import breaker_open, trip_if_timeout
 
 log = logging.getLogger("chatmem.throttle")
 # The weighted estimate is a float: 3 x (1 - 20/60) is 2.0000000000000004, not 2.
@@ -108,10 +112,23 @@ class TurnRateThrottle(UserRateThrottle):
         return settings.TURN_RATE_LIMIT or None  # None: DRF lets every request through
 
     def allow_request(self, request: Request, view: Any) -> bool:
+        if self.rate is None:
+            return True
+        if self.cache is default_cache and redis_count_script() is not None and breaker_open():
+            log.info(
+                "turn throttle skipped: Redis timed out recently",
+                extra={"event": "throttle_skipped"},
+            )
+            return True
         try:
             return self.counted_request(request, view)
-        except Exception:
-            log.warning("turn throttle skipped: the cache is unreachable", exc_info=True)
+        except Exception as error:
+            trip_if_timeout(error)
+            log.warning(
+                "turn throttle skipped: the cache is unreachable",
+                exc_info=True,
+                extra={"event": "throttle_skipped"},
+            )
             return True
 
     def counted_request(self, request: Request, view: Any) -> bool:

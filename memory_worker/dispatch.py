@@ -15,6 +15,7 @@ from celery import current_app
 from django.conf import settings
 from django.db import close_old_connections, connection
 
+from memory_worker.request_redis import breaker_open, request_redis_client, trip_if_timeout
 from memory_worker.runtime import redis_client
 
 log = logging.getLogger("chatmem.dispatch")
@@ -72,16 +73,25 @@ def hand_off(
     """Memory work handed on as MEMORY_DISPATCH says: ``publish`` (celery), ``run_inline(*args)``
     on the in-process runner (inline), or not at all (off). Returns whether it was handed on;
     never raises: the turn that asked is already stored, so a broker that refuses is logged
-    (``enqueue_failed``, with ``context``) for the sweep or the next turn to make up."""
+    (``enqueue_failed``, with ``context``) for the sweep or the next turn to make up. While a
+    broker timeout holds the breaker open (request_redis), nothing is published
+    (``enqueue_skipped``): the sweep finds the chats whose fold is due."""
     mode = settings.MEMORY_DISPATCH
     try:
         if mode == "celery":
+            if breaker_open():
+                log.info(
+                    f"skipped queuing {what}: Redis timed out recently",
+                    extra={"event": "enqueue_skipped", **context},
+                )
+                return False
             publish()
         elif mode == "inline":
             submit_inline(run_inline, *args)
         else:
             return False
-    except Exception:
+    except Exception as error:
+        trip_if_timeout(error)
         log.exception(f"could not queue {what}", extra={"event": "enqueue_failed", **context})
         return False
     return True
@@ -109,14 +119,14 @@ def take_marker(key: str) -> bool:
     ttl = settings.MEMORY_ENQUEUE_DEDUP_SECONDS
     if ttl <= 0 or not settings.REDIS_URL:
         return True
-    return bool(redis_client(settings.REDIS_URL).set(key, "1", nx=True, px=int(ttl * 1000)))
+    return bool(request_redis_client(settings.REDIS_URL).set(key, "1", nx=True, px=int(ttl * 1000)))
 
 
 def fold_queued(chat_id: int) -> bool:
     """Whether a task queued for this chat has not started yet (its marker is taken)."""
     if not settings.REDIS_URL:
         return False
-    return bool(redis_client(settings.REDIS_URL).exists(QUEUED_KEY.format(chat_id)))
+    return bool(request_redis_client(settings.REDIS_URL).exists(QUEUED_KEY.format(chat_id)))
 
 
 def clear_queued(chat_id: int) -> None:

@@ -7,13 +7,12 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from datetime import datetime
+from datetime import datetime, timedelta
 from functools import partial
 from typing import Any
 
 from django.db import connection, transaction
 from django.db.models import F
-from django.utils import timezone
 
 from conversations import rows
 from conversations.models import HOLD_CHAT_SQL, Brief, Chat, Consolidation, ConsolidationStatus
@@ -55,7 +54,8 @@ def commit_fold(
     duration_ms = int((time.monotonic() - started) * 1000)
     # Counted as the chat's model counts it: the summary is part of every prompt it is sent.
     summary_tokens = count_tokens(result.text, chat_variant(chat.model_variant).model)
-    finished_at = timezone.now()
+    # Database time (the row's start is the database's) plus the fold's own duration.
+    finished_at = ledger.started_at + timedelta(milliseconds=duration_ms)
     chat_id = chat.pk
     ledger_values: dict[str, Any] = {
         "finished_at": finished_at,
@@ -81,7 +81,7 @@ def commit_fold(
             "turns_mark": snapshot.last_seq,
             "user_lines": fold_guard.user_lines_kept(snapshot.user_lines, result.text),
             **summary_source_values(snapshot, fallback_reason, now),
-            "updated_at": timezone.now(),
+            "updated_at": finished_at,
         },
         dropped_details=list(dropped_details[:DROPPED_DETAILS_KEPT]),
         ledger_values=ledger_values,

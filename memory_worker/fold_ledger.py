@@ -12,7 +12,6 @@ from typing import Any
 from django.conf import settings
 from django.db import connection
 from django.db.models.functions import Now
-from django.utils import timezone
 
 from conversations import rows
 from conversations.models import PRUNABLE_STATUSES, Consolidation, ConsolidationStatus
@@ -56,7 +55,7 @@ def record_interrupted(ledger: Consolidation, error: BaseException, started: flo
         marked = bool(
             Consolidation.objects.filter(pk=ledger.pk, status=ConsolidationStatus.RUNNING).update(
                 status=ConsolidationStatus.INTERRUPTED,
-                finished_at=timezone.now(),
+                finished_at=Now(),
                 duration_ms=duration_ms,
                 error=f"{error_name} {DATABASE_ERROR}",
             )

@@ -10,10 +10,9 @@ from datetime import datetime
 
 from django.conf import settings
 from django.db import IntegrityError
-from django.utils import timezone
 
 from conversations.models import Chat, Consolidation, Message
-from conversations.rows import DATABASE_ERRORS
+from conversations.rows import DATABASE_ERRORS, database_now
 from memory_worker import isolation_policy
 from memory_worker import policy as engine
 from memory_worker.backends import get_summarizer, offline_summarizer, stricter_summarizer
@@ -64,7 +63,7 @@ def consolidate_once(
     """One policy evaluation and at most one fold (seed 000 §7: one summarization per cycle).
     ``due_at``: when the turn that asked for this run found a fold due (for the lag figure);
     ``deadline`` and ``lease``: see ``execute_fold``."""
-    now = now or timezone.now()
+    now = now or database_now()
     found = read_chat_and_snapshot(chat_id)
     if found is None:  # deleted while queued
         return FoldOutcome(FoldResult.NOTHING)

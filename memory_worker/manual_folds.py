@@ -3,9 +3,10 @@ and recorded in the ledger, not queued), and at most one queued per chat at a ti
 
 from enum import StrEnum
 
-from django.utils import timezone
+from django.db.models.functions import Now
 
 from conversations.models import Chat, Consolidation, ConsolidationStatus
+from conversations.rows import database_now
 from memory_worker.dispatch import RequestTrigger, clear_manual_queued, mark_manual_queued
 from memory_worker.fold_ledger import WORKER_NAME
 from memory_worker.folds import decide_for_chat
@@ -26,7 +27,7 @@ def request_manual_fold(chat_id: int) -> ManualRequest:
     if found is None:
         raise Chat.DoesNotExist(f"chat {chat_id} does not exist")
     chat, snapshot = found
-    if decide_for_chat(chat, snapshot, timezone.now(), manual=True) is None:
+    if decide_for_chat(chat, snapshot, database_now(), manual=True) is None:
         record_nothing_to_fold(snapshot)
         return ManualRequest.NOTHING_TO_FOLD
     if not mark_manual_queued(chat_id):
@@ -49,7 +50,7 @@ def record_nothing_to_fold(snapshot: MemorySnapshot) -> None:
         base_version=snapshot.version,
         summary_tokens_before=snapshot.summary_tokens,
         summary_tokens_after=snapshot.summary_tokens,
-        finished_at=timezone.now(),
+        finished_at=Now(),
         duration_ms=0,
         worker=WORKER_NAME,
     )

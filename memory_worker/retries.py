@@ -10,7 +10,7 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import transaction
-from django.utils import timezone
+from django.db.models.functions import Now
 
 from conversations.models import Brief, Consolidation, ConsolidationStatus, hold_chat
 from memory_worker.fold_ledger import failed_fold_fields
@@ -171,7 +171,7 @@ def record_failure(
 ) -> RetryPlan:
     Consolidation.objects.filter(pk=ledger.pk).update(
         status=ConsolidationStatus.FAILED,
-        finished_at=timezone.now(),
+        finished_at=Now(),
         duration_ms=int((time.monotonic() - started) * 1000),
         error=error[:2000],
         error_kind=kind[:32],
@@ -221,7 +221,7 @@ def fail_brief(
                 failure_kind=kind[:32],
                 degraded=plan.degraded,
                 next_attempt_at=now + plan.delay,
-                updated_at=timezone.now(),
+                updated_at=Now(),
             )
     if not current:
         # Another fold committed meanwhile: neither a retry nor a fallback of this range is due.

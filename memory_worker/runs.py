@@ -17,6 +17,7 @@ from memory_worker.folds import consolidate_once
 from memory_worker.lease import Lease
 from memory_worker.locks import ChatLock, Release
 from memory_worker.outcomes import FoldOutcome
+from memory_worker.request_redis import is_timeout
 from memory_worker.runtime import chat_lock
 
 log = logging.getLogger("chatmem.fold")
@@ -48,9 +49,10 @@ def _publish(chat_id: int, trigger: RequestTrigger, due_at: datetime | None) -> 
     try:
         # retry=False: a dead broker must fail fast instead of holding the request.
         CONSOLIDATE_CHAT.apply_async(args=(chat_id, trigger), kwargs=kwargs, retry=False)
-    except Exception:
-        if trigger == RequestTrigger.TURN:
-            with contextlib.suppress(Exception):  # else the marker expires on its own
+    except Exception as error:
+        # After a timeout another call would wait as long again; the marker expires on its own.
+        if trigger == RequestTrigger.TURN and not is_timeout(error):
+            with contextlib.suppress(Exception):
                 clear_queued(chat_id)
         raise
 

@@ -7,9 +7,9 @@ edited text). The ledger records the edit as a row of its own, trigger ``edit``.
 from dataclasses import dataclass
 
 from django.db import connection, transaction
-from django.utils import timezone
 
 from conversations.models import Brief, Chat, Consolidation
+from conversations.rows import database_now
 from memory_worker import policy as engine
 from memory_worker.chat_policy import policy_for_chat
 from memory_worker.fold_commit import FoldWrite, commit_in_one_statement, commit_in_transaction
@@ -72,7 +72,7 @@ def edit_summary(chat: Chat, summary: str, expected_version: int, *, editor: str
     lines = user_written(brief.summary, list(brief.user_lines or []), summary)
     # What the fencing step compares: the version and W this edit was made on.
     read = make_snapshot(chat.pk, brief, ("", 0, False), ())
-    now = timezone.now()
+    now = database_now()  # stamps the brief: cooldowns read it on other hosts
     watermark = brief.last_consolidated
     commit = commit_in_one_statement if connection.vendor == "postgresql" else commit_in_transaction
     with transaction.atomic():

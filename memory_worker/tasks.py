@@ -8,9 +8,8 @@ from datetime import UTC, datetime
 
 from celery import shared_task
 from django.conf import settings
-from django.utils import timezone
 
-from conversations.rows import DATABASE_ERRORS
+from conversations.rows import DATABASE_ERRORS, database_now
 from memory_worker import agent_summaries, hooks, retries
 from memory_worker.dispatch import RequestTrigger, clear_manual_queued, clear_queued
 from memory_worker.fold_ledger import prune_ledger
@@ -112,7 +111,7 @@ def _queue_again(
 # the memory queue, behind a backlog longer than one interval, every sweep would expire unrun.
 @shared_task(name="chatmem.sweep", queue=settings.MEMORY_SWEEP_QUEUE, base=WorkerDeadlinesTask)
 def sweep() -> int:
-    now = timezone.now()
+    now = database_now()
     recover_runs()  # also here: beat's own recovery entry may be missing (an older beat)
     chat_ids = sweep_candidates(now, chat_lock(), settings.MEMORY_SWEEP_BATCH)
     for chat_id in chat_ids:
@@ -129,7 +128,7 @@ def sweep() -> int:
     name="chatmem.recover_runs", queue=settings.MEMORY_SWEEP_QUEUE, base=WorkerDeadlinesTask
 )
 def recover_runs() -> int:
-    refolds = recover_dead_runs(timezone.now(), chat_lock())
+    refolds = recover_dead_runs(database_now(), chat_lock())
     for refold in refolds:  # after the rows' marking committed
         request_consolidation(refold.chat_id, refold.trigger)
     return len(refolds)

@@ -12,9 +12,9 @@ from enum import Enum
 
 import redis
 from django.conf import settings
-from django.utils import timezone
 
 from conversations.models import Brief, Chat
+from conversations.rows import database_now
 from memory_worker import policy as engine
 from memory_worker.backends import offline_summarizer, summarizer_backend_name
 from memory_worker.chat_policy import policy_for_chat
@@ -166,7 +166,7 @@ def _fold_or_fall_back(
         chat,
         current,
         rest,
-        now=timezone.now(),
+        now=database_now(),
         synchronous=True,
         summarizer=offline_summarizer(cap),
         fallback_reason=outcome.error,
@@ -186,7 +186,7 @@ def _fold(
             "prompt_tokens": prompt_tokens,
         },
     )
-    return execute_fold(chat, snapshot, decision, now=timezone.now(), synchronous=True)
+    return execute_fold(chat, snapshot, decision, now=database_now(), synchronous=True)
 
 
 def _waited(chat_id: int, started: float) -> FoldOutcome:

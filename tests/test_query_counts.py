@@ -83,8 +83,9 @@ def test_a_turn_makes_four_queries_on_postgresql(api) -> None:  # type: ignore[n
     assert len(statements) == 3, statements
 
 
-def test_a_fold_makes_three_queries_on_postgresql(api) -> None:  # type: ignore[no-untyped-def]
-    """A fold's round trips: the chat with its memory snapshot (one statement), the ledger row,
+def test_a_fold_makes_four_queries_on_postgresql(api) -> None:  # type: ignore[no-untyped-def]
+    """A fold's round trips: the chat with its memory snapshot (one statement), the database's
+    clock (the policy's now: backoff and cooldowns were stamped by other hosts), the ledger row,
     and the commit (the brief's conditional UPDATE and the ledger's outcome in one statement).
     SQLite reads the chat, the brief and the tail apart and commits in a transaction."""
     if connection.vendor != "postgresql":
@@ -95,4 +96,4 @@ def test_a_fold_makes_three_queries_on_postgresql(api) -> None:  # type: ignore[
     with CaptureQueriesContext(connection) as captured:
         assert consolidate_once(chat_id, RequestTrigger.TURN).status == "succeeded"
     statements = [query["sql"].split()[0] for query in captured.captured_queries]
-    assert statements == ["SELECT", "INSERT", "WITH"], statements
+    assert statements == ["SELECT", "SELECT", "INSERT", "WITH"], statements

@@ -8,17 +8,22 @@ A private redis-server on a free port is crashed and restarted: the shared one i
 touched. The full 50 x 40 of the issue, not scaled down: about 40 s on an idle 2-core machine
 (most of it the 2000 turns, sent one after another from this process)."""
 
+import contextlib
 import logging
+import socket
+import threading
 import time
 from collections import Counter
 from functools import partial
 
 import pytest
 from django.utils import timezone
+from prometheus_client.registry import REGISTRY
 
 from conversations.models import Chat, Consolidation, Message
 from memory_worker import fold_ledger, folds, tasks
 from memory_worker.invariants import chat_violations
+from memory_worker.request_redis import reset_breaker
 from memory_worker.state import load_snapshot
 from tests.conftest import client_for, require
 from tests.private_redis import PrivateRedis, redis_server_available
@@ -147,7 +152,9 @@ def test_redis_crash_and_restart_during_50_chats_x_40_turns(
     # while it is down try to enqueue (each failure is logged), so a turn path that waited would
     # put hundreds of turns over it; a stray scheduling stall on a busy machine is one turn, not
     # 1 % of them. The allowance stays far below the failed enqueues, or the check proves nothing.
-    connect_timeout = settings.CELERY_BROKER_TRANSPORT_OPTIONS["socket_connect_timeout"]
+    # A turn that waited on the request timeout more than once (a retry, a second call) or on a
+    # worker's longer broker timeout; one wait of 0.25 s is a busy machine's ordinary turn.
+    connect_timeout = 4 * settings.REDIS_REQUEST_TIMEOUT_SECONDS
     slow_turns = sorted(latency for latency in down_latencies if latency >= connect_timeout)
     allowed_slow = len(down_latencies) // 100
     assert failed_enqueues(caplog) > 10 * allowed_slow, failed_enqueues(caplog)
@@ -175,3 +182,128 @@ def test_redis_crash_and_restart_during_50_chats_x_40_turns(
 
 def failed_enqueues(caplog) -> int:  # type: ignore[no-untyped-def]
     return sum(1 for record in caplog.records if getattr(record, "event", "") == "enqueue_failed")
+
+
+class StalledRedis:
+    """A "Redis" that accepts connections and reads what it is sent, and never answers: what a
+    hung or overloaded server looks like to a client (a refused port fails at once instead)."""
+
+    def __init__(self) -> None:
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"redis://127.0.0.1:{self.listener.getsockname()[1]}/0"
+        self.connections: list[socket.socket] = []
+        self.stopped = threading.Event()
+        threading.Thread(target=self.accept, daemon=True).start()
+
+    def accept(self) -> None:
+        while not self.stopped.is_set():
+            try:
+                connection, _ = self.listener.accept()
+            except OSError:
+                return
+            self.connections.append(connection)
+            threading.Thread(target=self.swallow, args=(connection,), daemon=True).start()
+
+    @staticmethod
+    def swallow(connection: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while connection.recv(65536):
+                pass
+
+    def stop(self) -> None:
+        self.stopped.set()
+        self.listener.close()
+        for connection in self.connections:
+            with contextlib.suppress(OSError):
+                connection.close()
+
+
+def point_web_at(settings, url: str) -> None:  # type: ignore[no-untyped-def]
+    """The web side (this process: throttle cache, queued markers, the broker) uses ``url``."""
+    settings.REDIS_URL = url
+    settings.CACHES = {
+        "default": {
+            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "LOCATION": url,
+            "OPTIONS": {
+                "socket_connect_timeout": settings.REDIS_REQUEST_TIMEOUT_SECONDS,
+                "socket_timeout": settings.REDIS_REQUEST_TIMEOUT_SECONDS,
+            },
+        }
+    }
+    point_celery_at(url)
+
+
+def sample(name: str) -> float:
+    return REGISTRY.get_sample_value(name) or 0.0
+
+
+def test_a_stalled_redis_holds_no_turn_and_the_sweep_folds_every_chat_after_it_recovers(
+    require_postgres, broker, settings, user
+) -> None:  # type: ignore[no-untyped-def]
+    """Turns while Redis accepts and never answers: each succeeds, the first one to meet the
+    stall waits one request timeout, and then the breaker skips the throttle and the enqueue
+    (counted) instead of waiting again. Once Redis is back every chat with a fold due is
+    folded by the worker within two sweeps."""
+    settings.TURN_RATE_LIMIT = "1000/min"
+    settings.REDIS_BREAKER_SECONDS = 30.0
+    reset_breaker()
+    worker = Worker(broker.url, "stalled", env=FAST_DEADLINES)
+    stalled = StalledRedis()
+    api = client_for(user)
+    chats = 4
+    try:
+        worker.wait_ready()
+        chat_ids = [
+            api.post("/api/v1/chats/", {"policy": "sliding-window"}, format="json").json()["id"]
+            for _ in range(chats)
+        ]
+        point_web_at(settings, stalled.url)
+        skipped_before = sample("chatmem_enqueue_skipped_total")
+        throttle_before = sample("chatmem_throttle_skipped_total")
+        due: set[int] = set()
+        turns = 0
+        while len(due) < chats and turns < 60 * chats:
+            for chat_id in set(chat_ids) - due:
+                response = api.post(
+                    f"/api/v1/chats/{chat_id}/turns/",
+                    {"content": f"turn {turns}: we decided on option A."},
+                    format="json",
+                )
+                assert response.status_code == 201, response.content
+                turns += 1
+                if fold_due(Chat.objects.get(pk=chat_id)):
+                    due.add(chat_id)
+        assert due == set(chat_ids), "no fold came due"
+        # Every turn after the first timeout skipped both calls, and said so in the metrics.
+        assert sample("chatmem_throttle_skipped_total") - throttle_before >= turns - 1
+        assert sample("chatmem_enqueue_skipped_total") - skipped_before >= 1
+        assert Consolidation.objects.filter(chat_id__in=chat_ids).count() == 0
+        # Redis is back; the sweep runs in the worker, a process with its own (closed) breaker.
+        stalled.stop()
+        point_web_at(settings, broker.url)
+        reset_breaker()
+        recovered_at = timezone.now()
+        settings.MEMORY_SWEEP_INTERVAL_SECONDS = 10.0
+        for _ in range(2):  # beat's two next ticks
+            tasks.sweep()
+            if wait_until(
+                lambda: not any(fold_due(chat) for chat in Chat.objects.filter(pk__in=chat_ids)),
+                timeout=settings.MEMORY_SWEEP_INTERVAL_SECONDS,
+                interval=0.2,
+            ):
+                break
+        left = [chat.pk for chat in Chat.objects.filter(pk__in=chat_ids) if fold_due(chat)]
+        assert left == [], worker.log()[-3000:]
+    finally:
+        stalled.stop()
+        worker.stop()
+        reset_breaker()
+    # The worker folded them, after the recovery: no turn folded on the request path.
+    assert set(
+        Consolidation.objects.filter(
+            chat_id__in=chat_ids, status="succeeded", synchronous=False, started_at__gt=recovered_at
+        ).values_list("chat_id", flat=True)
+    ) == set(chat_ids)
+    for chat_id in chat_ids:
+        assert chat_violations(chat_id) == []

@@ -14,9 +14,11 @@ from typing import Any
 
 import pytest
 from django.core.cache import cache
+from django.db.models.functions import Now
 from django.utils import timezone
 
 from conversations.models import Brief, Chat, Consolidation
+from conversations.rows import database_now
 from memory_worker import fold_ledger, folds, retries, sweep, tasks
 from memory_worker.dispatch import RequestTrigger
 from memory_worker.locks import LocalChatLock
@@ -539,3 +541,54 @@ def test_the_sweep_leaves_a_held_chats_pending_mark_to_its_holder(api, monkeypat
     runs.hand_on_pending(held, lock, RequestTrigger.RERUN, None)
     assert asked == [(held, "rerun")]
     assert sweep.sweep_candidates(now, lock, limit=100) == []
+
+
+# --- Host clocks -----------------------------------------------------------------------------
+
+
+def skew_clock(monkeypatch, seconds: float) -> None:  # type: ignore[no-untyped-def]
+    """This process's clock ``seconds`` off, as tests/skewed_clock does for a subprocess."""
+    monkeypatch.setattr(timezone, "now", lambda: REAL_NOW() + timedelta(seconds=seconds))
+
+
+REAL_NOW = timezone.now
+
+
+@pytest.mark.django_db
+def test_a_live_fold_stamped_by_a_slow_clock_is_not_abandoned_by_a_fast_one(  # type: ignore[no-untyped-def]
+    api, settings, monkeypatch
+):
+    """A turn's fold on a host 5 minutes slow, judged by a sweep on a host 5 minutes fast: the
+    row's start and the sweep's now are both the database's, so the live row stays running."""
+    settings.MEMORY_TASK_TIME_LIMIT, settings.MEMORY_LOCK_TTL_SECONDS = 6, 3
+    chat_id = new_chat(api)
+    skew_clock(monkeypatch, -300)
+    ledger = Consolidation(
+        chat_id=chat_id, trigger="turn", from_seq=1, to_seq=2, base_version=0, synchronous=True
+    )
+    fold_ledger.record_running(ledger)
+    skew_clock(monkeypatch, +300)
+    assert sweep.recover_dead_runs(database_now(), LocalChatLock(ttl_seconds=3)) == []
+    assert status_of(ledger) == "running"
+    assert abs((ledger.started_at - database_now()).total_seconds()) < 5
+
+
+@pytest.mark.django_db
+def test_backoff_counts_from_the_database_clock_whatever_the_hosts(  # type: ignore[no-untyped-def]
+    api, monkeypatch
+):
+    """A failure recorded on a host 5 minutes fast: its retry is due one backoff step after
+    the database's now, not 5 minutes later; the sweep of a host 5 minutes slow retries it then
+    and not before."""
+    chat_id = new_chat(api)
+    skew_clock(monkeypatch, +300)
+    ledger = running_row(chat_id)
+    plan = retries.fail_brief(ledger, 0, "boom", "transient", database_now())
+    brief = Brief.objects.get(chat_id=chat_id)
+    wait = (brief.next_attempt_at - database_now()).total_seconds()
+    assert abs(wait - plan.delay.total_seconds()) < 5
+    skew_clock(monkeypatch, -300)
+    lock = LocalChatLock(ttl_seconds=3)
+    assert chat_id not in sweep.sweep_candidates(database_now(), lock, 100)
+    Brief.objects.filter(chat_id=chat_id).update(next_attempt_at=Now() - timedelta(seconds=1))
+    assert chat_id in sweep.sweep_candidates(database_now(), lock, 100)

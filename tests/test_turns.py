@@ -150,3 +150,26 @@ def test_model_variant_is_stored(api, settings) -> None:  # type: ignore[no-unty
     plain = turn(api, chat_id, "normal")
     assert plain.json()["assistant_message"]["model_variant"] == "default"
     assert plain.json()["user_message"]["model_variant"] == "default"
+
+
+def test_web_hosts_ten_minutes_apart_steal_no_live_slot(api, settings, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A turn claims the slot on a host 5 minutes slow; the next request comes to a host 5
+    minutes fast. Staleness is judged in database time, so the live slot is not taken."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from conversations.rows import database_now
+    from conversations.services.turn_slot import claim_turn_slot
+
+    real_now = timezone.now
+    settings.TURN_SLOT_STALE_SECONDS = 60
+    chat_id = new_chat(api)
+    chat = Chat.objects.get(pk=chat_id)
+    monkeypatch.setattr(timezone, "now", lambda: real_now() - timedelta(minutes=5))
+    claim_turn_slot(chat)
+    monkeypatch.setattr(timezone, "now", lambda: real_now() + timedelta(minutes=5))
+    assert turn(api, chat_id, "while the first turn runs").status_code == 409
+    chat.refresh_from_db()
+    assert chat.turn_started_at is not None
+    assert abs((chat.turn_started_at - database_now()).total_seconds()) < 5

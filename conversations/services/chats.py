@@ -10,8 +10,8 @@ from django.contrib.auth.models import User
 from django.db import transaction
 from django.db.models import Max
 from django.db.models.functions import Coalesce
-from django.utils import timezone
 
+from conversations import rows
 from conversations.models import Brief, Chat, Message
 from conversations.services.context import build_model_messages
 from conversations.variants import ModelVariant, resolve_variant
@@ -203,7 +203,7 @@ class MemoryView:
 
 def memory_view(chat: Chat) -> MemoryView:
     snapshot = load_snapshot(chat.pk)
-    due = decide_for_chat(chat, snapshot, timezone.now()) is not None
+    due = decide_for_chat(chat, snapshot, rows.database_now()) is not None
     watermark = snapshot.last_consolidated
     last_id = (
         Message.objects.filter(chat=chat, seq=watermark).values_list("id", flat=True).first()

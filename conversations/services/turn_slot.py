@@ -10,6 +10,7 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.db import connection
+from django.db.models.functions import Now
 from django.utils import timezone
 
 from conversations import rows
@@ -61,24 +62,35 @@ def claim_owned_chat(owner_id: int, chat_id: int) -> Claimed:
     if not low <= chat_id <= high:
         raise Chat.DoesNotExist(f"no chat {chat_id}")
     token = uuid.uuid4()
-    now = timezone.now()
-    stale_before = now - timedelta(seconds=settings.TURN_SLOT_STALE_SECONDS)
-    adapt_time = connection.ops.adapt_datetimefield_value
     postgresql = connection.vendor == "postgresql"
+    token_value = Chat._meta.get_field("turn_token").get_db_prep_value(token, connection)
+    if postgresql:
+        # Database time: the slot's start is compared by other web hosts, whose clocks differ.
+        started, stale_before = "statement_timestamp()", "statement_timestamp() - %s"
+        params = [
+            token_value,
+            chat_id,
+            owner_id,
+            timedelta(seconds=settings.TURN_SLOT_STALE_SECONDS),
+        ]
+    else:  # SQLite: one host
+        now = timezone.now()
+        adapt_time = connection.ops.adapt_datetimefield_value
+        started, stale_before = "%s", "%s"
+        params = [
+            token_value,
+            adapt_time(now),
+            chat_id,
+            owner_id,
+            adapt_time(now - timedelta(seconds=settings.TURN_SLOT_STALE_SECONDS)),
+        ]
     claim = (
-        f"UPDATE {rows.quoted_table(Chat)} SET turn_token = %s, turn_started_at = %s "
+        f"UPDATE {rows.quoted_table(Chat)} SET turn_token = %s, turn_started_at = {started} "
         + (f"FROM {rows.NO_FLUSH_WAIT} " if postgresql else "")
         + "WHERE id = %s AND owner_id = %s "
-        "AND (turn_token IS NULL OR turn_started_at < %s) "
+        f"AND (turn_token IS NULL OR turn_started_at < {stale_before}) "
         f"RETURNING {rows.column_list(rows.selected_fields(Chat))}"
     )
-    params = [
-        Chat._meta.get_field("turn_token").get_db_prep_value(token, connection),
-        adapt_time(now),
-        chat_id,
-        owner_id,
-        adapt_time(stale_before),
-    ]
     if postgresql:
         # A chat without a brief still comes back: its turn then fails, and releases the slot,
         # when it reads the snapshot.
@@ -143,9 +155,7 @@ def renew_turn_slot(chat: Chat, token: uuid.UUID) -> None:
     """After a synchronous fold: the slot's age counts from now again, since summarizer calls
     can outlast TURN_SLOT_STALE_SECONDS before the model is even called. Raises TurnInProgress
     when another request has taken the slot over: this turn stops, having stored nothing."""
-    renewed = Chat.objects.filter(pk=chat.pk, turn_token=token).update(
-        turn_started_at=timezone.now()
-    )
+    renewed = Chat.objects.filter(pk=chat.pk, turn_token=token).update(turn_started_at=Now())
     if not renewed:
         raise_if_deleted(chat)
         raise TurnInProgress(

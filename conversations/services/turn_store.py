@@ -209,7 +209,8 @@ def queue_consolidation_if_due(chat: Chat, snapshot: MemorySnapshot) -> None:
     """Runs after commit, on the request thread but after the turn is durable: a pure decision
     on state already in memory, then (only if a fold is due) one enqueue that never raises."""
     try:
-        now = timezone.now()
+        # Database time: cooldowns and backoff were stamped by other hosts.
+        now = rows.database_now()
         # A chat whose owner paused folds queues none (its turns fold only over the hard bound).
         if not chat.folds_paused and decide_for_chat(chat, snapshot, now) is not None:
             request_consolidation(chat.pk, RequestTrigger.TURN, due_at=now)
