@@ -14,9 +14,11 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 from rest_framework.authtoken.models import Token
 
 from tests.conftest import require
@@ -24,7 +26,8 @@ from tests.conftest import require
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES_PER_OPERATION = int(os.environ.get("SCHEMATHESIS_MAX_EXAMPLES") or 25)
 SEED = 20261123  # fixed, so a CI failure reproduces with the same command
-TIMEOUT = 600 + 20 * EXAMPLES_PER_OPERATION
+# Generous: a hang, not a slow shared machine, should fail it.
+TIMEOUT = 600 + 60 * EXAMPLES_PER_OPERATION
 
 
 def schemathesis_command() -> str:
@@ -34,7 +37,7 @@ def schemathesis_command() -> str:
     return str(found)
 
 
-def start_run(url: str, token: str, seed: int) -> subprocess.Popen[str]:
+def start_run(url: str, token: str, seed: int, report: Path) -> subprocess.Popen[bytes]:
     command = [
         schemathesis_command(),
         "run",
@@ -52,9 +55,8 @@ def start_run(url: str, token: str, seed: int) -> subprocess.Popen[str]:
     ]
     # The /v1/ operations' Bearer header (schemathesis.toml).
     env = {**os.environ, "CHATMEM_SCHEMATHESIS_TOKEN": token}
-    return subprocess.Popen(
-        command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
-    )
+    with report.open("wb") as out:  # a file: what a run that times out did is still there
+        return subprocess.Popen(command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env=env)
 
 
 def generated_cases(report: str) -> int:
@@ -64,27 +66,40 @@ def generated_cases(report: str) -> int:
 
 
 def test_schemathesis_finds_nothing_with_two_users_at_once(
-    live_server: Any, user: Any, other_user: Any, settings: Any
+    live_server: Any, user: Any, other_user: Any, settings: Any, tmp_path: Path
 ) -> None:
     from memory_worker.dispatch import drain_inline
 
     # "Consolidate now" answers 503 when nothing can run a fold; the embedded runner can.
     settings.MEMORY_DISPATCH = "inline"
     tokens = [Token.objects.create(user=owner).key for owner in (user, other_user)]
-    runs = [start_run(live_server.url, token, SEED + i) for i, token in enumerate(tokens)]
+    files = [tmp_path / f"user-{i}.txt" for i in range(len(tokens))]
+    started = time.monotonic()
+    runs = [
+        start_run(live_server.url, token, SEED + i, file)
+        for i, (token, file) in enumerate(zip(tokens, files, strict=True))
+    ]
     try:
-        reports = [run.communicate(timeout=TIMEOUT)[0] for run in runs]
+        for run, file in zip(runs, files, strict=True):
+            try:
+                run.wait(timeout=max(1.0, started + TIMEOUT - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pytest.fail(f"schemathesis ran over {TIMEOUT} s:\n{file.read_text()[-6000:]}")
     finally:
         for run in runs:
             if run.poll() is None:
                 run.kill()
         drain_inline()  # folds it queued finish before the test database is flushed
+    seconds = time.monotonic() - started
+    reports = [file.read_text() for file in files]
     for run, report in zip(runs, reports, strict=True):
         tail = report[-6000:]
         assert run.returncode == 0, tail
         assert "Configuration:    " + str(ROOT / "schemathesis.toml") in report
         assert "No issues found" in report, tail
         assert re.search(r"Stateful\s", report), tail  # the phase ran, not skipped
-    total = sum(generated_cases(report) for report in reports)
-    assert total >= 1000, total
-    print(f"schemathesis: {total} generated cases over two users, no issues")
+    cases = [generated_cases(report) for report in reports]
+    assert sum(cases) >= 1000, cases
+    print(f"\nschemathesis: {cases} generated cases (two users), {seconds:.0f} s, no issues")
+    for report in reports:
+        print(report[report.rfind("Test Phases") :][:1500] if "Test Phases" in report else "")
