@@ -2,7 +2,6 @@
 workers (gunicorn.conf.py's post_worker_init), Celery workers and beat (chatmem_project.celery)."""
 
 import logging
-import os
 
 from django.conf import settings
 from django.core.checks import WARNING, CheckMessage, Error, run_checks
@@ -43,10 +42,9 @@ def log_check_message(message: CheckMessage) -> None:
 
 
 def unconfigured_checkout() -> bool:
-    """Neither DEBUG nor SECRET_KEY given (environment or .env): a source checkout run as it is,
-    by the test suite, CI's checks or a benchmark, not a deployment. The Docker image sets
-    DEBUG, so a container is never one."""
-    return not any(os.environ.get(name, "").strip() for name in ("DEBUG", "SECRET_KEY"))
+    """Neither DEBUG nor SECRET_KEY given: a source checkout run as it is, not a deployment
+    (settings.UNCONFIGURED_CHECKOUT)."""
+    return bool(settings.UNCONFIGURED_CHECKOUT)
 
 
 def weak_secret_key(key: str) -> str | None:

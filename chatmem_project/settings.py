@@ -58,21 +58,46 @@ SECRET_KEY = env_text("SECRET_KEY", DEV_SECRET_KEY)
 ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=[]) or ["127.0.0.1", "localhost"]
 CSRF_TRUSTED_ORIGINS = env.list("CSRF_TRUSTED_ORIGINS", default=[])
 
-# HTTPS hardening for production (`manage.py check --deploy` passes with the values in
-# .env.example's production block). Off by default: the embedded mode serves plain HTTP locally.
-SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", False)
+# Neither DEBUG nor SECRET_KEY given (environment or .env): a source checkout run as it is (the
+# test suite, CI's checks, a benchmark), not a deployment. The Docker image sets DEBUG, so a
+# container is never one (chatmem_project.boot).
+UNCONFIGURED_CHECKOUT = not (env_text("DEBUG", "") or env_text("SECRET_KEY", ""))
+
+# HTTPS (docs/operations.md, "HTTPS"): who serves it.
+#   on     chatmem does: plain HTTP is redirected to https://, cookies are Secure, HSTS is sent;
+#   proxy  a TLS-terminating proxy in front does, and redirects plain HTTP itself: no redirect
+#          here, Secure cookies and HSTS as with on, the proxy's X-Forwarded-Proto trusted;
+#   off    nobody: plain HTTP (the quickstart, a trial on a private network).
+# Empty: on with DEBUG off, off with DEBUG on and in an unconfigured checkout. Each SECURE_*
+# setting below may still be set on its own and wins.
+HTTPS_MODES = ("on", "proxy", "off")
+CHATMEM_HTTPS = env_text("CHATMEM_HTTPS", "off" if DEBUG or UNCONFIGURED_CHECKOUT else "on")
+if CHATMEM_HTTPS not in HTTPS_MODES:
+    raise ImproperlyConfigured(
+        f'CHATMEM_HTTPS "{CHATMEM_HTTPS}" is not one of on, proxy, off (docs/operations.md).'
+    )
+_HTTPS = CHATMEM_HTTPS != "off"
+SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", CHATMEM_HTTPS == "on")
 # Health probes and Prometheus' scrapes come over plain HTTP from inside the container, the
-# compose network or the orchestrator (conversations.middleware.ProbeMiddleware answers them).
+# compose network or the orchestrator (conversations.middleware.ProbeMiddleware answers them
+# before the redirect; this covers them should the middleware order change).
 SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^readyz$", r"^metrics$"]
-SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 0)
-SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", False)
+SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 31536000 if _HTTPS else 0)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", _HTTPS)
+# Asking browsers' built-in HSTS lists to include the domain is hard to undo and the operator's
+# decision: off unless set, and Django's deployment check's warning about it (security.W021)
+# silenced below.
 SECURE_HSTS_PRELOAD = env_bool("SECURE_HSTS_PRELOAD", False)
-SESSION_COOKIE_SECURE = env_bool("SESSION_COOKIE_SECURE", False)
-CSRF_COOKIE_SECURE = env_bool("CSRF_COOKIE_SECURE", False)
-# Behind a TLS-terminating proxy that sets X-Forwarded-Proto (set only if the proxy strips it
-# from client requests).
-if env_bool("SECURE_PROXY_SSL_HEADER", False):
+SESSION_COOKIE_SECURE = env_bool("SESSION_COOKIE_SECURE", _HTTPS)
+CSRF_COOKIE_SECURE = env_bool("CSRF_COOKIE_SECURE", _HTTPS)
+# Behind a TLS-terminating proxy that sets X-Forwarded-Proto, replacing any a client sent: then
+# Django knows which requests came over HTTPS (HSTS, the admin's CSRF origin check).
+if env_bool("SECURE_PROXY_SSL_HEADER", CHATMEM_HTTPS == "proxy"):
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+SILENCED_SYSTEM_CHECKS = ["security.W021"]
+if CHATMEM_HTTPS == "proxy" and not SECURE_SSL_REDIRECT:
+    # The proxy redirects plain HTTP: security.W008 (no SECURE_SSL_REDIRECT) is the design.
+    SILENCED_SYSTEM_CHECKS.append("security.W008")
 
 INSTALLED_APPS = [
     "django.contrib.admin",

@@ -13,7 +13,7 @@ finish reason, usage). A failure while iterating also raises ``ModelError``.
 """
 
 from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol, Self
 
 from memory_worker.tokens import count_tokens
@@ -39,6 +39,8 @@ class ChatCompletion:
     model: str
     # Tool calls in Chat Completions shape: {"id", "type": "function", "function": {...}}.
     tool_calls: tuple[dict[str, Any], ...] = ()
+    # The reply was cut at this many characters, the message cap (CappedChatModel).
+    capped_at_chars: int | None = None
 
 
 class ModelError(Exception):
@@ -88,6 +90,50 @@ class ChatModel(Protocol):
     def stream(
         self, messages: ModelMessages, model: str, tools: ToolOptions | None = None
     ) -> CompletionStream: ...
+
+
+class CappedChatModel:
+    """A model whose replies are at most ``cap`` characters (CHATMEM_MAX_MESSAGE_CHARS, the cap on
+    every stored message): a longer one is cut there and marked, finish_reason "length" as when
+    the model's own token limit cuts it, and ``capped_at_chars`` set. Cut rather than refused:
+    the call is paid for, and a resend would most likely run as long. A stream emits nothing
+    past the cap and reads the rest of the reply (its usage and tool calls) unsent."""
+
+    def __init__(self, model: ChatModel, cap: int) -> None:
+        self.model = model
+        self.cap = cap
+
+    def complete(
+        self, messages: ModelMessages, model: str, tools: ToolOptions | None = None
+    ) -> ChatCompletion:
+        return self._capped(self.model.complete(messages, model, tools))
+
+    def stream(
+        self, messages: ModelMessages, model: str, tools: ToolOptions | None = None
+    ) -> CompletionStream:
+        inner = self.model.stream(messages, model, tools)
+        return CompletionStream(self._capped_deltas(inner), release=inner.close)
+
+    def _capped_deltas(self, inner: CompletionStream) -> Generator[str, None, ChatCompletion]:
+        room = self.cap
+        for delta in inner:
+            part = delta[: max(room, 0)]
+            room -= len(delta)
+            if part:
+                yield part
+        if inner.result is None:  # an exhausted stream has one
+            raise ModelError("The model's reply stream ended before the reply was complete.")
+        return self._capped(inner.result)
+
+    def _capped(self, completion: ChatCompletion) -> ChatCompletion:
+        if len(completion.content) <= self.cap:
+            return completion
+        return replace(
+            completion,
+            content=completion.content[: self.cap],
+            finish_reason="length",
+            capped_at_chars=self.cap,
+        )
 
 
 def require_reply(content: str, has_tool_calls: bool, finish_reason: str | None) -> None:

@@ -1,7 +1,9 @@
 """Request body size limit: a body larger than CHATMEM_MAX_BODY_BYTES is refused with a JSON 413
-before anything reads it (Django's own limit would answer a bare 400). A NUL in the URL: a JSON
-400. The health probes and Prometheus' scrape. Static files."""
+before anything reads it (Django's own limit would answer a bare 400). A chunked body under
+WSGI read, or refused with a JSON 411. A NUL in the URL: a JSON 400. The health probes and
+Prometheus' scrape. Static files."""
 
+import io
 import json
 import os
 from collections.abc import Callable
@@ -23,9 +25,18 @@ def error_body(message: str, code: str, path: str) -> dict[str, Any]:
     return {"detail": message, "code": code}
 
 
-def too_large_body(length: int, limit: int, path: str) -> dict[str, Any]:
-    message = f"The request body is {length} bytes; the limit is {limit} bytes."
+def too_large_body(length: int, limit: int, path: str, *, at_least: bool = False) -> dict[str, Any]:
+    size = f"over {limit}" if at_least else str(length)
+    message = f"The request body is {size} bytes; the limit is {limit} bytes."
     return error_body(message, "request_too_large", path)
+
+
+def refusal(error: dict[str, Any], status: int) -> JsonResponse:
+    """A request refused for what it is: sent again unchanged it gets the same answer, so the
+    clients that honour x-should-retry (the OpenAI SDKs) do not resend it."""
+    response = JsonResponse(error, status=status)
+    response["x-should-retry"] = "false"
+    return response
 
 
 class NulInUrlMiddleware:
@@ -39,7 +50,7 @@ class NulInUrlMiddleware:
         raw = request.META.get("QUERY_STRING", "")
         if "\x00" in request.path or "\x00" in raw or "%00" in raw:
             message = "The URL contains a NUL character (%00), which no parameter accepts."
-            return JsonResponse(error_body(message, "nul_in_url", request.path), status=400)
+            return refusal(error_body(message, "nul_in_url", request.path), 400)
         return self.get_response(request)
 
 
@@ -54,8 +65,49 @@ class BodySizeLimitMiddleware:
         except ValueError:
             length = 0
         if length > limit:
-            return JsonResponse(too_large_body(length, limit, request.path), status=413)
+            return refusal(too_large_body(length, limit, request.path), 413)
         return self.get_response(request)
+
+
+class WsgiChunkedBody:
+    """A chunked request body (Transfer-Encoding: chunked, no Content-Length) under WSGI: Django
+    reads only Content-Length bytes, so it took such a body for an empty one ("content
+    required"). A server that ends wsgi.input at the body's end (gunicorn says so with
+    wsgi.input_terminated) has the body read here, up to CHATMEM_MAX_BODY_BYTES (past it a
+    413), and handed on with its length; a server that does not (wsgiref: runserver,
+    serve_demo) has the request refused with a 411 asking for a Content-Length."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    def __call__(self, environ: dict[str, Any], start_response: Any) -> Any:
+        chunked = "chunked" in environ.get("HTTP_TRANSFER_ENCODING", "").lower()
+        if not chunked or environ.get("CONTENT_LENGTH"):
+            return self.app(environ, start_response)
+        path = environ.get("PATH_INFO", "")
+        if not environ.get("wsgi.input_terminated"):
+            message = "This server reads no chunked request body: send a Content-Length."
+            return wsgi_refusal(start_response, 411, error_body(message, "length_required", path))
+        limit = settings.CHATMEM_MAX_BODY_BYTES
+        body = environ["wsgi.input"].read(limit + 1)
+        if len(body) > limit:
+            error = too_large_body(len(body), limit, path, at_least=True)
+            return wsgi_refusal(start_response, 413, error)
+        environ["wsgi.input"] = io.BytesIO(body)
+        environ["CONTENT_LENGTH"] = str(len(body))
+        return self.app(environ, start_response)
+
+
+def wsgi_refusal(start_response: Any, status: int, error: dict[str, Any]) -> list[bytes]:
+    body = json.dumps(error).encode()
+    reason = {411: "Length Required", 413: "Content Too Large"}[status]
+    headers = [
+        ("Content-Type", "application/json"),
+        ("Content-Length", str(len(body))),
+        ("x-should-retry", "false"),
+    ]
+    start_response(f"{status} {reason}", headers)
+    return [body]
 
 
 class _BodyOverLimit(Exception):
@@ -113,7 +165,11 @@ def declared_length(scope: dict[str, Any]) -> int:
 
 async def send_too_large(send: Any, error: dict[str, Any]) -> None:
     body = json.dumps(error).encode()
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+        (b"x-should-retry", b"false"),
+    ]
     await send({"type": "http.response.start", "status": 413, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 

@@ -1,6 +1,7 @@
 """An upstream (or a gateway in front of it) that echoes the operator's key and its own address
-in its error bodies: neither reaches a chat's owner (a REST turn, its stream, /v1, the brief,
-the ledger) nor a log line at INFO or above, whatever the key's format."""
+in its error bodies, before a stream or in the middle of one: neither reaches a chat's owner (a
+REST turn, its stream, /v1 and its stream, the brief, the ledger, their rows as stored) nor a
+log line at INFO or above, whatever the key's format."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from typing import Any
 import pytest
 from rest_framework.authtoken.models import Token
 
+from conversations.models import Brief, Consolidation
 from memory_worker import folds
 from memory_worker.dispatch import RequestTrigger
 from memory_worker.openai_transport import redact, register_secrets
@@ -31,10 +33,10 @@ class EchoingUpstream(BaseHTTPRequestHandler):
     """Answers every request with the configured status and a body that repeats the request's
     Authorization header, its key and the Host it was sent to."""
 
-    status = 400
+    status = 400  # 200: a streamed request gets a first delta, then the error as an event
 
     def do_POST(self) -> None:
-        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        request = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
         authorization = self.headers.get("Authorization", "")
         host = self.headers.get("Host", "")
         message = (
@@ -42,11 +44,28 @@ class EchoingUpstream(BaseHTTPRequestHandler):
             f"valid for http://{host}/v1 ({host.split(':')[0]})."
         )
         body = json.dumps({"error": {"message": message, "type": "invalid_request_error"}})
+        if self.status == 200 and request.get("stream"):
+            self.send_mid_stream_error(body)
+            return
         self.send_response(self.status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body.encode())
+
+    def send_mid_stream_error(self, error: str) -> None:
+        delta = {
+            "index": 0,
+            "delta": {"role": "assistant", "content": "Hel"},
+            "finish_reason": None,
+        }
+        first = {"id": "c1", "object": "chat.completion.chunk", "model": "echo", "choices": [delta]}
+        events = f"data: {json.dumps(first)}\n\ndata: {error}\n\n".encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Content-Length", str(len(events)))
+        self.end_headers()
+        self.wfile.write(events)
 
     def log_message(self, format: str, *args: Any) -> None:
         pass
@@ -84,28 +103,46 @@ def logged(caplog: pytest.LogCaptureFixture) -> str:
     return "\n".join(lines)
 
 
-@pytest.mark.parametrize("status", STATUSES)
+def v1_completion(api: Any, user: Any, **body: Any) -> Any:
+    return api.post(
+        "/v1/chat/completions",
+        {"model": "default", "messages": [{"role": "user", "content": "hi"}], **body},
+        format="json",
+        HTTP_AUTHORIZATION=f"Bearer {Token.objects.get(user=user).key}",
+    )
+
+
+def text_of(response: Any) -> str:
+    if getattr(response, "streaming", False):
+        return b"".join(response.streaming_content).decode()
+    return str(response.content.decode())
+
+
+@pytest.mark.parametrize("status", [*STATUSES, 200])
 def test_no_turn_shows_or_logs_the_key_or_the_endpoint(
     api: Any, user: Any, upstream: Any, status: int, caplog: pytest.LogCaptureFixture
 ) -> None:
+    """Every status before the reply starts; 200: an error event in the middle of the model's
+    stream (the JSON requests then get no reply at all: 502)."""
     handler, host = upstream
     handler.status = status
     chat_id = int(api.post("/api/v1/chats/", {}, format="json").json()["id"])
     url = f"/api/v1/chats/{chat_id}/turns/"
     with caplog.at_level(logging.INFO):
         plain = api.post(url, {"content": "hi"}, format="json")
-        streamed = api.post(url, {"content": "hi", "stream": True}, format="json")
-        stream_text = b"".join(streamed.streaming_content).decode()
-        v1 = api.post(
-            "/v1/chat/completions",
-            {"model": "default", "messages": [{"role": "user", "content": "hi"}]},
-            format="json",
-            HTTP_AUTHORIZATION=f"Bearer {Token.objects.get(user=user).key}",
-        )
+        streamed = text_of(api.post(url, {"content": "hi", "stream": True}, format="json"))
+        v1 = v1_completion(api, user)
+        v1_streamed = v1_completion(api, user, stream=True)
+        v1_stream_text = text_of(v1_streamed)
     assert plain.status_code >= 500 and v1.status_code >= 400
-    assert "event: error" in stream_text  # the stream told its client what went wrong
-    for shown in (plain.content.decode(), stream_text, v1.content.decode(), logged(caplog)):
-        assert leaks(shown, host) == [], shown[-1500:]
+    assert "event: error" in streamed  # the stream told its client what went wrong
+    if v1_streamed.status_code == 200:  # the error came as the stream's last event
+        assert '"error"' in v1_stream_text, v1_stream_text
+    else:
+        assert v1_streamed.status_code >= 400
+    shown = (plain.content.decode(), streamed, v1.content.decode(), v1_stream_text)
+    for text in (*shown, logged(caplog)):
+        assert leaks(text, host) == [], text[-1500:]
 
 
 @pytest.mark.parametrize("status", STATUSES)
@@ -120,7 +157,16 @@ def test_no_fold_error_shows_or_logs_the_key_or_the_endpoint(
         assert folds.consolidate_once(chat_id, RequestTrigger.TURN).status == "failed"
     brief = api.get(f"/api/v1/chats/{chat_id}/brief/").content.decode()
     ledger = api.get(f"/api/v1/chats/{chat_id}/consolidations/").content.decode()
-    for shown in (brief, ledger, logged(caplog)):
+    # The rows themselves (the admin shows them), every column.
+    rows = json.dumps(
+        [
+            *Brief.objects.filter(chat_id=chat_id).values(),
+            *Consolidation.objects.filter(chat_id=chat_id).values(),
+        ],
+        default=str,
+    )
+    assert Consolidation.objects.filter(chat_id=chat_id, status="failed").exists()
+    for shown in (brief, ledger, rows, logged(caplog)):
         assert leaks(shown, host) == [], shown[-1500:]
 
 

@@ -1,7 +1,8 @@
 """A model's reply as the turn stores it, through the API on PostgreSQL against a scripted model
 server: characters PostgreSQL cannot store (a NUL, an unpaired surrogate) are replaced, not
 turned into a 500 or a stream that stops without its last event; a reply the content filter
-stopped is a failed turn that stores nothing."""
+stopped is a failed turn that stores nothing; a reply over CHATMEM_MAX_MESSAGE_CHARS is cut there
+and marked (finish_reason "length", metadata capped_at_chars), on REST and /v1, streamed or not."""
 
 import json
 from typing import Any
@@ -10,6 +11,7 @@ import pytest
 from rest_framework.test import APIClient
 
 from conversations.models import Message
+from tests.test_bad_input import bearer
 from tests.test_llm import chunk
 from tests.test_summarizers import (
     API_KEY,
@@ -110,3 +112,91 @@ def test_a_reply_the_content_filter_stopped_is_a_502_that_stores_nothing(
     assert response.status_code == 502, response.content
     assert "content filter" in response.json()["detail"]
     assert not Message.objects.filter(chat_id=chat_id).exists()
+
+
+# --- a reply over the message cap: cut there and marked ------------------------------------------
+
+CAP = 10
+LONG = "0123456789abcdefghij"  # twice the cap
+
+
+def streamed_long_reply() -> Reply:
+    return Reply(
+        events=[chunk(LONG[:4]), chunk(LONG[4:13]), chunk(LONG[13:]), chunk(finish_reason="stop")]
+    )
+
+
+def assert_capped(chat_id: int) -> None:
+    stored = Message.objects.get(chat_id=chat_id, role="assistant")
+    assert stored.content == LONG[:CAP]
+    assert stored.metadata["finish_reason"] == "length"
+    assert stored.metadata["capped_at_chars"] == CAP
+
+
+def test_a_json_turn_cuts_a_reply_over_the_message_cap(
+    api: APIClient, model: ScriptedServer, settings: Any
+) -> None:
+    settings.CHATMEM_MAX_MESSAGE_CHARS = CAP
+    model.script(chat_reply(LONG))
+    chat_id = new_chat(api)
+    response = post_turn(api, chat_id)
+    assert response.status_code == 201, response.content
+    reply = response.json()["assistant_message"]
+    assert reply["content"] == LONG[:CAP]
+    assert reply["metadata"]["capped_at_chars"] == CAP
+    assert_capped(chat_id)
+
+
+def test_a_streamed_turn_sends_nothing_past_the_message_cap(
+    api: APIClient, model: ScriptedServer, settings: Any
+) -> None:
+    settings.CHATMEM_MAX_MESSAGE_CHARS = CAP
+    model.script(streamed_long_reply())
+    chat_id = new_chat(api)
+    response = post_turn(api, chat_id, stream=True)
+    received = sse_events(response)
+    assert received[-1][0] == "done", received
+    deltas = "".join(data["content"] for name, data in received if name == "delta")
+    assert deltas == LONG[:CAP]
+    assert_capped(chat_id)
+
+
+def v1_completion(user: Any, **body: Any) -> Any:
+    request = {
+        "model": "default",
+        "user": "capped",
+        "messages": [{"role": "user", "content": "hi"}],
+    }
+    return bearer(user).post("/v1/chat/completions", {**request, **body}, format="json")
+
+
+def test_v1_cuts_a_reply_over_the_message_cap(
+    user: Any, model: ScriptedServer, settings: Any
+) -> None:
+    settings.CHATMEM_MAX_MESSAGE_CHARS = CAP
+    model.script(chat_reply(LONG))
+    response = v1_completion(user)
+    assert response.status_code == 200, response.content
+    choice = response.json()["choices"][0]
+    assert choice["message"]["content"] == LONG[:CAP]
+    assert choice["finish_reason"] == "length"
+    assert_capped(Message.objects.get(role="assistant").chat_id)
+
+
+def test_v1_streams_nothing_past_the_message_cap(
+    user: Any, model: ScriptedServer, settings: Any
+) -> None:
+    settings.CHATMEM_MAX_MESSAGE_CHARS = CAP
+    model.script(streamed_long_reply())
+    response = v1_completion(user, stream=True)
+    assert response.status_code == 200
+    text = b"".join(response.streaming_content).decode()
+    chunks = [
+        json.loads(line[len("data: ") :])
+        for line in text.splitlines()
+        if line.startswith("data: {")
+    ]
+    choices = [c["choices"][0] for c in chunks if c.get("choices")]
+    assert "".join(c["delta"].get("content") or "" for c in choices) == LONG[:CAP]
+    assert choices[-1]["finish_reason"] == "length"
+    assert_capped(Message.objects.get(role="assistant").chat_id)

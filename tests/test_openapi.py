@@ -2,7 +2,10 @@
 documents every API route with its request, responses and errors, and is served with a Swagger
 UI that needs no CDN."""
 
+import os
 import re
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -324,3 +327,34 @@ def test_the_v1_memory_controls_are_documented(schema: dict) -> None:
     assert {"summary_version", "unfolded", "degraded"} <= set(
         answer["properties"]["chatmem"]["properties"]
     )
+
+
+FIRST_SCHEMAS_AT_ONCE = """
+import threading, django
+django.setup()
+from django.test import RequestFactory
+from conversations.api.schema_view import SchemaView
+view, start, statuses = SchemaView.as_view(), threading.Barrier(8), []
+def fetch():
+    start.wait()
+    statuses.append(view(RequestFactory().get("/api/v1/schema/?format=json")).status_code)
+threads = [threading.Thread(target=fetch) for _ in range(8)]
+for thread in threads: thread.start()
+for thread in threads: thread.join()
+print(sorted(statuses))
+"""
+
+
+def test_the_first_schema_requests_of_a_process_at_once_all_succeed() -> None:
+    """A fresh process, as a gunicorn worker with threads is: drf-spectacular's first
+    generation loads its extensions, which raced between threads (a 500 for one of them)."""
+    result = subprocess.run(
+        [sys.executable, "-c", FIRST_SCHEMAS_AT_ONCE],
+        cwd=Path(__file__).resolve().parent.parent,
+        env={**os.environ, "DJANGO_SETTINGS_MODULE": "chatmem_project.settings"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip().splitlines()[-1] == str([200] * 8), result.stderr[-3000:]

@@ -297,6 +297,7 @@ def problems_with(monkeypatch: pytest.MonkeyPatch, settings: Any, **given: str) 
         monkeypatch.setenv(name, value)
     settings.DEBUG = given.get("DEBUG", "false") == "true"
     settings.SECRET_KEY = given.get("SECRET_KEY") or DEV_DEFAULT
+    settings.UNCONFIGURED_CHECKOUT = not (given.get("DEBUG") or given.get("SECRET_KEY"))
     return [str(error) for error in check_secret_key()]
 
 
@@ -376,7 +377,7 @@ NO_MODEL = {"OPENAI_BASE_URL": "", "OPENAI_API_KEY": "", "CHAT_BACKEND": ""}
 def test_a_deployment_without_a_model_is_refused_unless_offline_is_meant(
     monkeypatch: pytest.MonkeyPatch, settings: Any, given: dict, refused: bool
 ) -> None:
-    monkeypatch.setenv("SECRET_KEY", secrets.token_urlsafe(50))  # a deployment, not a checkout
+    settings.UNCONFIGURED_CHECKOUT = False  # SECRET_KEY given: a deployment, not a checkout
     settings.DEBUG = given.get("DEBUG") == "true"
     settings.OPENAI_BASE_URL = given.get("OPENAI_BASE_URL") or None
     settings.OPENAI_API_KEY = given.get("OPENAI_API_KEY", "")

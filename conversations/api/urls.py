@@ -1,7 +1,8 @@
 from django.urls import include, path
-from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+from drf_spectacular.views import SpectacularSwaggerView
 from rest_framework.routers import DefaultRouter
 
+from conversations.api.schema_view import SchemaView
 from conversations.api.views import ChatViewSet, PolicyListView
 
 router = DefaultRouter()
@@ -9,7 +10,7 @@ router.register("chats", ChatViewSet, basename="chat")
 
 urlpatterns = [
     path("policies/", PolicyListView.as_view(), name="policy-list"),
-    path("schema/", SpectacularAPIView.as_view(), name="schema"),
+    path("schema/", SchemaView.as_view(), name="schema"),
     path("docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="swagger-ui"),
     path("", include(router.urls)),
 ]

@@ -5,7 +5,7 @@ from functools import lru_cache
 
 from django.conf import settings
 
-from conversations.llm import ChatModel
+from conversations.llm import CappedChatModel, ChatModel
 from conversations.metrics import TimedChatModel
 from conversations.offline_chat_model import OFFLINE_MODEL_NAME, OfflineChatModel
 from conversations.openai_chat_model import OpenAIChatModel
@@ -45,7 +45,7 @@ def _chat_model(
 
 def get_chat_model() -> ChatModel:
     # Cached per configuration: building an OpenAI client per turn costs a new connection pool.
-    return _chat_model(
+    model = _chat_model(
         chat_backend_name(),
         settings.OPENAI_BASE_URL,
         settings.OPENAI_API_KEY,
@@ -53,3 +53,4 @@ def get_chat_model() -> ChatModel:
         settings.CHAT_DIRECT_HTTP,
         settings.OPENAI_TOKEN_LIMIT_FIELD,
     )
+    return CappedChatModel(model, settings.CHATMEM_MAX_MESSAGE_CHARS)

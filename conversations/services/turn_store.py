@@ -83,6 +83,8 @@ def reply_row(chat: Chat, completion: ChatCompletion, variant: ModelVariant) -> 
         "prompt_tokens": completion.prompt_tokens,
         "completion_tokens": completion.completion_tokens,
     }
+    if completion.capped_at_chars is not None:
+        metadata["capped_at_chars"] = completion.capped_at_chars
     tokens = count_tokens(completion.content, variant.model)
     if completion.tool_calls:
         metadata["tool_calls"] = list(completion.tool_calls)
