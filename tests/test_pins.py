@@ -124,6 +124,23 @@ def test_a_pin_over_the_room_left_is_a_400_saying_the_room_and_stores_nothing(ap
 
 
 @pytest.mark.django_db
+def test_a_policy_change_that_leaves_the_pins_no_room_is_a_400_and_changes_nothing(
+    api: Any,
+) -> None:
+    chat_id = new_chat(api, policy="token-budget")
+    assert pin(api, chat_id, {"text": "word " * 600}).status_code == 201
+    smaller = {"policy_overrides": {"max_tokens": 1200}}
+    response = api.patch(f"/api/v1/chats/{chat_id}/", smaller, format="json")
+    assert response.status_code == 400, response.content
+    assert "unpin something first" in str(response.json())
+    chat = api.get(f"/api/v1/chats/{chat_id}/").json()
+    assert chat["policy_overrides"] == {}
+    # A change the pins still fit is taken.
+    larger = {"policy_overrides": {"max_tokens": 6000}}
+    assert api.patch(f"/api/v1/chats/{chat_id}/", larger, format="json").status_code == 200
+
+
+@pytest.mark.django_db
 def test_pins_are_listed_shown_in_the_context_and_removed(api: Any) -> None:
     chat_id = new_chat(api, system_prompt="Be brief.")
     made = pin(api, chat_id, {"text": CANARY}).json()

@@ -14,6 +14,7 @@ from django.db.models.functions import Coalesce
 from conversations import rows
 from conversations.models import Brief, Chat, Message
 from conversations.services.context import build_model_messages
+from conversations.services.pins import pins_problem
 from conversations.variants import ModelVariant, resolve_variant
 from memory_worker import policy as engine
 from memory_worker.chat_policy import effective_policy, policy_for_new_settings
@@ -88,6 +89,10 @@ def update_chat(owner_id: int, chat_id: int, changes: dict[str, object]) -> Chat
             setattr(chat, field, value)
         validate_chat_settings(chat)
         save_chat(chat)
+        # Checked on the saved row (the prompt recounted); refused, the transaction undoes it.
+        problem = pins_problem(chat)
+        if problem:
+            raise PolicyError(problem)
         if resumed:
             # What fell due while paused is folded now, not at the next turn or cooldown.
             transaction.on_commit(partial(request_consolidation, chat.pk, RequestTrigger.RERUN))

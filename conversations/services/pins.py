@@ -150,6 +150,22 @@ def _message_text(chat: Chat, seq: int) -> str:
     return pinned_message_text(*found)
 
 
+def pins_problem(chat: Chat) -> str | None:
+    """Why the chat's pins no longer fit the room its settings (as they are on ``chat`` now)
+    keep for pins, or None: a policy or prompt change that would leave every turn refused."""
+    tokens = list(Pin.objects.filter(chat=chat).values_list("tokens", flat=True))
+    if not tokens:
+        return None
+    state = engine_state(chat, load_snapshot(chat.pk), variant_context_tokens(chat))
+    room, used = pin_room(state, policy_for_chat(chat)), pinned_block_tokens(tokens)
+    if used <= room:
+        return None
+    return (
+        f"The chat's pins take {used} tokens and these settings keep only {room} for pins; "
+        "unpin something first, or choose a larger bound."
+    )
+
+
 def list_pins(chat: Chat) -> list[Pin]:
     return list(Pin.objects.filter(chat=chat).order_by("id"))
 
