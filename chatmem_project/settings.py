@@ -7,6 +7,7 @@ from pathlib import Path
 import environ
 from django.core.exceptions import ImproperlyConfigured
 
+from chatmem_project.logs import logging_config
 from memory_worker.env_knobs import read_number
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -279,7 +280,7 @@ SPECTACULAR_SETTINGS = {
     "PREPROCESSING_HOOKS": ["conversations.api.schema.only_rest_api"],
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",
-        "conversations.api.schema.request_constraints",
+        "conversations.api.schema_constraints.request_constraints",
     ],
     # tests/test_openapi.py fails on any schema warning; `check --deploy` stays about deployment.
     "ENABLE_DJANGO_DEPLOY_CHECK": False,
@@ -481,26 +482,7 @@ METRICS_TOKEN = env("METRICS_TOKEN", default="")
 METRICS_STATE_CACHE_SECONDS = 30.0
 METRICS_STATE_QUERY_TIMEOUT_SECONDS = 5.0
 WORKER_METRICS_PORT = env_int("WORKER_METRICS_PORT", 0)
-LOGGING = {
-    "version": 1,
-    "disable_existing_loggers": False,
-    "formatters": {"json": {"()": "chatmem_project.logs.JsonFormatter"}},
-    "handlers": {
-        "console": {"class": "logging.StreamHandler", "formatter": "json", "level": LOG_LEVEL},
-        # Fold, sync-fold, lock and enqueue events become Prometheus metrics.
-        "metrics": {"class": "conversations.metrics.MetricsLogHandler"},
-    },
-    "root": {"handlers": ["console"], "level": LOG_LEVEL},
-    "loggers": {
-        # INFO always reaches the metrics handler; the console handler applies LOG_LEVEL.
-        "chatmem": {"level": "INFO", "handlers": ["metrics"]},
-        "django.db.backends": {"level": "WARNING"},
-        "httpx": {"level": "WARNING"},
-        "httpx2": {"level": "WARNING"},
-        "httpcore": {"level": "WARNING"},
-        "openai": {"level": "WARNING"},
-    },
-}
+LOGGING = logging_config(LOG_LEVEL)
 
 # --- Consolidation ---------------------------------------------------------------------------
 # "celery" (REDIS_URL set), "inline" (embedded: an in-process background thread) or "off".

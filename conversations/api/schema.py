@@ -5,7 +5,6 @@ including the error bodies and the server-sent events of a streamed turn. Views 
 
 from typing import Any
 
-from django.conf import settings
 from drf_spectacular.extensions import OpenApiSerializerFieldExtension
 from drf_spectacular.openapi import AutoSchema
 from drf_spectacular.utils import (
@@ -32,8 +31,7 @@ from conversations.api.serializers import (
     TurnResponseSerializer,
 )
 from conversations.services.chat_list import ORDERING_FIELDS
-from conversations.variants import model_variants
-from memory_worker.presets import PRESETS, knob_json_schema
+from memory_worker.presets import PRESETS
 
 # DRF's CharField refuses NUL characters (and the URL check, in a query string).
 NO_NUL = "^[^\\u0000]*$"
@@ -450,57 +448,3 @@ policy_schema = extend_schema_view(
 )
 
 __all__ = ["chat_schema", "policy_schema"]
-
-
-# --- Request constraints the serializers enforce -----------------------------------------------
-
-NON_BLANK = "^[^\\u0000]*[^\\s\\u0000][^\\u0000]*$"  # a message must say something
-# Unknown keys are refused.
-STRICT_COMPONENTS = (
-    "AgentContextRequest",
-    "EntityRequest",
-    "ChatRequest",
-    "PatchedChatRequest",
-    "PinRequestRequest",
-)
-
-
-def _no_nul_strings(schema: Any) -> None:
-    if isinstance(schema, dict):
-        if schema.get("type") == "string" and not {"enum", "pattern", "format"} & set(schema):
-            schema["pattern"] = NO_NUL
-        for value in schema.values():
-            _no_nul_strings(value)
-    elif isinstance(schema, list):
-        for value in schema:
-            _no_nul_strings(value)
-
-
-def request_constraints(result: dict[str, Any], **_: Any) -> dict[str, Any]:
-    """Postprocessing hook: write into the schema the input rules the serializers check, so a
-    request the schema allows is one the API accepts (schemathesis checks both ways). The
-    configured model variants and the message size limit are read when the schema is built."""
-    schemas = result["components"]["schemas"]
-    for name, component in schemas.items():
-        if name.endswith("Request"):
-            _no_nul_strings(component)
-    for name in STRICT_COMPONENTS:
-        if name in schemas:
-            schemas[name]["additionalProperties"] = False
-    if "PinRequestRequest" in schemas:
-        schemas["PinRequestRequest"]["properties"]["text"]["pattern"] = NON_BLANK
-    variant = {"type": "string", "enum": ["", *sorted(model_variants())]}
-    turn = schemas["TurnRequestRequest"]["properties"]
-    turn["content"].update(pattern=NON_BLANK, maxLength=settings.CHATMEM_MAX_MESSAGE_CHARS)
-    turn["model_variant"] = variant
-    for name in ("ChatRequest", "PatchedChatRequest"):
-        chat = schemas[name]["properties"]
-        chat["model_variant"] = variant
-        chat["policy_overrides"] = {
-            "type": "object",
-            "description": "Any of the preset's knobs (GET /api/v1/policies/). Rules between "
-            "knobs, such as max_summary_tokens < max_tokens, are checked too (400).",
-            "properties": knob_json_schema(),
-            "additionalProperties": False,
-        }
-    return result
