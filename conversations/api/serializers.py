@@ -203,6 +203,9 @@ class BriefSerializer(serializers.ModelSerializer):
             }
         }
 
+    def get_degraded_reason(self, brief: Brief) -> str:
+        return degraded_reason(brief)
+
 
 class BriefEditSerializer(serializers.Serializer):
     """PATCH …/brief/: the new summary, with the brief's ETag in If-Match."""
@@ -217,9 +220,6 @@ class BriefEditSerializer(serializers.Serializer):
                     {key: ["Unknown field; the only field is summary."] for key in unknown}
                 )
         return dict(super().to_internal_value(data))
-
-    def get_degraded_reason(self, brief: Brief) -> str:
-        return degraded_reason(brief)
 
 
 def degraded_reason(brief: Brief) -> str:
