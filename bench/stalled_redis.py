@@ -128,6 +128,9 @@ def play(api: Api, chat_ids: Sequence[int], turns: int, phase: str) -> dict[str,
     """``turns`` turns, one at a time, round-robin over the chats; client-side latency."""
     seconds: list[float] = []
     refused: Counter[int] = Counter()
+    # A fresh connection: gunicorn closes one idle past its keep-alive (2 s) between phases, and
+    # the first turn would then fail at the client (status 0) without reaching the server.
+    api.close()
     for number in range(turns):
         chat_id = chat_ids[number % len(chat_ids)]
         body = {"content": f"{phase} turn {number}: we agreed the code is {number * 7919}."}
