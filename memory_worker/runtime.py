@@ -6,6 +6,7 @@ import redis
 from django.conf import settings
 
 from memory_worker.locks import ChatLock, LocalChatLock, RedisChatLock
+from memory_worker.request_redis import request_redis_client
 
 
 @lru_cache(maxsize=2)
@@ -22,3 +23,19 @@ def _lock(url: str, ttl: float) -> ChatLock:
 
 def chat_lock() -> ChatLock:
     return _lock(settings.REDIS_URL, settings.MEMORY_LOCK_TTL_SECONDS)
+
+
+@lru_cache(maxsize=4)
+def _request_lock(url: str, ttl: float, timeout: float) -> ChatLock:
+    return RedisChatLock(request_redis_client(url), ttl)
+
+
+def request_chat_lock() -> ChatLock:
+    """The chat lock as the request path uses it: each call gives up after
+    REDIS_REQUEST_TIMEOUT_SECONDS (memory_worker.request_redis), as a turn must not wait on a
+    stalled Redis for the workers' longer timeout."""
+    if not settings.REDIS_URL:
+        return chat_lock()
+    return _request_lock(
+        settings.REDIS_URL, settings.MEMORY_LOCK_TTL_SECONDS, settings.REDIS_REQUEST_TIMEOUT_SECONDS
+    )

@@ -23,8 +23,9 @@ from memory_worker.folds import execute_fold
 from memory_worker.lease import Lease
 from memory_worker.locks import ChatLock
 from memory_worker.outcomes import FoldOutcome, FoldResult
+from memory_worker.request_redis import breaker_open, trip_if_timeout
 from memory_worker.runs import hand_on_pending
-from memory_worker.runtime import chat_lock
+from memory_worker.runtime import request_chat_lock
 from memory_worker.state import MemorySnapshot, load_snapshot
 
 log = logging.getLogger("chatmem.fold")
@@ -58,19 +59,10 @@ def fold_before_turn(
     (``time.monotonic()``). ``before_fold`` runs before the turn's own fold (the caller renews
     its turn slot: a wait and a fold together can outlast it). ``prompt_tokens``: the prompt
     over the bound, for the log."""
-    lock = lock or chat_lock()
+    lock = lock or request_chat_lock()
     started = time.monotonic()
     token = uuid.uuid4().hex
-    try:
-        waited = acquire_or_wait(chat.pk, snapshot.version, lock, token, started, wait_deadline)
-    except redis.RedisError:
-        # The lock only saves work: a turn never fails for want of it (the fence decides).
-        log.warning(
-            "the lock store is unreachable; folding without the lock (fenced)",
-            extra={"event": "sync_fold_unlocked", "chat_id": chat.pk},
-        )
-        release(chat.pk, token, lock)  # an acquire whose reply was lost may have taken it
-        waited = Wait.EXPIRED
+    waited = wait_for_lock(chat.pk, snapshot.version, lock, token, started, wait_deadline)
     if waited is Wait.MOVED:
         return _waited(chat.pk, started)
     if waited is Wait.EXPIRED:
@@ -89,13 +81,35 @@ def fold_before_turn(
         release(chat.pk, token, lock)
 
 
+def wait_for_lock(
+    chat_id: int, version: int, lock: ChatLock, token: str, started: float, deadline: float
+) -> Wait:
+    """acquire_or_wait, or EXPIRED (fold fenced, unlocked) when Redis fails or the request
+    path's breaker is open after a timeout: the lock only saves work, and a turn never fails
+    or waits for want of it (the fold's conditional UPDATE decides)."""
+    try:
+        if not breaker_open():
+            return acquire_or_wait(chat_id, version, lock, token, started, deadline)
+    except redis.RedisError as error:
+        trip_if_timeout(error)
+        release(chat_id, token, lock)  # an acquire whose reply was lost may have taken it
+    log.warning(
+        "the lock store is unreachable; folding without the lock (fenced)",
+        extra={"event": "sync_fold_unlocked", "chat_id": chat_id},
+    )
+    return Wait.EXPIRED
+
+
 def release(chat_id: int, token: str, lock: ChatLock) -> None:
     """Free the lock; a trigger that found it held by this turn marked the chat pending, and
     the holder owes it a run: a task, as a turn does no more memory work than it must. Redis
-    gone meanwhile: the lock expires by its TTL, and the sweep finds the chat."""
+    gone or stalled meanwhile: the lock expires by its TTL, and the sweep finds the chat."""
+    if breaker_open():
+        return
     try:
         lock.release(chat_id, token)
-    except redis.RedisError:
+    except redis.RedisError as error:
+        trip_if_timeout(error)
         log.warning("could not release the chat's lock", extra={"chat_id": chat_id})
         return
     hand_on_pending(chat_id, lock, RequestTrigger.RERUN, None)

@@ -43,6 +43,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "conversations.variants",
             "memory_worker",  # the package itself (empty)
             "memory_worker.runtime",
+            "memory_worker.request_redis",
             "memory_worker.locks",
             "memory_worker.lease",
             "memory_worker.state",

@@ -16,9 +16,12 @@ from memory_worker import runs
 from memory_worker.dispatch import RequestTrigger, mark_queued
 from memory_worker.invariants import chat_violations
 from memory_worker.policy import Trigger
+from memory_worker.request_redis import breaker_open, reset_breaker
 from memory_worker.runs import request_consolidation
-from memory_worker.runtime import chat_lock
+from memory_worker.runtime import chat_lock, request_chat_lock
+from memory_worker.turn_fold import Wait, wait_for_lock
 from tests.conftest import client_for
+from tests.test_redis_restart import StalledRedis, point_web_at
 from tests.test_worker_faults import chat_with_fold_due, ledger_running, model_env
 from tests.workers import Worker, wait_until
 
@@ -257,3 +260,36 @@ def test_with_the_background_fallback_the_worker_folds_offline_and_recovers(
         worker.stop()
     last = Consolidation.objects.filter(chat_id=chat_id, status="succeeded").order_by("-id")[0]
     assert last.trigger not in (Trigger.SUMMARIZER_FALLBACK, Trigger.HARD_BOUND_FALLBACK)
+
+
+def test_a_stalled_redis_holds_a_turns_synchronous_fold_for_one_request_timeout_at_most(
+    require_postgres, broker, settings, user, use_fake_openai
+) -> None:  # type: ignore[no-untyped-def]
+    """Redis accepts and never answers. The turn's lock look gives up after the request path's
+    timeout and opens the breaker; the turn folds fenced, without the lock, and later turns and
+    the chat's memory view ask Redis nothing while the breaker is open."""
+    chat_id = chat_with_fold_due(user, settings)
+    stalled = StalledRedis()
+    reset_breaker()
+    try:
+        point_web_at(settings, stalled.url)
+        started = time.monotonic()
+        waited = wait_for_lock(chat_id, 0, request_chat_lock(), "a-turn", started, started + 30)
+        assert waited is Wait.EXPIRED
+        assert breaker_open()
+        # Well under the workers' 5 s socket timeout, which the lock look waited before.
+        assert time.monotonic() - started < 2.5
+        started = time.monotonic()
+        response = post_turn(user, chat_id, "over the bound, Redis stalled")
+        assert response.status_code == 201, response.content
+        brief = client_for(user).get(f"/api/v1/chats/{chat_id}/brief/")
+        assert brief.status_code == 200, brief.content
+        assert time.monotonic() - started < 2.5
+    finally:
+        point_web_at(settings, broker)
+        reset_breaker()
+        stalled.stop()
+    assert Consolidation.objects.filter(
+        chat_id=chat_id, synchronous=True, status="succeeded"
+    ).exists()
+    assert chat_violations(chat_id) == []

@@ -22,8 +22,9 @@ from memory_worker.dispatch import RequestTrigger
 from memory_worker.engine_state import PROMPT_PRIMING_TOKENS, ROLE_OVERHEAD_TOKENS
 from memory_worker.folds import decide_for_chat
 from memory_worker.presets import PolicyError
+from memory_worker.request_redis import breaker_open, trip_if_timeout
 from memory_worker.runs import request_consolidation
-from memory_worker.runtime import chat_lock
+from memory_worker.runtime import request_chat_lock
 from memory_worker.state import MemorySnapshot, load_snapshot
 from memory_worker.tokens import count_tokens
 
@@ -219,10 +220,14 @@ def memory_view(chat: Chat) -> MemoryView:
 
 
 def _rerun_marked(chat_id: int) -> bool:
-    # Reading memory state must not fail because Redis does: the flag is then unknown (False).
+    # Reading memory state must not fail or wait because Redis does: the flag is then unknown
+    # (False), and after a timeout not asked for while the breaker is open.
+    if breaker_open():
+        return False
     try:
-        return chat_lock().is_pending(chat_id)
-    except Exception:
+        return request_chat_lock().is_pending(chat_id)
+    except Exception as error:
+        trip_if_timeout(error)
         log.warning("could not read the pending flag", extra={"chat_id": chat_id})
         return False
 
