@@ -147,14 +147,28 @@ def test_only_an_unreachable_database_is_an_outage(cause: BaseException, unreach
     assert database_unreachable(caused_by(cause)) is unreachable
 
 
-def test_a_database_error_that_is_no_outage_stays_a_500(api: Any, monkeypatch: Any) -> None:
+def test_a_database_error_that_is_no_outage_and_no_conflict_stays_a_500(
+    api: Any, monkeypatch: Any
+) -> None:
+    def out_of_memory(*args: Any) -> Any:
+        raise caused_by(psycopg.errors.OutOfMemory("out of memory"))
+
+    monkeypatch.setattr(views.ChatViewSet, "get_queryset", out_of_memory)
+    api.raise_request_exception = False
+    response = api.get("/api/v1/chats/")
+    assert response.status_code == 500
+
+
+def test_a_deadlock_on_the_request_path_is_a_503_to_retry(api: Any, monkeypatch: Any) -> None:
     def deadlocked(*args: Any) -> Any:
         raise caused_by(psycopg.errors.DeadlockDetected("deadlock detected"))
 
     monkeypatch.setattr(views.ChatViewSet, "get_queryset", deadlocked)
     api.raise_request_exception = False
     response = api.get("/api/v1/chats/")
-    assert response.status_code == 500
+    assert response.status_code == 503
+    assert response.json()["code"] == "database_conflict"
+    assert response["Retry-After"]
 
 
 def test_a_turn_lost_after_its_store_is_not_to_be_resent(api: Any, monkeypatch: Any) -> None:
