@@ -83,6 +83,7 @@ def test_sweep_finds_cooled_due_and_stranded_chats(api, settings) -> None:  # ty
     Chat.objects.filter(pk=cooled).update(created_at=now - timedelta(seconds=901))
     Chat.objects.filter(pk__in=[cooled, failing]).update(folds_paused=True)
     cache.delete(sweep.SWEEP_CURSOR_KEY)
+    lock.mark_pending(stranded)  # the first sweep took its mark; stranded again
     assert sweep.sweep_candidates(now, lock, limit=100) == [stranded]
 
 
