@@ -12,11 +12,10 @@ import pytest
 from django.utils import timezone
 from rest_framework.authtoken.models import Token
 
-from conversations.api import openai_controls
 from conversations.models import Chat, Consolidation
 from conversations.services import chats as chat_service
 from conversations.services import pins, turn_store
-from memory_worker import folds
+from memory_worker import folds, manual_folds
 from memory_worker.dispatch import RequestTrigger
 from memory_worker.outcomes import FoldResult
 from tests import test_openai_compat as compat
@@ -43,7 +42,7 @@ def requested(monkeypatch: Any) -> list[tuple[str, int, str]]:
         return request
 
     monkeypatch.setattr(turn_store, "request_consolidation", recorder("turn"))
-    monkeypatch.setattr(openai_controls, "request_consolidation", recorder("v1"))
+    monkeypatch.setattr(manual_folds, "request_consolidation", recorder("v1"))
     monkeypatch.setattr(chat_service, "request_consolidation", recorder("resume"))
     return calls
 
@@ -84,11 +83,17 @@ def test_a_paused_chat_queues_no_fold_but_stays_bounded_and_resuming_asks_for_on
 def test_fold_now_asks_for_a_manual_fold_and_says_so(
     client: openai.OpenAI, memory: FakeOpenAI, requested: list[Any]
 ) -> None:
-    answer = send(client, "manual", fold="now")
+    # Judged as the REST endpoint judges it: a new chat has nothing to fold.
+    first = state_of(send(client, "manual", fold="now", policy="contract"))
     chat = Chat.objects.get(external_id="manual")
+    assert (first["fold_queued"], first["fold"]) == (False, "nothing_to_fold")
+    assert Consolidation.objects.filter(chat=chat, status="nothing_to_fold").exists()
+    for number in range(12):
+        send(client, "manual", f"message {number}")
+    answer = send(client, "manual", fold="now")
     assert ("v1", chat.pk, RequestTrigger.MANUAL) in requested
     state = state_of(answer)
-    assert state["fold_queued"] is True
+    assert (state["fold_queued"], state["fold"]) == (True, "queued")
     assert set(state) >= {"summary_version", "unfolded", "degraded", "folds_paused", "seqs"}
 
 
