@@ -103,10 +103,10 @@ def test_the_ledger_queries_of_the_sweep_read_only_their_rows(user) -> None:  # 
             f"INSERT INTO {table} (chat_id, trigger, status, from_seq, to_seq, base_version, "
             "synchronous, input_tokens, output_tokens, summary_tokens_before, "
             "summary_tokens_after, summarizer_calls, started_at, finished_at, error, error_kind, "
-            "withheld_seqs, worker, dropped_details) "
+            "withheld_seqs, worker, dropped_details, edited_by) "
             "SELECT %s, 'window', CASE WHEN n <= 5 THEN 'running' WHEN n <= 50 THEN 'failed' "
             "ELSE 'succeeded' END, n, n, n, false, 0, 0, 0, 0, 1, now(), "
-            "now() - interval '40 days', '', '', '[]', '', '[]' "
+            "now() - interval '40 days', '', '', '[]', '', '[]', '' "
             "FROM generate_series(1, 50000) AS n",
             [chat_id],
         )
