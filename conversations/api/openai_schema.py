@@ -88,9 +88,14 @@ CHATMEM_CONTROLS = {
             "description": "now: queue a manual fold (503 `not_queued` without a broker); "
             "pause / resume: this chat's background folds (a turn over its bound still folds).",
         },
-        "policy": {"type": "string", "description": "A new conversation's preset."},
+        "policy": {
+            "type": "string",
+            "nullable": True,
+            "description": "A new conversation's preset (null: the default).",
+        },
         "policy_overrides": {
             "type": "object",
+            "nullable": True,
             "additionalProperties": {},
             "description": "A new conversation's knobs; sent again later they must match.",
         },

@@ -124,6 +124,10 @@ class ContextSerializer(serializers.Serializer):
 class ConsolidateSerializer(serializers.Serializer):
     queued = serializers.BooleanField()
     chat_id = serializers.IntegerField()
+    status = serializers.CharField(
+        required=False, help_text="queued, already_queued, nothing_to_fold or not_queued"
+    )
+    detail = serializers.CharField(required=False)
 
 
 class NotQueuedSerializer(ConsolidateSerializer):
@@ -325,7 +329,7 @@ LIST_PARAMETERS = [
 
 IF_MATCH = OpenApiParameter(
     "If-Match",
-    str,
+    {"type": "string", "pattern": '^"[0-9]+"$'},
     OpenApiParameter.HEADER,
     required=True,
     description='The brief\'s ETag, its version in quotes (e.g. "3"). Without it 428; another '
@@ -423,7 +427,18 @@ chat_schema = extend_schema_view(
         summary="Queue a fold of this chat's memory now",
         request=None,
         responses={
-            202: ConsolidateSerializer,
+            200: OpenApiResponse(
+                ConsolidateSerializer,
+                description="Nothing to fold (status nothing_to_fold, recorded in the ledger).",
+            ),
+            202: OpenApiResponse(
+                ConsolidateSerializer,
+                description="Queued, or a manual fold of this chat is already queued.",
+            ),
+            429: OpenApiResponse(
+                ErrorSerializer,
+                description="Too many manual folds (MEMORY_MANUAL_FOLD_RATE_LIMIT).",
+            ),
             503: OpenApiResponse(
                 NotQueuedSerializer, description="The broker is unavailable; not queued."
             ),
