@@ -461,6 +461,7 @@ def test_a_server_started_with_only_a_base_url_sends_turns_to_it(
         OPENAI_BASE_URL=fake_openai.base_url,
         CHAT_MODEL="fake-chat",
         TURN_RATE_LIMIT="",
+        CHATMEM_HTTPS="proxy",  # plain HTTP here, as behind a TLS-terminating proxy
     )
     with serving_gunicorn(env, "gthread", 2, DEADLINE) as port:
         connection = http.client.HTTPConnection("127.0.0.1", port, timeout=DEADLINE)
