@@ -7,6 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from memory_worker.request_redis import reset_breaker
 from tests.fake_openai import FakeOpenAI
 from tests.workers import point_celery_at
 
@@ -69,6 +70,11 @@ def _no_background_dispatch(settings) -> None:  # type: ignore[no-untyped-def]
     from memory_worker.runtime import _lock
 
     _lock.cache_clear()
+    # The request path's Redis breaker is per process: one test's timeout (a stalled Redis, or
+    # a loaded CI machine past the 0.25 s default) must not skip the next tests' enqueues.
+    # Tests of the stall set the short timeout themselves.
+    settings.REDIS_REQUEST_TIMEOUT_SECONDS = 2.0
+    reset_breaker()
 
 
 @pytest.fixture

@@ -247,6 +247,7 @@ def test_a_stalled_redis_holds_no_turn_and_the_sweep_folds_every_chat_after_it_r
     folded by the worker within two sweeps."""
     settings.TURN_RATE_LIMIT = "1000/min"
     settings.REDIS_BREAKER_SECONDS = 30.0
+    settings.REDIS_REQUEST_TIMEOUT_SECONDS = 0.25  # the default the suite raises
     reset_breaker()
     worker = Worker(broker.url, "stalled", env=FAST_DEADLINES)
     stalled = StalledRedis()

@@ -268,6 +268,7 @@ def test_a_stalled_redis_holds_a_turns_synchronous_fold_for_one_request_timeout_
     """Redis accepts and never answers. The turn's lock look gives up after the request path's
     timeout and opens the breaker; the turn folds fenced, without the lock, and later turns and
     the chat's memory view ask Redis nothing while the breaker is open."""
+    settings.REDIS_REQUEST_TIMEOUT_SECONDS = 0.25  # the default the suite raises
     chat_id = chat_with_fold_due(user, settings)
     stalled = StalledRedis()
     reset_breaker()
