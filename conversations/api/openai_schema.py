@@ -78,12 +78,14 @@ CHATMEM_CONTROLS = {
     "properties": {
         "pin": {
             "type": "string",
+            "nullable": True,
             "minLength": 1,
             "description": "Pinned: verbatim in every context; 400 `pin_refused` with the room "
             "left if it does not fit.",
         },
         "fold": {
             "type": "string",
+            "nullable": True,
             "enum": ["now", "pause", "resume"],
             "description": "now: queue a manual fold (503 `not_queued` without a broker); "
             "pause / resume: this chat's background folds (a turn over its bound still folds).",
