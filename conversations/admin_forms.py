@@ -48,7 +48,7 @@ class ChatForm(forms.ModelForm):
         max_length=chat_service.MAX_SYSTEM_PROMPT_CHARS,
         widget=AdminTextareaWidget,
     )
-    # A choice of the known presets: a typo in a free-text box was a chat whose turns all fail.
+    # A choice of the known presets: a misspelt preset would make every turn of the chat fail.
     policy = forms.ChoiceField(choices=[(name, name) for name in PRESETS])
     policy_overrides = PolicyOverridesField(required=False)
 
