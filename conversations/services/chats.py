@@ -72,6 +72,10 @@ API_EDITABLE_FIELDS = (
 )
 
 
+# The settings that size the room a chat keeps for its pins.
+ROOM_FIELDS = frozenset({"policy", "policy_overrides", "system_prompt", "model_variant"})
+
+
 def update_chat(owner_id: int, chat_id: int, changes: dict[str, object]) -> Chat:
     """Applies ``changes`` (API_EDITABLE_FIELDS) to the owner's chat with the checks creation
     makes, on the row as it is now (locked, so two edits cannot each pass the checks and
@@ -91,7 +95,7 @@ def update_chat(owner_id: int, chat_id: int, changes: dict[str, object]) -> Chat
         validate_chat_settings(chat)
         save_chat(chat)
         # Checked on the saved row (the prompt recounted); refused, the transaction undoes it.
-        problem = pins_problem(chat)
+        problem = pins_problem(chat) if ROOM_FIELDS & set(changes) else None
         if problem:
             raise PolicyError(problem)
         if resumed:
