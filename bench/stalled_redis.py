@@ -4,17 +4,21 @@ throttle) is a TCP proxy that either forwards to the real Redis or stalls (accep
 answers); ``celery beat`` through the same proxy; a real ``celery worker`` on the real Redis;
 PostgreSQL; the fake model server.
 
-    python -m bench.stalled_redis [--chats 20] [--turns 200] [--sweep-interval 5]
+    python -m bench.stalled_redis [--chats 20] [--turns 200] [--sweep-interval 60]
+                                  [--overflow-buffer 0 --context-size 40]
                                   [--redis-url URL] [--database-url URL]
                                   [--out bench/results/stalled_redis.json]
 
-Chats are ``contract`` chats (tail 6, buffer 4): a fold comes due every few turns. Phase
+Chats are ``contract`` chats (tail 6, buffer 4): a fold comes due every few turns; with
+``--overflow-buffer 0 --context-size 40`` a fold is due from 8 unfolded messages and a turn
+folds synchronously only past 40, so the stalled phase ends with every chat due. Phase
 "healthy": ``--turns`` turns over HTTP, one at a time, round-robin over the chats, the proxy
 forwarding; the worker folds what they queue. Then the proxy stalls (beat, which reaches Redis
 through it too, cannot queue its sweeps) and phase "stalled" takes ``--turns`` more turns on the
 same chats. Then the proxy forwards again, and the report gives the time from that recovery
-until no chat has a fold due, beside the limit of two sweep intervals. Latency is measured at
-the client (p50, p99 per phase).
+until no chat has a fold due, beside the limit of two sweep intervals. The sweep's
+MEMORY_SWEEP_MIN_COOLDOWN_SECONDS keeps its default (60 s). Latency is measured at the client
+(p50, p99 per phase).
 
 Needs PostgreSQL (``--database-url``, default ``$DATABASE_URL``: a fresh database on that server,
 dropped at the end) and a ``redis-server`` binary (a private one) unless ``--redis-url``.
@@ -179,8 +183,6 @@ def run(args: argparse.Namespace, database_url: str) -> dict[str, Any]:
         shared = argparse.Namespace(redis_url=redis_url, pool_size=4)
         timing = {
             "MEMORY_SWEEP_INTERVAL_SECONDS": str(args.sweep_interval),
-            # The sweep looks at chats folded up to one interval ago (default: a minute).
-            "MEMORY_SWEEP_MIN_COOLDOWN_SECONDS": str(args.sweep_interval),
             "MEMORY_SUMMARIZER_MODEL": "fake-summarizer",
         }
         configure_django(database_url, {**service_env(shared, model_port), **timing})
@@ -211,9 +213,19 @@ def run(args: argparse.Namespace, database_url: str) -> dict[str, Any]:
 def measure(args: argparse.Namespace, port: int, proxy: StallingProxy) -> dict[str, Any]:
     api = Api(port, make_token())
     chat_ids = []
+    overrides = {
+        knob: value
+        for knob, value in (
+            ("overflow_buffer", args.overflow_buffer),
+            ("context_size", args.context_size),
+        )
+        if value is not None
+    }
     for number in range(args.chats):
         status, body = api.call(
-            "POST", "/api/v1/chats/", {"title": f"stalled {number}", "policy": "contract"}
+            "POST",
+            "/api/v1/chats/",
+            {"title": f"stalled {number}", "policy": "contract", "policy_overrides": overrides},
         )
         assert status == 201, body
         chat_ids.append(int(body["id"]))
@@ -225,7 +237,8 @@ def measure(args: argparse.Namespace, port: int, proxy: StallingProxy) -> dict[s
     due_at_recovery = len(folds_due(chat_ids))
     proxy.forward()
     recovered = time.monotonic()
-    folded = wait(lambda: not folds_due(chat_ids), timeout=args.timeout, interval=0.2)
+    patience = args.timeout or 3 * args.sweep_interval
+    folded = wait(lambda: not folds_due(chat_ids), timeout=patience, interval=0.2)
     seconds = time.monotonic() - recovered
     limit = 2 * args.sweep_interval
     return {
@@ -246,8 +259,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bench.stalled_redis")
     parser.add_argument("--chats", type=int, default=20)
     parser.add_argument("--turns", type=int, default=200, help="per phase")
-    parser.add_argument("--sweep-interval", type=float, default=5.0)
-    parser.add_argument("--timeout", type=float, default=120.0, help="for the folds, at most")
+    parser.add_argument("--sweep-interval", type=float, default=60.0, help="default: as deployed")
+    parser.add_argument("--overflow-buffer", type=int, default=None, help="contract's B")
+    parser.add_argument("--context-size", type=int, default=None, help="contract's bound")
+    parser.add_argument(
+        "--timeout", type=float, default=None, help="for the folds; default 3 sweep intervals"
+    )
     parser.add_argument("--redis-url", default=None, help="default: a private redis-server")
     parser.add_argument("--database-url", default=None)
     parser.add_argument("--out", default="bench/results/stalled_redis.json")

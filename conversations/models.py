@@ -117,10 +117,20 @@ class Brief(models.Model):
     # retention_rules.summary_lines gives them: folds keep them unless a folded message revokes
     # them (memory_worker.fold_guard), and a fold drops those its summary no longer has.
     user_lines = models.JSONField(default=list, blank=True)
+    # A fold came due and could not be queued (the broker timed out or refused; database time):
+    # the sweep takes the chat at its next tick, whatever its last fold's age, and clears it.
+    enqueue_missed_at = models.DateTimeField(null=True, blank=True)
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
-        indexes = [models.Index(fields=["last_consolidated_at"], name="brief_last_consolidated_at")]
+        indexes = [
+            models.Index(fields=["last_consolidated_at"], name="brief_last_consolidated_at"),
+            models.Index(
+                fields=["enqueue_missed_at"],
+                name="brief_enqueue_missed",
+                condition=models.Q(enqueue_missed_at__isnull=False),
+            ),
+        ]
 
     def __str__(self) -> str:
         return f"Brief of chat {self.chat_id} (W={self.last_consolidated}, v{self.version})"

@@ -2,7 +2,8 @@
 breaker. A Redis that accepts connections and never answers holds each call for its socket
 timeout; after one such timeout the breaker skips the request path's Redis calls for
 REDIS_BREAKER_SECONDS, so the turns of that span wait on nothing: the throttle lets them
-through and the enqueue is left to the beat sweep, which finds every chat with a fold due."""
+through and the enqueue is left to the beat sweep, which takes the chats whose enqueue was
+missed at its first tick after Redis answers again (runs.mark_enqueue_missed)."""
 
 import socket
 import threading

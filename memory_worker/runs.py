@@ -10,7 +10,9 @@ import uuid
 from datetime import datetime
 
 from django.conf import settings
+from django.db.models.functions import Now
 
+from conversations.models import Brief
 from memory_worker.deadlines import task_deadline, time_for_a_chunk
 from memory_worker.dispatch import RequestTrigger, TaskByName, clear_queued, hand_off, mark_queued
 from memory_worker.folds import consolidate_once
@@ -29,8 +31,9 @@ def request_consolidation(
     chat_id: int, trigger: RequestTrigger, due_at: datetime | None = None
 ) -> bool:
     """Returns whether the request was handed on (queued or started); never raises. ``due_at``:
-    when a turn found a fold due, carried to the fold's ledger row (consolidation lag)."""
-    return hand_off(
+    when a turn found a fold due, carried to the fold's ledger row (consolidation lag). One
+    that could not be handed on is marked on the chat's brief for the sweep's next tick."""
+    handed_on = hand_off(
         "consolidation; the sweep will pick the chat up",
         {"chat_id": chat_id, "trigger": trigger},
         lambda: _publish(chat_id, trigger, due_at),
@@ -39,6 +42,20 @@ def request_consolidation(
         trigger,
         due_at,
     )
+    if not handed_on and settings.MEMORY_DISPATCH != "off":
+        mark_enqueue_missed(chat_id)
+    return handed_on
+
+
+def mark_enqueue_missed(chat_id: int) -> None:
+    try:
+        # Every miss writes its own time: a sweep clears only the marks older than its start,
+        # so a miss while it judges the chat is kept for the next tick.
+        Brief.objects.filter(chat_id=chat_id).update(enqueue_missed_at=Now())
+    except Exception:  # the database too: the cooldown sweep still finds the chat, later
+        log.exception(
+            "could not mark a missed enqueue", extra={"event": "mark_failed", "chat_id": chat_id}
+        )
 
 
 def _publish(chat_id: int, trigger: RequestTrigger, due_at: datetime | None) -> None:

@@ -1,5 +1,6 @@
 """The beat sweep's judgement: runs whose worker died (their lock lapsed), and the chats to
-queue (retries due, cooled chats with a fold due, chats marked pending whose run died)."""
+queue (retries due, chats whose fold could not be queued, cooled chats with a fold due, chats
+marked pending whose run died)."""
 
 import logging
 from dataclasses import dataclass
@@ -143,6 +144,8 @@ def sweep_candidates(now: datetime, lock: ChatLock, limit: int) -> list[int]:
         next_attempt_at__lte=now, chat__folds_paused=False
     ).values_list("chat_id", flat=True)
     chosen = dict.fromkeys([*retry_due[:limit], *orphaned_pending(lock, limit)])
+    for chat_id in missed_enqueues(now, limit - len(chosen)):
+        chosen[chat_id] = None
     # Only as many as the batch has room for: the rotation moves past every chat it judges,
     # so a due chat judged and then cut off would wait a whole round.
     room = limit - len(chosen)
@@ -150,6 +153,30 @@ def sweep_candidates(now: datetime, lock: ChatLock, limit: int) -> list[int]:
         if cooldown_fold_due(chat_id, now):
             chosen[chat_id] = None
     return list(chosen)[:limit]
+
+
+def missed_enqueues(now: datetime, limit: int) -> list[int]:
+    """Chats whose fold came due when it could not be queued (runs.mark_enqueue_missed), up to
+    ``limit``, with a fold still due, whatever their last fold's age: after a broker outage
+    they fold at the sweep's first tick. Each mark judged is cleared; a request that then fails
+    to queue marks the chat again."""
+    if limit <= 0:
+        return []
+    marked = list(
+        Brief.objects.filter(
+            enqueue_missed_at__isnull=False,
+            next_attempt_at__isnull=True,
+            chat__folds_paused=False,
+        )
+        .order_by("enqueue_missed_at")
+        .values_list("chat_id", flat=True)[:limit]
+    )
+    due = [chat_id for chat_id in marked if cooldown_fold_due(chat_id, now)]
+    # Conditional: a miss marked after this sweep's now stays for the next tick.
+    Brief.objects.filter(chat_id__in=marked, enqueue_missed_at__lte=now).update(
+        enqueue_missed_at=None
+    )
+    return due
 
 
 def orphaned_pending(lock: ChatLock, limit: int) -> list[int]:

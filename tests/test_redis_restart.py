@@ -20,7 +20,7 @@ import pytest
 from django.utils import timezone
 from prometheus_client.registry import REGISTRY
 
-from conversations.models import Chat, Consolidation, Message
+from conversations.models import Brief, Chat, Consolidation, Message
 from memory_worker import fold_ledger, folds, tasks
 from memory_worker.invariants import chat_violations
 from memory_worker.request_redis import reset_breaker
@@ -243,8 +243,8 @@ def test_a_stalled_redis_holds_no_turn_and_the_sweep_folds_every_chat_after_it_r
 ) -> None:  # type: ignore[no-untyped-def]
     """Turns while Redis accepts and never answers: each succeeds, the first one to meet the
     stall waits one request timeout, and then the breaker skips the throttle and the enqueue
-    (counted) instead of waiting again. Once Redis is back every chat with a fold due is
-    folded by the worker within two sweeps."""
+    (counted) instead of waiting again, and marks each chat whose fold it could not queue. Once
+    Redis is back the sweep's first tick has the worker fold every chat with a fold due."""
     settings.TURN_RATE_LIMIT = "1000/min"
     settings.REDIS_BREAKER_SECONDS = 30.0
     settings.REDIS_REQUEST_TIMEOUT_SECONDS = 0.25  # the default the suite raises
@@ -280,20 +280,21 @@ def test_a_stalled_redis_holds_no_turn_and_the_sweep_folds_every_chat_after_it_r
         assert sample("chatmem_throttle_skipped_total") - throttle_before >= turns - 1
         assert sample("chatmem_enqueue_skipped_total") - skipped_before >= 1
         assert Consolidation.objects.filter(chat_id__in=chat_ids).count() == 0
+        missed = Brief.objects.filter(chat_id__in=chat_ids, enqueue_missed_at__isnull=False)
+        assert set(missed.values_list("chat_id", flat=True)) == set(chat_ids)
         # Redis is back; the sweep runs in the worker, a process with its own (closed) breaker.
         stalled.stop()
         point_web_at(settings, broker.url)
         reset_breaker()
         recovered_at = timezone.now()
-        settings.MEMORY_SWEEP_INTERVAL_SECONDS = 10.0
-        for _ in range(2):  # beat's two next ticks
-            tasks.sweep()
-            if wait_until(
-                lambda: not any(fold_due(chat) for chat in Chat.objects.filter(pk__in=chat_ids)),
-                timeout=settings.MEMORY_SWEEP_INTERVAL_SECONDS,
-                interval=0.2,
-            ):
-                break
+        # The missed enqueues are taken at the first tick, however recent a chat's last fold.
+        settings.MEMORY_SWEEP_MIN_COOLDOWN_SECONDS = 3600
+        tasks.sweep()
+        wait_until(
+            lambda: not any(fold_due(chat) for chat in Chat.objects.filter(pk__in=chat_ids)),
+            timeout=10.0,
+            interval=0.2,
+        )
         left = [chat.pk for chat in Chat.objects.filter(pk__in=chat_ids) if fold_due(chat)]
         assert left == [], worker.log()[-3000:]
     finally:

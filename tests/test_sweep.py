@@ -1,5 +1,6 @@
 """The beat sweep (memory_worker/sweep.py and the sweep task): the chats it queues (retries due,
-cooled chats with a fold due, chats marked pending whose run died), its rotation through every
+chats whose fold could not be queued, cooled chats with a fold due, chats marked pending whose
+run died), its rotation through every
 chat, the runs a killed worker left "running", one chat unable to cancel the sweep (deleted or
 failing while judged), and the sweep's own queue, which memory workers consume."""
 
@@ -19,7 +20,7 @@ from django.utils import timezone
 
 from conversations.models import Brief, Chat, Consolidation
 from conversations.rows import database_now
-from memory_worker import fold_ledger, folds, retries, sweep, tasks
+from memory_worker import fold_ledger, folds, request_redis, retries, runs, sweep, tasks
 from memory_worker.dispatch import RequestTrigger
 from memory_worker.locks import LocalChatLock
 from tests.test_folds import new_chat, turns
@@ -85,6 +86,37 @@ def test_sweep_finds_cooled_due_and_stranded_chats(api, settings) -> None:  # ty
     cache.delete(sweep.SWEEP_CURSOR_KEY)
     lock.mark_pending(stranded)  # the first sweep took its mark; stranded again
     assert sweep.sweep_candidates(now, lock, limit=100) == [stranded]
+
+
+@pytest.mark.django_db
+def test_a_fold_that_could_not_be_queued_is_swept_at_the_next_tick_whatever_its_last_folds_age(  # type: ignore[no-untyped-def]
+    api, settings
+):
+    """A turn whose enqueue the breaker skipped (Redis timed out) marks its chat; the sweep takes
+    it at once, though its last fold is younger than MEMORY_SWEEP_MIN_COOLDOWN_SECONDS, and
+    clears the mark. A marked chat with nothing due is cleared and not queued; a miss marked
+    after the sweep began stays for the next tick."""
+    settings.MEMORY_DISPATCH, settings.MEMORY_SWEEP_MIN_COOLDOWN_SECONDS = "off", 60
+    lock = LocalChatLock(ttl_seconds=30)
+    # No cooldown: 8 messages, 2 over its tail of 6 (over tail + buffer, under the bound).
+    due = new_chat(api, policy="contract", policy_overrides={"overflow_buffer": 1})
+    turns(api, due, 4)
+    Brief.objects.filter(chat_id=due).update(last_consolidated_at=Now())
+    quiet = new_chat(api)
+    settings.MEMORY_DISPATCH = "celery"
+    assert sweep.sweep_candidates(database_now(), lock, limit=100) == []
+    request_redis.trip_if_timeout(TimeoutError("Redis stalled"))
+    assert not runs.request_consolidation(due, RequestTrigger.TURN)
+    assert not runs.request_consolidation(quiet, RequestTrigger.TURN)
+    assert Brief.objects.get(chat_id=due).enqueue_missed_at is not None
+    request_redis.reset_breaker()
+
+    assert sweep.sweep_candidates(database_now(), lock, limit=100) == [due]
+    assert not Brief.objects.filter(enqueue_missed_at__isnull=False).exists()
+    before = database_now()
+    Brief.objects.filter(chat_id=due).update(enqueue_missed_at=Now())
+    sweep.missed_enqueues(before, limit=100)
+    assert Brief.objects.get(chat_id=due).enqueue_missed_at is not None
 
 
 @pytest.mark.django_db

@@ -86,7 +86,7 @@ CHATMEM_CONTROLS = {
         "fold": {
             "type": "string",
             "nullable": True,
-            "enum": ["now", "pause", "resume"],
+            "enum": ["now", "pause", "resume", None],
             "description": "now: queue a manual fold (503 `not_queued` without a broker); "
             "pause / resume: this chat's background folds (a turn over its bound still folds).",
         },
@@ -143,7 +143,8 @@ COMPLETION_REQUEST = {
             "type": "string",
             "description": "Names the conversation (or the X-Chatmem-Chat-Id header).",
         },
-        "chatmem": CHATMEM_CONTROLS,
+        # null reads as absent, as for every optional key here.
+        "chatmem": {**CHATMEM_CONTROLS, "nullable": True},
     },
     "required": ["model", "messages"],
     "additionalProperties": {},
