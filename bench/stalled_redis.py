@@ -5,12 +5,12 @@ answers); ``celery beat`` through the same proxy; a real ``celery worker`` on th
 PostgreSQL; the fake model server.
 
     python -m bench.stalled_redis [--chats 20] [--turns 200] [--sweep-interval 60]
-                                  [--overflow-buffer 0 --context-size 40]
+                                  [--overflow-buffer 1 --context-size 40]
                                   [--redis-url URL] [--database-url URL]
                                   [--out bench/results/stalled_redis.json]
 
 Chats are ``contract`` chats (tail 6, buffer 4): a fold comes due every few turns; with
-``--overflow-buffer 0 --context-size 40`` a fold is due from 8 unfolded messages and a turn
+``--overflow-buffer 1 --context-size 40`` a fold is due from 8 unfolded messages and a turn
 folds synchronously only past 40, so the stalled phase ends with every chat due. Phase
 "healthy": ``--turns`` turns over HTTP, one at a time, round-robin over the chats, the proxy
 forwarding; the worker folds what they queue. Then the proxy stalls (beat, which reaches Redis
