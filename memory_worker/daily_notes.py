@@ -20,7 +20,12 @@ from django.utils import timezone
 
 from conversations.models import DailyNote, Message
 from memory_worker.offline_summarizer import CATEGORY_RULES, is_offline_echo, sentences_of
-from memory_worker.openai_transport import create_chat_completion, make_openai_client
+from memory_worker.openai_transport import (
+    create_chat_completion,
+    make_openai_client,
+    token_limit,
+    token_limit_field,
+)
 from memory_worker.summarizers import FACTS, FoldMessage
 
 log = logging.getLogger("chatmem.daily_notes")
@@ -28,6 +33,9 @@ log = logging.getLogger("chatmem.daily_notes")
 HOOK_PATH = "memory_worker.daily_notes.extract_daily_notes"
 MAX_FACTS_PER_NOTE = 200
 MAX_FACT_CHARS = 300
+# The extraction's output limit: a fold range's facts fit in it, and a small local model that
+# loops stops here instead of at the deadline.
+EXTRACTION_OUTPUT_TOKENS = 1024
 
 # Sentences worth keeping for days: they carry a number or a name-like token, a commitment or a
 # preference, or fall under one of the summary's non-fact headings (goals, decisions, open
@@ -126,6 +134,10 @@ def extract_with_model(messages: Sequence[Message]) -> list[Fact]:
                 {"role": "system", "content": EXTRACTION_INSTRUCTIONS},
                 {"role": "user", "content": transcript},
             ],
+            **token_limit(
+                token_limit_field(settings.OPENAI_TOKEN_LIMIT_FIELD, settings.OPENAI_BASE_URL),
+                EXTRACTION_OUTPUT_TOKENS,
+            ),
         },
         settings.MEMORY_LLM_TIMEOUT_SECONDS,
     )

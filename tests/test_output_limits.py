@@ -1,5 +1,6 @@
-"""Output limits every server honours: the summarizer and every chat turn (REST and /v1, at once
-and streamed) send their limit in the field the endpoint honours (OPENAI_TOKEN_LIMIT_FIELD), and
+"""Output limits every server honours: the summarizer, every chat turn (REST and /v1, at once
+and streamed), the daily notes' extraction and the agent state's one-sentence summary send their
+limit in the field the endpoint honours (OPENAI_TOKEN_LIMIT_FIELD), and
 a chat reply has a limit (CHAT_MAX_REPLY_TOKENS, or its default share of the window). Against
 the fake model server in a mode that honours one field only and otherwise runs on, as a looping
 small model does (tests/fake_openai.py, LIMIT_MODES), no call's output exceeds its limit."""
@@ -11,11 +12,13 @@ import pytest
 from rest_framework.test import APIClient
 
 from conversations.models import Brief, Chat, Message
+from conversations.services.agent_state import ONE_SENTENCE_TOKENS, ChatAgentModel
 from conversations.services.turn_model import reply_options
 from conversations.variants import ModelVariant
 from memory_worker import folds
 from memory_worker.backends import get_summarizer
 from memory_worker.chat_policy import policy_for_chat
+from memory_worker.daily_notes import EXTRACTION_OUTPUT_TOKENS, extract_with_model
 from memory_worker.dispatch import RequestTrigger
 from memory_worker.openai_transport import token_limit_field, with_token_limit
 from memory_worker.summarizers import FoldMessage, SummarizerError
@@ -132,6 +135,19 @@ def test_every_summarizer_call_stops_at_its_limit(server: FakeOpenAI) -> None:
     assert caught.value.kind == "truncated"
     [request] = server.summarize_requests()
     assert limit_of(server, request.body) == round(SUMMARY_CAP * 1.5)
+
+
+def test_the_daily_notes_extraction_stops_at_its_limit(server: FakeOpenAI) -> None:
+    messages = [Message(seq=n, role="user", content=f"My locker code is 48{n}.") for n in (1, 2)]
+    assert extract_with_model(messages)
+    [request] = server.chat_requests()
+    assert limit_of(server, request.body) == EXTRACTION_OUTPUT_TOKENS
+
+
+def test_the_agent_states_one_sentence_summary_stops_at_its_limit(server: FakeOpenAI) -> None:
+    assert ChatAgentModel().ask("Say what the reply did, in one sentence.", "Deployed v2.")
+    [request] = server.chat_requests()
+    assert limit_of(server, request.body) == ONE_SENTENCE_TOKENS
 
 
 @pytest.mark.usefixtures("require_postgres")

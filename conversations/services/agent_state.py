@@ -12,6 +12,7 @@ from conversations import agent_state as rules
 from conversations.llm import ModelError
 from conversations.models import AgentState, Chat, Message, Role
 from conversations.services.backends import chat_backend_name, get_chat_model
+from conversations.services.turn_model import REPLY_LIMIT_KEY
 from memory_worker.agent_summaries import TURN_DIGEST, limits, request_agent_summary
 
 log = logging.getLogger("chatmem.agent_state")
@@ -50,6 +51,11 @@ def llm_enabled() -> bool:
     return backend == "llm"
 
 
+# The one-sentence summary's output limit (sent in the field the endpoint honours): a small
+# local model that loops stops here instead of at the deadline.
+ONE_SENTENCE_TOKENS = 120
+
+
 class ChatAgentModel:
     """The model memory_worker.agent_turns asks: the configured chat model, when
     AGENT_SUMMARY_BACKEND (empty: the chat backend's choice) says "llm"."""
@@ -65,7 +71,8 @@ class ChatAgentModel:
         ]
         model = settings.AGENT_SUMMARY_MODEL or settings.CHAT_MODEL
         try:
-            completion = get_chat_model().complete(messages, model)
+            limit = {REPLY_LIMIT_KEY: ONE_SENTENCE_TOKENS}
+            completion = get_chat_model().complete(messages, model, limit)
         except ModelError as error:
             log.warning(
                 "agent summary call failed; using the offline summarizer",
