@@ -20,6 +20,7 @@ import pytest
 from django.contrib.auth import get_user_model
 from rest_framework.authtoken.models import Token
 
+from chatmem_project.celery import app
 from conversations.models import Brief, Chat, Consolidation, Message
 from conversations.rows import database_now
 from conversations.services.chats import create_chat
@@ -372,3 +373,34 @@ def test_a_cooldown_counts_from_database_time_whatever_the_creating_host_s_clock
     assert before <= created_at <= after  # the database's time, not the slow host's
     assert abs(host_skew_of_messages(chat["id"], talked) - SLOW) < SKEW_TOLERANCE
     assert sweeper.between(created_at, created_at + timedelta(seconds=COOLDOWN)), sweeper.passes
+
+
+# --- Beat's passes ------------------------------------------------------------------------------
+
+
+def trace_lines(worker: Worker, task: str) -> list[str]:
+    return [line for line in worker.log().splitlines() if f"Task {task}[" in line]
+
+
+@pytest.mark.postgres
+@pytest.mark.redis
+@pytest.mark.worker
+def test_beat_s_passes_run_on_a_worker_whose_clock_is_ahead_of_beat_s(  # type: ignore[no-untyped-def]
+    require_postgres, broker, fake_openai
+):
+    """The sweep and the recovery, queued as beat queues them by a host with the true time, run
+    on a worker 5 minutes fast: a Celery expiry (stamped by beat's clock, judged by the
+    worker's) would have discarded every one. A backlog of passes (no worker ran for a while)
+    costs one pass: the others, less than half an interval later by database time, skip."""
+    backlog = 3
+    for entry in ("chatmem-sweep", "chatmem-recover-runs"):
+        schedule = app.conf.beat_schedule[entry]
+        for _ in range(backlog):  # as beat sends them
+            app.send_task(schedule["task"], kwargs=schedule.get("kwargs"), **schedule["options"])
+    with skewed_worker("beat", FAST, broker, fake_openai) as worker:
+        worker.wait_ready()
+        for task in ("chatmem.sweep", "chatmem.recover_runs"):
+            done = lambda: len(trace_lines(worker, task)) >= 2 * backlog  # noqa: E731, B023
+            assert wait_until(done, DEADLINE), worker.log()  # received and succeeded, each
+    assert not [line for line in worker.log().splitlines() if "revoked" in line.lower()]
+    assert worker.log().count('"event": "sweep"') == 1, worker.log()
