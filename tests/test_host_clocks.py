@@ -207,7 +207,7 @@ def test_no_turn_slot_is_stolen_between_web_hosts_ten_minutes_apart(  # type: ig
     turn at the model; the chat's messages keep gap-free seqs. A slot judged stale by the hosts'
     clocks (10 minutes apart, TURN_SLOT_STALE_SECONDS is 34 s here) would be taken at once."""
     rounds = 6
-    fake_openai.latency = 0.8
+    fake_openai.latency = 0.5
     user = Token.objects.get(key=token).user
     chat = create_chat(user, title="clocks")
     with (
@@ -291,7 +291,7 @@ def worker_clock_skew(worker: Worker, row: Consolidation) -> float:
 # visibility timeout (FAST_DEADLINES: 10 s), so the worker queues no delayed retry of its own and
 # the sweep retries. An invalid output keeps its ladder; a provider-wide failure (a 500) would
 # be probed early by design (provider_recovery).
-BACKOFF = 7.0
+BACKOFF = 6.5
 
 
 @pytest.mark.postgres
