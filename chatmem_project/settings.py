@@ -389,17 +389,22 @@ CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 # healthcheck (docker-compose.yml) calls a file older than a few ticks a hung beat.
 CELERY_BEAT_SCHEDULER = "chatmem_project.beat:LivenessScheduler"
 CELERY_BEAT_MAX_LOOP_INTERVAL = 60
+# No Celery expiry: beat would stamp it with its clock and the worker judge it by its own, so a
+# worker ahead of beat by more than an interval would discard every pass. A pass that comes
+# less than half an interval after another (a backlog while no worker ran) skips itself instead,
+# by database time (memory_worker.sweep.beat_pass_due).
 CELERY_BEAT_SCHEDULE = {
     "chatmem-sweep": {
         "task": "chatmem.sweep",
         "schedule": MEMORY_SWEEP_INTERVAL_SECONDS,
-        # A sweep that could not run in time is useless: the next one covers it.
-        "options": {"expires": MEMORY_SWEEP_INTERVAL_SECONDS, "queue": MEMORY_SWEEP_QUEUE},
+        "kwargs": {"scheduled": True},
+        "options": {"queue": MEMORY_SWEEP_QUEUE},
     },
     "chatmem-recover-runs": {
         "task": "chatmem.recover_runs",
         "schedule": MEMORY_RECOVERY_INTERVAL_SECONDS,
-        "options": {"expires": MEMORY_RECOVERY_INTERVAL_SECONDS, "queue": MEMORY_SWEEP_QUEUE},
+        "kwargs": {"scheduled": True},
+        "options": {"queue": MEMORY_SWEEP_QUEUE},
     },
 }
 

@@ -257,3 +257,19 @@ def set_sweep_cursor(chat_id: int) -> None:
         cache.set(SWEEP_CURSOR_KEY, chat_id, timeout=None)
     except Exception:
         log.warning("sweep cursor not saved", exc_info=True)
+
+
+def beat_pass_due(name: str, interval: float, now: datetime) -> bool:
+    """Whether a pass beat queued (the sweep, the recovery) should run: not when the last one
+    ran less than half an ``interval`` ago, so a backlog queued while no worker ran costs a
+    read each, not a pass each. Timed by the database's clock (``now``), as Celery's expiry
+    would not be: it compares beat's clock with the worker's. The cache lost, the pass runs."""
+    key = f"chatmem:beat-pass:{name}"
+    try:
+        last = cache.get(key)
+        if last is not None and (now - last).total_seconds() < interval / 2:
+            return False
+        cache.set(key, now, timeout=None)
+    except Exception:
+        log.warning("beat pass time unreadable; running the pass", exc_info=True)
+    return True

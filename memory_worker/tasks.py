@@ -16,7 +16,7 @@ from memory_worker.fold_ledger import prune_ledger
 from memory_worker.outcomes import FoldResult
 from memory_worker.runs import CONSOLIDATE_CHAT, consolidate_with_lock, request_consolidation
 from memory_worker.runtime import chat_lock
-from memory_worker.sweep import recover_dead_runs, sweep_candidates
+from memory_worker.sweep import beat_pass_due, recover_dead_runs, sweep_candidates
 from memory_worker.task_base import WorkerDeadlinesTask
 
 log = logging.getLogger("chatmem.tasks")
@@ -110,8 +110,10 @@ def _queue_again(
 # Its own queue (settings.MEMORY_SWEEP_QUEUE), consumed by every worker of the memory queue: on
 # the memory queue, behind a backlog longer than one interval, every sweep would expire unrun.
 @shared_task(name="chatmem.sweep", queue=settings.MEMORY_SWEEP_QUEUE, base=WorkerDeadlinesTask)
-def sweep() -> int:
+def sweep(scheduled: bool = False) -> int:
     now = database_now()
+    if scheduled and not beat_pass_due("sweep", settings.MEMORY_SWEEP_INTERVAL_SECONDS, now):
+        return 0
     recover_runs()  # also here: beat's own recovery entry may be missing (an older beat)
     chat_ids = sweep_candidates(now, chat_lock(), settings.MEMORY_SWEEP_BATCH)
     for chat_id in chat_ids:
@@ -127,8 +129,12 @@ def sweep() -> int:
 @shared_task(
     name="chatmem.recover_runs", queue=settings.MEMORY_SWEEP_QUEUE, base=WorkerDeadlinesTask
 )
-def recover_runs() -> int:
-    refolds = recover_dead_runs(database_now(), chat_lock())
+def recover_runs(scheduled: bool = False) -> int:
+    now = database_now()
+    interval = settings.MEMORY_RECOVERY_INTERVAL_SECONDS
+    if scheduled and not beat_pass_due("recover_runs", interval, now):
+        return 0
+    refolds = recover_dead_runs(now, chat_lock())
     for refold in refolds:  # after the rows' marking committed
         request_consolidation(refold.chat_id, refold.trigger)
     return len(refolds)

@@ -580,7 +580,8 @@ def test_the_sweep_leaves_a_held_chats_pending_mark_to_its_holder(api, monkeypat
 
 
 def skew_clock(monkeypatch, seconds: float) -> None:  # type: ignore[no-untyped-def]
-    """This process's clock ``seconds`` off, as tests/skewed_clock does for a subprocess."""
+    """This process's clock ``seconds`` off, as the preload tests/skewed_clock/sitecustomize.py
+    makes a whole subprocess's (tests/test_host_clocks.py: web servers, workers, sweeps)."""
     monkeypatch.setattr(timezone, "now", lambda: REAL_NOW() + timedelta(seconds=seconds))
 
 

@@ -194,6 +194,12 @@ def save_chat(chat: Chat) -> None:
     chat.system_prompt_tokens = count_tokens(prompt, variant.model) if prompt else 0
     if chat._state.adding:
         chat.save()
+        # Database time: until the first fold a policy's cooldown counts from the chat's
+        # creation, judged by workers and sweeps on other hosts, whose clocks differ.
+        chat.created_at = chat.updated_at = rows.database_now()
+        Chat.objects.filter(pk=chat.pk).update(
+            created_at=chat.created_at, updated_at=chat.created_at
+        )
         Brief.objects.create(chat=chat)
         return
     # Only what an editor may change: the counter, the turn slot and the rest belong to turns,
