@@ -5,16 +5,20 @@ For each sample text (English, Russian, Chinese, Thai, and a mix): cl100k's and 
 chatmem's count for an unknown model name, and what SmolLM2-135M's tokenizer needs by the
 per-script ratios measured on llama.cpp's server (1.56 Cyrillic, 1.58 Chinese, 1.85 Thai, per
 cl100k token). With ``--tokenizer path/to/tokenizer.json`` (a model's own, read offline with the
-``tokenizers`` package) its real counts are added. Plain Python, no Django, no network.
+``tokenizers`` package), or ``--tokenize-url`` (a llama.cpp server's ``/extras/tokenize``, which
+counts with the GGUF's own vocabulary), the real counts are added. Plain Python, no Django.
 
-    python -m bench.token_margin [--tokenizer tokenizer.json] [--margin 2.0] [--repeat 2000]
+    python -m bench.token_margin [--tokenizer tokenizer.json | --tokenize-url URL] [--margin 2.0]
+                                 [--repeat 2000]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import time
+import urllib.request
 from collections.abc import Callable
 
 from memory_worker import tokens
@@ -65,6 +69,16 @@ def file_counter(path: str) -> Callable[[str], int]:
     return lambda text: len(tokenizer.encode(text, add_special_tokens=False).ids)
 
 
+def server_counter(url: str) -> Callable[[str], int]:
+    def count(text: str) -> int:
+        body = json.dumps({"input": text, "add_special": False}).encode()
+        request = urllib.request.Request(url, body, {"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=60) as answer:
+            return len(json.load(answer)["tokens"])
+
+    return count
+
+
 def micros(count: Callable[[str], int], text: str, repeat: int) -> float:
     started = time.perf_counter()
     for _ in range(repeat):
@@ -75,17 +89,22 @@ def micros(count: Callable[[str], int], text: str, repeat: int) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokenizer", help="a model's tokenizer.json, counted for real")
+    parser.add_argument(
+        "--tokenize-url", help="e.g. http://127.0.0.1:8089/extras/tokenize (llama.cpp's server)"
+    )
     parser.add_argument("--margin", type=float, default=tokens.DEFAULT_NON_LATIN_MARGIN)
     parser.add_argument("--repeat", type=int, default=2000)
     args = parser.parse_args()
     tokens.read_settings_with(lambda: ("", 1.0, args.margin))
     real = file_counter(args.tokenizer) if args.tokenizer else None
+    if args.tokenize_url:
+        real = server_counter(args.tokenize_url)
 
     def unknown(text: str) -> int:
         return tokens.count_tokens(text, "local-model")
 
     header = "text      cl100k  o200k  chatmem(unknown)  smollm2(est.)  headroom"
-    print(header + ("  tokenizer.json" if real else "") + "  µs cl100k / unknown")
+    print(header + ("  real (headroom)" if real else "") + "  µs cl100k / unknown")
     for name, text in SAMPLES.items():
         base, estimate, counted = cl100k(text), smollm2_estimate(text), unknown(text)
         row = (
@@ -98,6 +117,8 @@ def main() -> None:
         timing = (
             f"  {micros(cl100k, text, args.repeat):.1f} / {micros(unknown, text, args.repeat):.1f}"
         )
+        if real is not None:
+            row += f" headroom {counted / real(text) - 1:+.0%}"
         print(row + timing)
 
 

@@ -15,8 +15,8 @@ names a model's tokenizer, a tiktoken encoding or a Hugging Face ``tokenizer.jso
 with the ``tokenizers`` package; ``TOKEN_COUNT_MARGIN`` multiplies every count. A model with
 neither a configured tokenizer nor a tiktoken mapping (a local model's name) is counted with
 cl100k, and its non-Latin text ``UNKNOWN_MODEL_NON_LATIN_MARGIN`` times over: small models'
-tokenizers need up to 1.85 times cl100k's tokens for Thai, Cyrillic and Chinese, about as many
-for English, so the bound protects their real window without shrinking an English chat's.
+tokenizers need far more of cl100k's tokens for Thai, Cyrillic and Chinese, and somewhat more
+for English, which ``TOKEN_COUNT_MARGIN`` covers where it matters (docs/operations.md).
 
 The Celery worker and the request path both call this, once per stored message, so counters are
 cached per model and settings. Plain Python (no Django): the app hands it Django's settings
