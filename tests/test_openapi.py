@@ -321,7 +321,9 @@ def test_the_v1_memory_controls_are_documented(schema: dict) -> None:
     request = completions["requestBody"]["content"]["application/json"]["schema"]
     controls = request["properties"]["chatmem"]
     assert set(controls["properties"]) == {"pin", "fold", "policy", "policy_overrides"}
-    assert controls["properties"]["fold"]["enum"] == ["now", "pause", "resume"]
+    # null is listed, as OpenAPI 3.0 requires of a nullable enum: the view reads it as absent.
+    assert controls["properties"]["fold"]["enum"] == ["now", "pause", "resume", None]
+    assert controls["nullable"] and controls["properties"]["fold"]["nullable"]
     assert controls["additionalProperties"] is False
     answer = completions["responses"]["200"]["content"]["application/json"]["schema"]
     assert {"summary_version", "unfolded", "degraded"} <= set(

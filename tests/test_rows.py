@@ -324,4 +324,6 @@ def test_a_turns_claim_does_not_wait_for_a_flush(api, user) -> None:  # type: ig
         release_turn_slot(claim.chat, claim.token)
     releases = wal_flushes() - before
     assert releases >= 20
-    assert claims <= 3, claims
+    # The count is the cluster's: CI's other test processes flush beside this one, a few times
+    # in either phase, never one per commit.
+    assert claims <= releases // 2, (claims, releases)
