@@ -422,7 +422,7 @@ MODEL_TOKENIZERS = env("MODEL_TOKENIZERS", default="")
 TOKEN_COUNT_MARGIN = env_float("TOKEN_COUNT_MARGIN", 1.0)
 # A model with neither a tokenizer here nor a tiktoken mapping is counted with cl100k, its
 # non-Latin text this many times over (small models' tokenizers need up to 1.85x).
-UNKNOWN_MODEL_NON_LATIN_MARGIN = env_float("UNKNOWN_MODEL_NON_LATIN_MARGIN", 2.0)
+UNKNOWN_MODEL_NON_LATIN_MARGIN = env_float("UNKNOWN_MODEL_NON_LATIN_MARGIN", 2.2)
 # "openai" or "offline"; empty = openai when OPENAI_BASE_URL or OPENAI_API_KEY is set, else
 # offline.
 CHAT_BACKEND = env("CHAT_BACKEND", default="")

@@ -53,7 +53,7 @@ FALLBACK_NAME = "chars/4"
 CHARS_PER_TOKEN = 4
 
 # Defaults of the settings (chatmem_project/settings.py), for use without Django.
-DEFAULT_NON_LATIN_MARGIN = 2.0
+DEFAULT_NON_LATIN_MARGIN = 2.2
 # Runs of characters outside the Latin scripts (ASCII, Latin-1, Latin Extended, IPA, general
 # punctuation, currency signs): Cyrillic, Greek, CJK, Thai, emoji... The margin applies to their
 # tokens only.

@@ -227,7 +227,7 @@ def test_an_unknown_model_counts_non_latin_text_over_and_latin_text_as_it_is(
     assert count_tokens(ENGLISH, "smollm2") == count_tokens(ENGLISH, "gpt-4")
     for text in SENTENCES.values():
         assert count_tokens(text, "smollm2") >= smollm2_like_counter(text)
-        assert count_tokens(text, "smollm2") >= 1.85 * count_tokens(text, "gpt-4")
+        assert count_tokens(text, "smollm2") >= 1.99 * count_tokens(text, "gpt-4")
         assert count_tokens(text, "gpt-4o") == count_tokens(text, "gpt-4o")  # known: exact
     settings.UNKNOWN_MODEL_NON_LATIN_MARGIN = 1.0
     assert count_tokens(SENTENCES["thai"], "smollm2") == count_tokens(SENTENCES["thai"], "gpt-4")
