@@ -2,11 +2,11 @@
 needs: the non-Latin margin of ``memory_worker.tokens`` (UNKNOWN_MODEL_NON_LATIN_MARGIN).
 
 For each sample text (English, Russian, Chinese, Thai, and a mix): cl100k's and o200k's counts,
-chatmem's count for an unknown model name, and what SmolLM2-135M's tokenizer needs by the
-per-script ratios measured with its own vocabulary on llama.cpp's server (1.52 Cyrillic, 1.59
-Chinese, 1.99 Thai, per cl100k token). With ``--tokenizer path/to/tokenizer.json`` (a model's
-own, read offline with the ``tokenizers`` package), or ``--tokenize-url`` (a llama.cpp server's ``/extras/tokenize``, which
-counts with the GGUF's own vocabulary), the real counts are added. Plain Python, no Django.
+chatmem's count for an unknown model name, and what SmolLM2-135M's tokenizer needs by the per-script
+ratios measured with its own vocabulary on llama.cpp's server (1.52 Cyrillic, 1.59 Chinese, 1.99
+Thai, per cl100k token). With ``--tokenizer path/to/tokenizer.json`` (a model's own, read offline
+with the ``tokenizers`` package), or ``--tokenize-url`` (a llama.cpp server's ``/extras/tokenize``,
+which counts with the GGUF's own vocabulary), the real counts are added. Plain Python, no Django.
 
     python -m bench.token_margin [--tokenizer tokenizer.json | --tokenize-url URL] [--margin 2.2]
                                  [--repeat 2000]
