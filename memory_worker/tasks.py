@@ -51,8 +51,8 @@ def consolidate_chat(
             chat_id, requested, chat_lock(), due_at=due, started=started
         )
     except DATABASE_ERRORS as error:
-        # The lock is already released (consolidate_with_lock) and the ledger row marked failed
-        # if the database let it be (fold_ledger.record_interrupted).
+        # The lock is already released (consolidate_with_lock) and the ledger row marked
+        # interrupted if the database let it be (fold_ledger.record_interrupted).
         if not _retry_after_database_error(chat_id, requested, due_at, db_retries, error):
             raise
         return [FoldResult.DATABASE_ERROR]
@@ -108,7 +108,7 @@ def _queue_again(
 
 
 # Its own queue (settings.MEMORY_SWEEP_QUEUE), consumed by every worker of the memory queue: on
-# the memory queue, behind a backlog longer than one interval, every sweep would expire unrun.
+# the memory queue it would wait behind the fold backlog it is meant to catch up.
 @shared_task(name="chatmem.sweep", queue=settings.MEMORY_SWEEP_QUEUE, base=WorkerDeadlinesTask)
 def sweep(scheduled: bool = False) -> int:
     now = database_now()

@@ -278,7 +278,7 @@ def test_a_stalled_redis_holds_a_turns_synchronous_fold_for_one_request_timeout_
         waited = wait_for_lock(chat_id, 0, request_chat_lock(), "a-turn", started, started + 30)
         assert waited is Wait.EXPIRED
         assert breaker_open()
-        # Well under the workers' 5 s socket timeout, which the lock look waited before.
+        # Well under the workers' socket timeout (BROKER_SOCKET_TIMEOUT_SECONDS): the request's own.
         assert time.monotonic() - started < 2.5
         started = time.monotonic()
         response = post_turn(user, chat_id, "over the bound, Redis stalled")

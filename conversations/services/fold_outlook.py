@@ -4,9 +4,8 @@ own decision and trigger measures for the chat as it stands, with the brief's fa
 from dataclasses import dataclass
 from datetime import datetime
 
-from django.utils import timezone
-
 from conversations.models import Brief, Chat
+from conversations.rows import database_now
 from memory_worker import policy as engine
 from memory_worker.chat_policy import policy_for_chat, variant_context_tokens
 from memory_worker.state import engine_state, load_snapshot
@@ -32,7 +31,7 @@ class FoldOutlook:
 
 
 def fold_outlook(chat: Chat, now: datetime | None = None) -> FoldOutlook:
-    now = now or timezone.now()
+    now = now or database_now()  # backoff and cooldowns were stamped with the database's time
     snapshot = load_snapshot(chat.pk)
     brief = Brief.objects.only(
         "degraded", "consecutive_failures", "last_error", "next_attempt_at"
