@@ -93,8 +93,9 @@ DROPPED_DETAILS = Counter(
 )
 FOLD_GUARD = Counter(
     "chatmem_fold_guard_total",
-    "Fold guard verdicts on a summary that dropped a rule or exact value: repair (one more "
-    "summarizer call), repaired, refused.",
+    "Fold guard verdicts on a summary that dropped a rule or exact value: spliced (put back "
+    "with no call), repair (one more summarizer call, only when the cap forces a choice), "
+    "repaired, refused.",
     ["outcome"],
 )
 SYNC_FOLDS = Counter(

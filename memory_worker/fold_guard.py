@@ -11,7 +11,7 @@ of a new summary against the old one and the folded messages. Standard library o
 
 import re
 from collections.abc import Collection, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 from memory_worker.retention_rules import (
@@ -19,6 +19,7 @@ from memory_worker.retention_rules import (
     EXACT_VALUE,
     FILE_NAME,
     KEEP_RULES,
+    WITHHELD_MARKER,
     content_words,
     is_rule_or_value,
     summary_lines,
@@ -72,6 +73,7 @@ class Said(Protocol):
 class Loss:
     line: str  # the old summary's line
     missing: tuple[str, ...]  # its exact values not in the new summary; () for a rule's words
+    heading: str | None = None  # the heading it stood under in the old summary
 
     def describe(self) -> str:
         if not self.missing:
@@ -101,26 +103,13 @@ def losses(
             continue
         seen.add(text)
         loss = line_loss(text, kept, any_line=written)
-        if loss is not None and kept.has_room_for(text) and not superseded(text, folded):
-            found.append(loss)
+        if (
+            loss is not None
+            and kept.has_room_for(text)
+            and not superseded(text, folded, written=written)
+        ):
+            found.append(replace(loss, heading=line.heading))
     return found
-
-
-def still_lost(
-    named: Iterable[Loss],
-    new_summary: str,
-    cap_tokens: int | None = None,
-    user_lines: Collection[str] = (),
-) -> list[Loss]:
-    """Those of ``named`` (a refused draft's losses) that ``new_summary`` still drops (with
-    room for them: see ``losses``)."""
-    kept = SummaryText(new_summary, cap_tokens)
-    return [
-        loss
-        for loss in named
-        if line_loss(loss.line, kept, any_line=loss.line in user_lines) is not None
-        and kept.has_room_for(loss.line)
-    ]
 
 
 def user_lines_kept(user_lines: Iterable[str], new_summary: str) -> list[str]:
@@ -166,6 +155,11 @@ def detail_key(detail: str) -> str:
     return DIGIT_GROUPING.sub("", detail.strip("`").lower())
 
 
+def usable_tokens(cap_tokens: int) -> int:
+    """The part of the cap a summary is judged by: the last tenth is a summarizer's margin."""
+    return int(cap_tokens * (1 - CAP_SLACK))
+
+
 class SummaryText:
     """A new summary, as the checks look things up in it."""
 
@@ -181,8 +175,7 @@ class SummaryText:
                 for line in summary_lines(summary)
                 if not is_rule_or_value(line.text)
             )
-            usable = int(cap_tokens * (1 - CAP_SLACK))
-            self.room = usable - count_tokens(summary) + weaker
+            self.room = usable_tokens(cap_tokens) - count_tokens(summary) + weaker
 
     def has(self, detail: str) -> bool:
         return detail_key(detail) in self.key
@@ -195,7 +188,11 @@ class SummaryText:
 
 def line_loss(line: str, kept: SummaryText, *, any_line: bool = False) -> Loss | None:
     """``any_line``: a line without values is checked by its words even if it states no rule
-    (a person wrote it)."""
+    (a person wrote it). A withheld message's marker is checked by its seq: its words are the
+    same for every message."""
+    marker = WITHHELD_MARKER.search(line)
+    if marker:
+        return None if detail_key(marker.group(0)) in kept.key else Loss(line, (marker.group(0),))
     values = details_of(line)
     if values:
         missing = tuple(dict.fromkeys(value for value in values if not kept.has(value)))
@@ -208,21 +205,28 @@ def line_loss(line: str, kept: SummaryText, *, any_line: bool = False) -> Loss |
     return Loss(line, ())
 
 
-def superseded(line: str, folded: Sequence[Said]) -> bool:
+def superseded(line: str, folded: Sequence[Said], *, written: bool = False) -> bool:
     """A folded message takes the line back: it names one of the line's values or shares a
     subject word with it, and says so ("forget", "no longer", "instead", "cancel"); or it
     states the line's subject anew: more than half of the line's subject words, with a value
-    the line does not have ("New door code: 7730"). Loose on purpose: a refused fold costs a
-    call, and what a missed loss drops is still in the loss report."""
+    the line does not have ("New door code: 7730"). Loose for the summarizer's own lines, since
+    the loss report still lists what a missed loss drops. ``written``: a person wrote the line,
+    and one shared word is not enough ("Actually, remove the kitchen photos" does not revoke
+    "Budget for the kitchen is 4000 EUR"): the message must name its value or restate most of
+    its subject. A withheld message's marker is never taken back: the message stays withheld."""
+    if WITHHELD_MARKER.search(line):
+        return False
     subject = subject_words(line)
     values = {detail_key(value) for value in details_of(line)}
     for message in folded:
         text = message.content
         named = {detail_key(value) for value in details_of(text)}
         shared = subject & subject_words(text)
-        if (shared or values & named) and (REVOKES.search(text) or CHANGE_MARKERS.search(text)):
+        restated = len(shared) > len(subject) * SAME_SUBJECT
+        about = (values & named or restated) if written else (shared or values & named)
+        if about and (REVOKES.search(text) or CHANGE_MARKERS.search(text)):
             return True
-        if len(shared) > len(subject) * SAME_SUBJECT and named - values:
+        if restated and named - values:
             return True
     return False
 

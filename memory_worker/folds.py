@@ -13,6 +13,7 @@ from django.db import IntegrityError
 
 from conversations.models import Chat, Consolidation, Message
 from conversations.rows import DATABASE_ERRORS, database_now
+from conversations.variants import chat_variant
 from memory_worker import isolation_policy
 from memory_worker import policy as engine
 from memory_worker.backends import get_summarizer, offline_summarizer, stricter_summarizer
@@ -21,9 +22,9 @@ from memory_worker.deadlines import time_for_a_chunk
 from memory_worker.dispatch import RequestTrigger
 from memory_worker.engine_state import Msg
 from memory_worker.fold_commit import commit_fold
-from memory_worker.fold_isolation import IsolationFailed, isolate
+from memory_worker.fold_isolation import Isolated, IsolationFailed, isolate
 from memory_worker.fold_ledger import WORKER_NAME, record_interrupted, record_running
-from memory_worker.guarded_summary import summarize_guarded
+from memory_worker.guarded_summary import GuardContext, guard, summarize_guarded
 from memory_worker.lease import Lease
 from memory_worker.outcomes import FoldOutcome, FoldResult
 from memory_worker.retries import (
@@ -295,7 +296,13 @@ def summarize_and_commit(
     summarizer = told_of_pins(summarizer, pinned)
     try:
         guarded = summarize_guarded(
-            summarizer, snapshot.summary, messages, cap_tokens, pinned, snapshot.user_lines
+            summarizer,
+            snapshot.summary,
+            messages,
+            cap_tokens,
+            pinned,
+            snapshot.user_lines,
+            chat_variant(chat.model_variant).model,
         )
     except SummarizerError as error:
         return fold_after_error(
@@ -309,6 +316,7 @@ def summarize_and_commit(
             now=now,
             started=started,
             deadline=deadline,
+            cap_tokens=cap_tokens,
         )
     except Exception as error:
         record_crash(chat, snapshot, ledger, error, now=now, started=started)
@@ -338,9 +346,10 @@ def fold_after_error(
     now: datetime,
     started: float,
     deadline: float | None,
+    cap_tokens: int,
 ) -> tuple[FoldOutcome, MemorySnapshot]:
     """The chunk's summarizer call failed with ``error``: the failure recorded, unless it is a
-    refusal due for isolation and the isolation folds the chunk."""
+    refusal due for isolation and the isolation folds the chunk (``commit_isolated``)."""
     isolate_next, calls = False, 0
     if error.kind in REFUSAL_KINDS and not ledger.synchronous:
         if isolation_policy.isolation_due(
@@ -354,20 +363,12 @@ def fold_after_error(
                 record_crash(chat, snapshot, ledger, crash, now=now, started=started)
                 raise
             else:
-                # The whole chunk's refused call counts too.
-                result = replace(isolated.result, calls=isolated.result.calls + 1)
-                folded = replace(chunk, to_seq=isolated.to_seq)
-                outcome, after = commit_fold(
-                    chat,
-                    snapshot,
-                    folded,
-                    ledger,
-                    result,
-                    now=now,
-                    started=started,
-                    withheld=isolated.withheld,
-                )
-                return replace(outcome, cut_short=folded.to_seq < chunk.to_seq), after
+                try:
+                    return commit_isolated(
+                        chat, snapshot, chunk, messages, ledger, isolated, now, started, cap_tokens
+                    )
+                except SummarizerError as lossy:
+                    error, calls = lossy, isolated.result.calls + 1
         else:
             isolate_next = True
     plan = record_failure(
@@ -392,6 +393,48 @@ def fold_after_error(
         fall_back=plan.fall_back,
     )
     return failed, snapshot
+
+
+def commit_isolated(
+    chat: Chat,
+    snapshot: MemorySnapshot,
+    chunk: engine.Decision,
+    messages: list[FoldMessage],
+    ledger: Consolidation,
+    isolated: Isolated,
+    now: datetime,
+    started: float,
+    cap_tokens: int,
+) -> tuple[FoldOutcome, MemorySnapshot]:
+    """An isolation's summary, guarded like any other against what the summarizer saw (a
+    withheld message's content never reached it, so it takes nothing back), with no repair
+    call (its pieces were refused once already), then committed."""
+    folded = replace(chunk, to_seq=isolated.to_seq)
+    withheld = {item.seq for item in isolated.withheld}
+    seen = [m for m in messages if m.seq <= folded.to_seq and m.seq not in withheld]
+    context = GuardContext(
+        snapshot.summary,
+        seen,
+        cap_tokens,
+        [pin.text for pin in snapshot.pins],
+        snapshot.user_lines,
+        chat_variant(chat.model_variant).model,
+    )
+    guarded = guard(isolated.result, context)
+    # The whole chunk's refused call counts too.
+    result = replace(guarded.result, calls=guarded.result.calls + 1)
+    outcome, after = commit_fold(
+        chat,
+        snapshot,
+        folded,
+        ledger,
+        result,
+        now=now,
+        started=started,
+        withheld=isolated.withheld,
+        dropped_details=guarded.dropped_details,
+    )
+    return replace(outcome, cut_short=folded.to_seq < chunk.to_seq), after
 
 
 def record_crash(

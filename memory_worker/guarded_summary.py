@@ -1,14 +1,17 @@
 """A fold's summary as the fold guard lets it through (docs/policies.md, "The fold guard"): the
 summarizer's valid summary, checked against the old summary and the folded messages
-(memory_worker.fold_guard); on a loss, one repair call naming what is missing; a repair that
-still drops it is a non-transient ``SummarizerError`` ("lossy"), so nothing is written. Plain
-Python (no Django)."""
+(memory_worker.fold_guard). What it lost with room to keep it is put back deterministically
+(memory_worker.summary_splice), with no second call. Only when the cap forces a choice is the
+summarizer asked once to make room itself; the better of the two summaries is written, and what
+the cap forced out is in the loss report. A fold fails ``lossy`` only when no summary within the
+cap keeps what had room. Plain Python (no Django)."""
 
 import logging
-from collections.abc import Collection, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass, replace
 
 from memory_worker import fold_guard
+from memory_worker.retention_rules import KEEP_RULES, WITHHELD_MARKER
 from memory_worker.summarizers import (
     FoldMessage,
     RepairingSummarizer,
@@ -16,6 +19,7 @@ from memory_worker.summarizers import (
     SummarizerError,
     SummaryResult,
 )
+from memory_worker.summary_splice import Fits, Restore, Splice, splice
 
 log = logging.getLogger("chatmem.fold")
 
@@ -27,9 +31,23 @@ ERROR_ITEMS = 10
 
 @dataclass(frozen=True)
 class GuardedSummary:
-    result: SummaryResult  # its calls and tokens include the repair's
-    dropped_details: list[str]  # all of them, in input order (fold_guard.dropped_details)
-    repaired: bool = False
+    result: SummaryResult  # its calls and tokens include the repair call's, if one was made
+    dropped_details: list[str]  # the loss report, in input order (see ``loss_report``)
+    repaired: bool = False  # lines were put back (by the splice, or by a repair call)
+    repair_calls: int = 0  # summarizer calls the guard made: 0 unless the cap forced a choice
+    forced_out: tuple[str, ...] = ()  # protected lines the cap left no room for
+
+
+@dataclass(frozen=True)
+class GuardContext:
+    """What a summary is checked against, whichever path wrote it."""
+
+    current_summary: str
+    messages: Sequence[FoldMessage]  # those the summarizer saw (a withheld message is not one)
+    cap_tokens: int | None = None
+    pinned: Sequence[str] = ()
+    user_lines: Collection[str] = ()
+    model: str | None = None  # whose tokens the cap is counted in
 
 
 def summarize_guarded(
@@ -39,52 +57,115 @@ def summarize_guarded(
     cap_tokens: int | None = None,
     pinned: Sequence[str] = (),
     user_lines: Collection[str] = (),
+    model: str | None = None,
 ) -> GuardedSummary:
     """``cap_tokens``: the summary's cap (the chat's ``summary_token_cap``); a line dropped from
     a summary with no room left for it is the cap biting, not a loss (fold_guard.losses).
     ``pinned``: the chat's pinned items, in every context beside the summary: a line they
     carry is not lost when the summary leaves it to them. ``user_lines``: the summary's lines
-    a person wrote, kept like rules."""
-    result = summarizer.summarize(current_summary, messages)
-    kept = "\n".join([result.text, *pinned])
-    lost = fold_guard.losses(current_summary, messages, kept, cap_tokens, user_lines)
-    repaired = False
-    if lost:
-        result = repair(summarizer, current_summary, messages, result, lost, cap_tokens, user_lines)
-        repaired = True
-    details = fold_guard.dropped_details(current_summary, messages, result.text)
-    return GuardedSummary(result, details, repaired)
+    a person wrote, kept like rules. ``model``: whose count the cap is in."""
+    context = GuardContext(current_summary, messages, cap_tokens, pinned, user_lines, model)
+    return guard(summarizer.summarize(current_summary, messages), context, summarizer)
 
 
-def repair(
-    summarizer: Summarizer,
-    current_summary: str,
-    messages: Sequence[FoldMessage],
-    draft: SummaryResult,
-    lost: list[fold_guard.Loss],
-    cap_tokens: int | None,
-    user_lines: Collection[str] = (),
-) -> SummaryResult:
-    """The one repair call; its summary must keep every line the draft lost. What it drops
-    instead to stay within the cap is not refused again: it is in the loss report."""
-    fields = {"event": "fold_guard", "backend": summarizer.name, "lost": len(lost)}
-    if not isinstance(summarizer, RepairingSummarizer):
+def guard(
+    draft: SummaryResult, context: GuardContext, summarizer: Summarizer | None = None
+) -> GuardedSummary:
+    """``draft`` checked and, where it lost what it had room for, repaired. ``summarizer``: the
+    one asked when the cap forces a choice (None: no call, the splice's summary stands; a
+    bisection's pieces were refused once already)."""
+    lost = losses_of(draft.text, context)
+    if not lost:
+        return finished(draft, context)
+    fields = {"event": "fold_guard", "backend": draft.backend, "lost": len(lost)}
+    spliced = splice_in(draft.text, lost, context)
+    best = replace(draft, text=spliced.text)
+    repair_calls = 0
+    if spliced.left_out and isinstance(summarizer, RepairingSummarizer):
+        # Even with every weaker line gone the cap cannot hold all it must keep: the model may
+        # say the same in fewer tokens. Its answer is guarded like the draft.
+        log.info("fold guard asks for a repair", extra={**fields, "outcome": "repair"})
+        fixed = summarizer.repair(
+            context.current_summary, context.messages, draft.text, [loss.line for loss in lost]
+        )
+        repair_calls = fixed.calls
+        respliced = splice_in(fixed.text, losses_of(fixed.text, context), context)
+        total = SummaryResult(
+            best.text,
+            draft.input_tokens + fixed.input_tokens,
+            draft.output_tokens + fixed.output_tokens,
+            fixed.backend,
+            calls=draft.calls + fixed.calls,
+        )
+        if still_missing(respliced.text, context) < still_missing(spliced.text, context):
+            spliced, total = respliced, replace(total, text=respliced.text)
+        best = total
+    # What the splice could not fit is the cap biting; anything else still lost is a bug in the
+    # splice, and writing nothing is then the safe answer.
+    remaining = [
+        loss for loss in losses_of(best.text, context) if loss.line not in spliced.left_out
+    ]
+    if remaining:
         log.warning("fold guard refused a summary", extra={**fields, "outcome": "refused"})
-        raise lossy_error(lost, "and this summarizer cannot repair")
-    log.info("fold guard asks for a repair", extra={**fields, "outcome": "repair"})
-    keep = [loss.line for loss in lost]
-    fixed = summarizer.repair(current_summary, messages, draft.text, keep)
-    still = fold_guard.still_lost(lost, fixed.text, cap_tokens, user_lines)
-    if still:
-        log.warning("fold guard refused the repair", extra={**fields, "outcome": "refused"})
-        raise lossy_error(still, "and the repair did not keep it")
-    log.info("fold guard accepted the repair", extra={**fields, "outcome": "repaired"})
-    return SummaryResult(
-        fixed.text,
-        draft.input_tokens + fixed.input_tokens,
-        draft.output_tokens + fixed.output_tokens,
-        fixed.backend,
-        calls=draft.calls + fixed.calls,
+        raise lossy_error(remaining, "and no summary within the cap could keep it")
+    log.info(
+        "fold guard repaired a summary",
+        extra={**fields, "outcome": "spliced" if not repair_calls else "repaired"},
+    )
+    return finished(best, context, repaired=True, repair_calls=repair_calls, forced=spliced)
+
+
+def finished(
+    result: SummaryResult,
+    context: GuardContext,
+    *,
+    repaired: bool = False,
+    repair_calls: int = 0,
+    forced: Splice | None = None,
+) -> GuardedSummary:
+    forced_out = forced.left_out if forced is not None else ()
+    details = loss_report(context, result.text, forced_out)
+    return GuardedSummary(result, details, repaired, repair_calls, forced_out)
+
+
+def loss_report(context: GuardContext, summary: str, forced_out: Sequence[str]) -> list[str]:
+    """Every exact detail of the fold's input the summary let go (fold_guard.dropped_details),
+    then each protected line the cap forced out that has no value of its own to list."""
+    details = fold_guard.dropped_details(context.current_summary, context.messages, summary)
+    return [*details, *(line for line in forced_out if not fold_guard.details_of(line))]
+
+
+def losses_of(text: str, context: GuardContext) -> list[fold_guard.Loss]:
+    kept = "\n".join([text, *context.pinned])
+    return fold_guard.losses(
+        context.current_summary, context.messages, kept, context.cap_tokens, context.user_lines
+    )
+
+
+def splice_in(text: str, lost: Sequence[fold_guard.Loss], context: GuardContext) -> Splice:
+    cap = context.cap_tokens
+    fits = Fits(cap, None if cap is None else fold_guard.usable_tokens(cap), context.model)
+    restore = [Restore(loss.heading, loss.line) for loss in sorted(lost, key=weight(context))]
+    return splice(text, restore, fits, context.user_lines)
+
+
+def weight(context: GuardContext) -> Callable[[fold_guard.Loss], int]:
+    """What goes back first when not all of it fits: lines a person wrote and withheld
+    markers, then rules, then values; the old summary's order within each."""
+
+    def key(loss: fold_guard.Loss) -> int:
+        if loss.line in context.user_lines or WITHHELD_MARKER.search(loss.line):
+            return 0
+        return 1 if KEEP_RULES.search(loss.line) else 2
+
+    return key
+
+
+def still_missing(text: str, context: GuardContext) -> int:
+    """How many protected lines of the old summary ``text`` does not state, room or not."""
+    kept = "\n".join([text, *context.pinned])
+    return len(
+        fold_guard.losses(context.current_summary, context.messages, kept, None, context.user_lines)
     )
 
 

@@ -42,8 +42,14 @@ def content_words(text: str) -> set[str]:
     return {word for word in normalise(text).split() if len(word) >= 4 and word not in STOPWORDS}
 
 
+# The placeholder of a message the summarizer refused (memory_worker.fold_isolation): the only
+# sign in the context that the message is not in memory, so it is kept like a rule whatever its
+# seq (a two-digit one is no exact value).
+WITHHELD_MARKER = re.compile(r"\bmessage (\d+) withheld\b", re.IGNORECASE)
+
+
 def is_rule_or_value(text: str) -> bool:
-    return bool(KEEP_RULES.search(text) or EXACT_VALUE.search(text))
+    return bool(KEEP_RULES.search(text) or EXACT_VALUE.search(text) or WITHHELD_MARKER.search(text))
 
 
 # A summary's line: a heading ("## Decisions"), or an item with its bullet or number markup.

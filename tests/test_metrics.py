@@ -136,8 +136,8 @@ def test_dropped_details_and_guard_verdicts_are_counted(
     )
     assert (len(three), none) == (3, [])
     assert grew("chatmem_fold_dropped_details_total") == 3
-    assert grew("chatmem_fold_guard_total", outcome="repair") == 1
-    assert grew("chatmem_fold_guard_total", outcome="repaired") == 1
+    assert grew("chatmem_fold_guard_total", outcome="spliced") == 1
+    assert grew("chatmem_fold_guard_total", outcome="repair") == 0
     assert grew("chatmem_fold_guard_total", outcome="refused") == 0
 
 
