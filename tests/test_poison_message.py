@@ -329,3 +329,34 @@ def test_a_fold_whose_bisection_ran_out_of_time_commits_its_prefix_and_goes_on(
     brief = Brief.objects.get(chat_id=chat_id)
     assert [item["seq"] for item in brief.withheld] == [refused_seq]
     assert brief.last_consolidated > refused_seq and chat_violations(chat_id) == []
+
+
+WRITTEN = "Answers in French, please."
+
+
+@pytest.mark.django_db
+def test_a_bisected_fold_passes_the_fold_guard_like_any_other(
+    api: Any, use_fake_openai: FakeOpenAI, run_sweep: Callable[[], list[int]]
+) -> None:
+    """The pieces' summarizer forgets the line a person wrote: the bisection's summary gets it
+    back before its commit, and the loss report is recorded, as on every path."""
+    chat_id, refused_seq = chat_with_a_refused_message(api, use_fake_openai)
+    Brief.objects.filter(chat_id=chat_id).update(
+        summary=f"## Goals / Preferences\n- {WRITTEN}\n- Shed code QZ-4411.", user_lines=[WRITTEN]
+    )
+    use_fake_openai.summary_fn = lambda body: (
+        "## Facts / Constraints\n- The shed came up.\n## Decisions\n- None"
+    )
+    consolidate_once(chat_id, RequestTrigger.TURN)
+    for _ in range(2):
+        a_sweep_interval_later(chat_id)
+        assert chat_id in run_sweep()
+        if Brief.objects.get(chat_id=chat_id).last_consolidated > refused_seq:
+            break
+    brief = Brief.objects.get(chat_id=chat_id)
+    assert brief.last_consolidated > refused_seq
+    [row] = Consolidation.objects.filter(chat_id=chat_id, status="succeeded")
+    assert row.withheld_seqs == [refused_seq]
+    assert f"## Goals / Preferences\n- {WRITTEN}" in brief.summary
+    assert "QZ-4411" in brief.summary and brief.user_lines == [WRITTEN]
+    assert f"message {refused_seq} withheld" in brief.summary
