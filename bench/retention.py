@@ -8,12 +8,16 @@ plays the Celery worker (``consolidate_once`` until "nothing" or "deferred").
 
     python -m bench.retention [--seeds 12] [--rounds 5] [--presets all|name,...]
                               [--summarizer offline|scripted-model] [--model-forgets 0.0]
+                              [--model-ignores-repairs] [--model-pads]
                               [--out bench/results/retention.json]
 
 ``--summarizer scripted-model`` folds through the Chat Completions summarizer instead, against
 the fake OpenAI-compatible server answering with ``bench.scripted_model`` (a stand-in that
 follows the prompt; ``--model-forgets P`` makes each rewrite leave out each existing bullet
-with probability P, as lossy real rewrites do).
+with probability P, as lossy real rewrites do; ``--model-ignores-repairs`` answers the fold
+guard's repair request with the same forgetful rewrite; ``--model-pads`` keeps its bullets in
+half the cap and fills the rest with prose). The report counts the guard's repair calls and
+the folds that failed, by kind.
 
 Round 1 ends when every message sent up to the last canary has been folded; each further round
 ends when everything that was verbatim at its start has been folded too, so every round rolls
@@ -51,6 +55,7 @@ from bench.retention_workload import (
     survives,
 )
 from bench.scripted_model import ScriptedModel
+from bench.topology_measures import is_repair_request
 from memory_worker.presets import DEFAULT_PRESET, PRESETS
 from tests.fake_openai import FakeOpenAI
 
@@ -203,6 +208,20 @@ class Chat:
 
         succeeded = ConsolidationStatus.SUCCEEDED
         return Consolidation.objects.filter(chat_id=self.chat_id, status=succeeded).count()
+
+
+def fold_counts() -> dict[str, Any]:
+    """Every session's ledger: committed folds, and the failed ones by error kind."""
+    from django.db.models import Count
+
+    from conversations.models import Consolidation, ConsolidationStatus
+
+    rows = Consolidation.objects.values("status", "error_kind").annotate(n=Count("id"))
+    succeeded = sum(r["n"] for r in rows if r["status"] == ConsolidationStatus.SUCCEEDED)
+    failed = {
+        r["error_kind"] or "?": r["n"] for r in rows if r["status"] == ConsolidationStatus.FAILED
+    }
+    return {"succeeded": succeeded, "failed_by_kind": failed}
 
 
 def where_kept(canary: Canary, summary: str, pinned: str, others: Sequence[str]) -> str:
@@ -455,14 +474,26 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--model-forgets", type=float, default=0.0, help="scripted-model only: P in [0, 1)"
     )
+    parser.add_argument(
+        "--model-ignores-repairs",
+        action="store_true",
+        help="scripted-model only: the repair request is answered like the draft",
+    )
+    parser.add_argument(
+        "--model-pads", action="store_true", help="scripted-model only: prose fills the cap"
+    )
     parser.add_argument("--out", default="bench/results/retention.json")
     args = parser.parse_args(argv)
     if args.seeds < 1 or args.rounds < 1:
         parser.error("--seeds and --rounds must be at least 1")
     if not 0 <= args.model_forgets < 1:
         parser.error("--model-forgets must be in [0, 1)")
-    if args.model_forgets and args.summarizer != "scripted-model":
-        parser.error("--model-forgets needs --summarizer scripted-model")
+    habits = args.model_forgets or args.model_ignores_repairs or args.model_pads
+    if habits and args.summarizer != "scripted-model":
+        parser.error(
+            "--model-forgets, --model-ignores-repairs and --model-pads need "
+            "--summarizer scripted-model"
+        )
     return args
 
 
@@ -476,7 +507,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     code = code_state()
     started = time.monotonic()
     results = []
-    model = ScriptedModel(forget_rate=args.model_forgets)
+    model = ScriptedModel(
+        forget_rate=args.model_forgets,
+        ignores_repairs=args.model_ignores_repairs,
+        pads=args.model_pads,
+    )
     with (
         tempfile.TemporaryDirectory(prefix="chatmem-retention-") as tmpdir,
         FakeOpenAI(summary_fn=model) as server,
@@ -490,9 +525,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             results.append(result)
             print(f"  {config.name}: {result['seconds']:.1f} s", file=sys.stderr, flush=True)
         summarize_calls = server.counters().get("summarize", 0) if summarizer_url else 0
+        repair_calls = sum(1 for record in server.requests if is_repair_request(record))
+        folds = fold_counts()
     wall = time.monotonic() - started
-    summarizer = args.summarizer + (
-        f" (forgets {args.model_forgets:.0%} of bullets per rewrite)" if args.model_forgets else ""
+    summarizer = args.summarizer + "".join(
+        f" ({habit})"
+        for habit, on in (
+            (f"forgets {args.model_forgets:.0%} of bullets per rewrite", args.model_forgets),
+            ("ignores repair requests", args.model_ignores_repairs),
+            ("pads to its cap", args.model_pads),
+        )
+        if on
     )
     goals = check_goals(results, args.rounds)
     print(
@@ -503,7 +546,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"machine: {info['platform']}, {info['cpu_count']} CPUs, Python {info['python']}",
                 f"database: {vendor}",
                 f"summarizer: {summarizer}"
-                + (f", {summarize_calls} summarize calls" if summarizer_url else ""),
+                + (
+                    f", {summarize_calls} summarize calls ({repair_calls} the guard's repairs)"
+                    if summarizer_url
+                    else ""
+                ),
+                f"folds: {folds['succeeded']} committed, failed by kind: "
+                f"{folds['failed_by_kind'] or 'none'}",
                 code_line(code),
                 f"seeds: {args.seeds}, rounds: {args.rounds}, canaries per type per session: "
                 f"{CANARIES_PER_TYPE}; wall time: {wall:.1f} s",
@@ -529,6 +578,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "database": vendor,
         "summarizer": summarizer,
         "summarize_calls": summarize_calls,
+        "guard_repair_calls": repair_calls,
+        "folds": folds,
         "code": code,
         "seeds": args.seeds,
         "rounds": args.rounds,

@@ -13,7 +13,10 @@ by doing what the instructions ask, the way a careful model would read them:
 - ``forget_rate`` makes it lossy like real rewrites are: each bullet of the existing summary is
   left out of a rewrite with that probability (seeded by the request, so runs repeat). A
   follow-up request that is not a "shorten" one (a repair naming what went missing) is answered
-  without forgetting.
+  without forgetting, unless ``ignores_repairs``: then it is answered like the draft, as small
+  local models often answer a correction;
+- ``pads`` makes it fill its room as models do: the merged bullets are held to half the cap
+  (so older ones go), and the rest is filled with prose that states no rule and no value.
 
 It is deliberately not chatmem's offline summarizer: it shares no code with it, so the benchmark
 measures what chatmem's pipeline (prompt, validation, cap, retries) does with a summarizer that
@@ -151,8 +154,11 @@ def within(bullets: list[Bullet], cap: int) -> list[Bullet]:
 class ScriptedModel:
     """``summary_fn`` for tests.fake_openai.FakeOpenAI."""
 
-    def __init__(self, forget_rate: float = 0.0) -> None:
+    def __init__(
+        self, forget_rate: float = 0.0, *, ignores_repairs: bool = False, pads: bool = False
+    ) -> None:
         self.forget_rate = forget_rate
+        self.ignores_repairs, self.pads = ignores_repairs, pads
         self.requests = 0
         self.forgotten = 0
 
@@ -166,6 +172,8 @@ class ScriptedModel:
         shorten = SHORTEN.search(follow_up)
         if shorten:
             cap = int(shorten.group(1))
+        if self.ignores_repairs and not shorten:
+            follow_up = ""
         existing, messages = read_fold_input(source)
         old = old_bullets(existing)
         # A follow-up that is not a "shorten" request asks for what went missing: nothing is
@@ -182,4 +190,27 @@ class ScriptedModel:
             if key not in seen:
                 seen.add(key)
                 merged.append(bullet)
-        return render(within(merged, cap))
+        if not self.pads:
+            return render(within(merged, cap))
+        return padded(within(merged, cap // 2), cap, len(source))
+
+
+PADDING = (
+    "The conversation went on in a friendly and relaxed way.",
+    "Both sides stayed polite and the exchange felt productive overall.",
+    "Several topics came up briefly before moving on to other things.",
+    "There was some general discussion about how things usually go.",
+)
+
+
+def padded(bullets: list[Bullet], cap: int, source_chars: int) -> str:
+    """``bullets`` rendered with prose bullets in the first section, up to about 95 % of ``cap``
+    and no longer than the fold's input (a summary longer than its input is refused)."""
+    limit = min(int(cap * 0.95), source_chars // 4)
+    filler = list(bullets)
+    for number in range(200):
+        line = Bullet(HEADINGS[0], PADDING[number % len(PADDING)], 0)
+        if approx_tokens(render([*filler, line])) > limit:
+            break
+        filler.append(line)
+    return render(filler)

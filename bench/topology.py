@@ -9,11 +9,14 @@ measures the same figures on what users deploy, every part a process of its own 
 - ``--celery-workers`` real ``celery worker`` processes on the memory queue;
 - the fake OpenAI-compatible server (``tests.fake_openai``) in this process, recording every
   request: chat replies after ``--model-latency`` seconds, summaries after
-  ``--summarizer-latency``.
+  ``--summarizer-latency``, written with ``--summarizer-habits`` (a summarizer at its worst:
+  ``pads`` keeps the newest facts in half its room and fills the rest with prose,
+  ``ignores-repairs`` answers the fold guard's repair request with its draft).
 
     python -m bench.topology [--configs all|name,...] [--overrides JSON] [--chats 1]
                              [--turns 600] [--seed 7] [--celery-workers 2]
                              [--model-latency 0] [--summarizer-latency 0]
+                             [--summarizer-habits pads,ignores-repairs]
                              [--redis-url redis://127.0.0.1:6379/11]
                              [--postgres-url postgres://postgres@127.0.0.1:5432]
                              [--keep-database] [--out bench/results/topology.json]
@@ -26,7 +29,8 @@ measuring functions run on each chat's requests unchanged. A configuration is me
 workers are idle: nothing queued, nothing running.
 
 Figures, per configuration (bench.cost's measured per chat, then summed or pooled over chats):
-summarizer calls per 100 turns (summarize requests at the fake server, retries included); fold
+summarizer calls per 100 turns (summarize requests at the fake server, retries included), and
+how many were the fold guard's repair calls; fold
 attempts from the ledger and how many were superseded or failed; turns that folded synchronously
 (distinct request ids of the web log's "sync_fold" lines) beside the ledger's synchronous rows;
 amplification (summarizer input tokens / conversation tokens, split into folded messages and the
@@ -52,6 +56,7 @@ import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import partial
 from typing import Any
 from urllib.parse import urlparse
 
@@ -75,7 +80,7 @@ from bench.topology_measures import (
     measure_config,
     topology_line,
 )
-from tests.fake_openai import FakeOpenAI, content_text
+from tests.fake_openai import SUMMARY_HABITS, FakeOpenAI, content_text
 from tests.workers import Worker
 
 # A database of its own, flushed at the start and the end: the tests use 15, bench.slow_model 7,
@@ -193,7 +198,7 @@ def start_services(args: argparse.Namespace) -> Services:
         port=model_port,
         latency=args.model_latency,
         summarize_latency=args.summarizer_latency,
-        summary_fn=capped_summary,
+        summary_fn=partial(capped_summary, habits=args.summarizer_habits),
     ).start()
     services = Services(fake, database_url, free_port(), "")
     try:
@@ -449,6 +454,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--celery-workers", type=int, default=2)
     parser.add_argument("--model-latency", type=float, default=0.0, help="seconds per reply")
     parser.add_argument("--summarizer-latency", type=float, default=0.0)
+    parser.add_argument(
+        "--summarizer-habits",
+        type=lambda text: [name for name in text.split(",") if name],
+        default=[],
+        help=f"comma-separated, of {','.join(SUMMARY_HABITS)}: a summarizer at its worst",
+    )
     parser.add_argument("--workers", type=int, default=2, help="gunicorn processes")
     parser.add_argument("--threads", type=int, default=8, help="gunicorn threads per process")
     parser.add_argument("--pool-size", type=int, default=10, help="DB connections per process")

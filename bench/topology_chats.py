@@ -58,14 +58,15 @@ SUMMARY_TOKENS = 470
 SUMMARY_WORDS_STEP = 25
 
 
-def capped_summary(body: dict[str, Any]) -> str:
+def capped_summary(body: dict[str, Any], habits: Sequence[str] = ()) -> str:
     """tests.fake_openai's summary at bench.cost's word cap, with fewer words (the oldest
-    bullets go first) until it is at most SUMMARY_TOKENS tokens."""
+    bullets go first) until it is at most SUMMARY_TOKENS tokens; with the summarizer's bad
+    ``habits`` (tests.fake_openai.SUMMARY_HABITS)."""
     words = cost.SUMMARY_CAP_WORDS
-    text = summary_text(body, words)
+    text = summary_text(body, words, habits)
     while cost.tokens(text) > SUMMARY_TOKENS and words > SUMMARY_WORDS_STEP:
         words -= SUMMARY_WORDS_STEP
-        text = summary_text(body, words)
+        text = summary_text(body, words, habits)
     return text
 
 

@@ -334,14 +334,26 @@ def turn_figures(chats: Sequence[ChatRun]) -> dict[str, Any]:
     }
 
 
+# How the fold guard's repair request opens (memory_worker.summarizers.repair_request).
+REPAIR_OPENING = "That summary drops these lines"
+
+
+def is_repair_request(record: RecordedRequest) -> bool:
+    """A summarize request that is the fold guard's repair call (its follow-up names lines)."""
+    return record.kind == "summarize" and REPAIR_OPENING in last_user_text(record.body)
+
+
 def fold_figures(run: ConfigRun) -> dict[str, Any]:
     """Summarizer calls as the server saw them (retries included), and the ledger's attempts."""
     sent = sum(len(chat.statuses) for chat in run.chats)
     calls = sum(1 for record in run.records if record.kind == "summarize")
+    repairs = sum(1 for record in run.records if is_repair_request(record))
     ledger = ledger_counts(row for chat in run.chats for row in chat.ledger)
     sync_turns = sync_fold_turns(run.web_log)
     return {
         "summarizer_calls": calls,
+        "guard_repair_calls": repairs,
+        "guard_repair_pct_of_folds": round(ratio(repairs * 100, ledger.attempts), 2),
         "summarizer_calls_at_server": run.server_counters["summarize"],
         "summarizer_calls_in_ledger": ledger.summarizer_calls,
         "calls_per_100_turns": round(ratio(calls * 100, sent), 2),
@@ -412,6 +424,7 @@ RESULT_HEADER = (
     "config",
     "turns sent / stored / failed",
     "calls/100 turns",
+    "guard repair calls (% of folds)",
     "fold attempts: ok / superseded / failed",
     "superseded % / failed %",
     "sync-fold turns (% of turns) / ledger rows",
@@ -443,6 +456,7 @@ def result_row(r: Mapping[str, Any]) -> list[str]:
         f"`{r['config']}`",
         f"{r['turns_sent']:,} / {r['turns_stored']:,} / {r['turns_failed']}",
         f"{r['calls_per_100_turns']:.1f}",
+        f"{r.get('guard_repair_calls', 0)} ({r.get('guard_repair_pct_of_folds', 0.0):.1f} %)",
         f"{folds['attempts']:,}: {folds['succeeded']:,} / {folds['superseded']} / "
         f"{folds['failed']}",
         f"{folds['superseded_pct']:.1f} / {folds['failed_pct']:.1f}",

@@ -271,13 +271,34 @@ def render_summary(bullets: list[tuple[str, str]]) -> str:
     return "\n\n".join(parts)
 
 
-def summary_text(body: dict[str, Any], cap_words: int) -> str:
+# A summarizer's bad habits (``summary_habits``), as real models have them: "pads" keeps the
+# newest facts in half the room it is given and fills the rest with prose toward its cap;
+# "ignores-repairs" answers a follow-up naming lines to keep exactly as it answered the draft.
+SUMMARY_HABITS = ("pads", "ignores-repairs")
+PADDING = (
+    "The conversation went on in a friendly and relaxed way.",
+    "Both sides stayed polite and the exchange felt productive overall.",
+    "The user seemed satisfied with the answers so far.",
+    "Several topics came up briefly before moving on to other things.",
+    "The assistant explained its reasoning in plain language.",
+    "There was some general discussion about how things usually go.",
+)
+CAP_IN_INSTRUCTIONS = re.compile(r"within (\d+) tokens")
+
+
+def summary_text(body: dict[str, Any], cap_words: int, habits: Iterable[str] = ()) -> str:
     """A valid seed-000/003 summary: old bullets kept, new ones added, oldest dropped over cap.
-    A follow-up naming lines to keep (the fold guard's repair) keeps those and drops others."""
+    A follow-up naming lines to keep (the fold guard's repair) keeps those and drops others,
+    unless it ``habits`` to ignore it (SUMMARY_HABITS)."""
+    habits = frozenset(habits)
     texts = request_texts(body)
     source = next(text for text in reversed(texts) if is_fold_input(text))
     existing, messages = read_fold_input(source)
     follow_up = texts[-1] if texts[-1] != source else ""
+    if "ignores-repairs" in habits:
+        follow_up = ""
+    if "pads" in habits:
+        cap_words //= 2
     keep = {line[2:].strip().lower() for line in follow_up.splitlines() if line.startswith("- ")}
     bullets, seen = [], set()
     for heading, text in existing_bullets(existing) + turn_bullets(messages):
@@ -289,7 +310,27 @@ def summary_text(body: dict[str, Any], cap_words: int) -> str:
     while droppable and len(rendered.split()) > cap_words:
         bullets.remove(droppable.pop(0))  # the oldest go first, like a real rewrite under a cap
         rendered = render_summary(bullets)
+    if "pads" in habits:
+        replaced = len(existing) + sum(len(content) for _, content in messages)
+        rendered = padded(rendered, texts, replaced)
     return rendered
+
+
+def padded(summary: str, texts: list[str], replaced_chars: int) -> str:
+    """``summary`` with prose bullets (no rule, no value) at the end of its first section, up to
+    about 95 % of the cap its instructions name (four characters a token), and no longer than
+    what it replaces (a summary longer than its input is refused as no summary)."""
+    found = CAP_IN_INSTRUCTIONS.search(texts[0]) if texts else None
+    cap_tokens = int(found.group(1)) if found else 500
+    limit = min(int(cap_tokens * 0.95) * 4, replaced_chars)
+    head, _, rest = summary.partition("\n\n")
+    head = head.replace("\n- (none)", "")
+    for number in range(200):
+        line = f"- {PADDING[number % len(PADDING)]}"
+        if len(head) + len(line) + 1 + len(rest) + 2 > limit:
+            break
+        head += "\n" + line
+    return f"{head}\n\n{rest}" if rest else head
 
 
 @dataclass(frozen=True)
@@ -833,8 +874,8 @@ class FakeOpenAI:
     answering a chat request), ``summarize_latency``, ``timeout_sleep`` (the "timeout" fault),
     ``chunk_delay`` (seconds between streamed chunks), ``reply_words`` (pad chat replies to this
     many words), ``reply_fn`` (``request_json -> str`` overriding chat replies), ``summary_fn``
-    (the same for summaries), ``summary_cap_words``, ``api_key``, ``models``, ``limit_mode`` and
-    ``runaway_tokens`` (LIMIT_MODES).
+    (the same for summaries), ``summary_cap_words``, ``summary_habits`` (SUMMARY_HABITS),
+    ``api_key``, ``models``, ``limit_mode`` and ``runaway_tokens`` (LIMIT_MODES).
     """
 
     def __init__(
@@ -850,6 +891,7 @@ class FakeOpenAI:
         summary_fn: Callable[[dict[str, Any]], str] | None = None,
         reply_words: int | None = None,
         summary_cap_words: int = 300,
+        summary_habits: Iterable[str] = (),
         timeout_sleep: float = 2.0,
         chunk_delay: float = 0.0,
         fault_rate: float = 0.0,
@@ -871,6 +913,7 @@ class FakeOpenAI:
         self.reply_fn, self.summary_fn = reply_fn, summary_fn
         self.reply_words = reply_words
         self.summary_cap_words = summary_cap_words
+        self.summary_habits = tuple(summary_habits)
         self.timeout_sleep = timeout_sleep
         self.chunk_delay = chunk_delay
         self.prompt_counter, self.context_window = prompt_counter, context_window
@@ -1087,7 +1130,7 @@ class FakeOpenAI:
         if record.kind == "summarize":
             if self.summary_fn is not None:
                 return Reply(text=self.summary_fn(body))
-            return Reply(text=summary_text(body, self.summary_cap_words))
+            return Reply(text=summary_text(body, self.summary_cap_words, self.summary_habits))
         tool = requested_tool(body)
         if tool is not None:
             return Reply(
@@ -1193,6 +1236,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY'")
     parser.add_argument("--reply-words", type=int, default=None)
     parser.add_argument("--summary-cap-words", type=int, default=300)
+    parser.add_argument(
+        "--summary-habits", default="", help=f"comma-separated, of {','.join(SUMMARY_HABITS)}"
+    )
     parser.add_argument("--timeout-sleep", type=float, default=2.0)
     parser.add_argument(
         "--chunk-delay", type=float, default=0.0, help="seconds between streamed chunks"
@@ -1217,6 +1263,7 @@ def main(argv: list[str] | None = None) -> int:
         api_key=args.api_key,
         reply_words=args.reply_words,
         summary_cap_words=args.summary_cap_words,
+        summary_habits=[name for name in args.summary_habits.split(",") if name],
         timeout_sleep=args.timeout_sleep,
         chunk_delay=args.chunk_delay,
         fault_rate=args.fault_rate,
