@@ -22,6 +22,9 @@ from memory_worker.summarizers import (
 )
 
 WITHHELD_LINE = "- message {seq} withheld: the summarizer refused it"
+# A run of them, as the fallback after a refused fold withholds its whole range: one line, so a
+# long range does not crowd the summary's cap.
+WITHHELD_RANGE_LINE = "- messages {first}-{last} withheld: the summarizer refused them"
 
 
 @dataclass(frozen=True)
@@ -113,7 +116,7 @@ def with_withheld_lines(summary: str, seqs: Sequence[int]) -> str:
     summarizer), so the model reading the memory knows a message is not in it."""
     if not seqs:
         return summary
-    added = [WITHHELD_LINE.format(seq=seq) for seq in seqs]
+    added = withheld_lines(seqs)
     lines = summary.rstrip().splitlines()
     if OPEN_ITEMS not in lines:
         return "\n".join([*lines, "", OPEN_ITEMS, *added])
@@ -130,3 +133,19 @@ def with_withheld_lines(summary: str, seqs: Sequence[int]) -> str:
 
 
 NO_ITEMS = frozenset({"- none", "- (none)"})
+
+
+def withheld_lines(seqs: Sequence[int]) -> list[str]:
+    """One line per withheld message, or per run of consecutive ones."""
+    runs: list[list[int]] = []
+    for seq in sorted(seqs):
+        if runs and seq == runs[-1][-1] + 1:
+            runs[-1].append(seq)
+        else:
+            runs.append([seq])
+    return [
+        WITHHELD_LINE.format(seq=run[0])
+        if len(run) == 1
+        else WITHHELD_RANGE_LINE.format(first=run[0], last=run[-1])
+        for run in runs
+    ]

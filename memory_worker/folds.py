@@ -22,7 +22,14 @@ from memory_worker.deadlines import time_for_a_chunk
 from memory_worker.dispatch import RequestTrigger
 from memory_worker.engine_state import Msg
 from memory_worker.fold_commit import commit_fold
-from memory_worker.fold_isolation import Isolated, IsolationFailed, isolate
+from memory_worker.fold_isolation import (
+    Isolated,
+    IsolationFailed,
+    Withheld,
+    isolate,
+    with_withheld_lines,
+    withheld_lines,
+)
 from memory_worker.fold_ledger import WORKER_NAME, record_interrupted, record_running
 from memory_worker.guarded_summary import GuardContext, guard, summarize_guarded
 from memory_worker.lease import Lease
@@ -38,9 +45,13 @@ from memory_worker.retries import (
 )
 from memory_worker.state import MemorySnapshot, engine_state, read_chat_and_snapshot
 from memory_worker.summarizers import FoldMessage, Summarizer, SummarizerError, told_of_pins
+from memory_worker.tokens import count_tokens
 from memory_worker.turn_groups import split_for_summarizer
 
 log = logging.getLogger("chatmem.fold")
+
+# The Open Items heading a withheld marker may need, with its line breaks.
+WITHHELD_HEADING_TOKENS = 8
 
 
 def decide_for_chat(
@@ -97,6 +108,7 @@ def execute_fold(
     deadline: float | None = None,
     summarizer: Summarizer | None = None,
     fallback_reason: str = "",
+    withhold: bool = False,
     lease: Lease | None = None,
 ) -> FoldOutcome:
     """The decided range, summarized and committed chunk by chunk. A range larger than the
@@ -110,7 +122,9 @@ def execute_fold(
     by then (``time_for_a_chunk``); the outcome then says more is due and the caller hands on.
     The outcome is the last chunk's; ``decision`` stays the whole range's. ``summarizer``: the
     configured one (for the chat's cap) unless given; ``fallback_reason``: it is the offline
-    fallback of a model fold that failed, for that reason (fold_commit.commit_fold).
+    fallback of a model fold that failed, for that reason (fold_commit.commit_fold);
+    ``withhold``: that failure was a refusal, so the range is withheld, not summarized
+    (``commit_withheld``).
     ``lease``: the chat's lock, renewed before each summarizer call; once lost, no call starts
     and the outcome says more is due."""
     to_fold = [m for m in snapshot.unfolded if decision.from_seq <= m.seq <= decision.to_seq]
@@ -140,6 +154,7 @@ def execute_fold(
             due_at=due_at,
             deadline=deadline,
             fallback_reason=fallback_reason,
+            withhold=withhold,
             cap_tokens=cap_tokens,
         )
         if outcome.status == FoldResult.SUPERSEDED:
@@ -184,6 +199,7 @@ def fold_chunk(
     due_at: datetime | None,
     deadline: float | None = None,
     fallback_reason: str = "",
+    withhold: bool = False,
     cap_tokens: int,
 ) -> tuple[FoldOutcome, MemorySnapshot]:
     """One summarizer call over ``batch`` (the chunk's messages) and its commit. Returns the
@@ -223,6 +239,7 @@ def fold_chunk(
             started=started,
             deadline=deadline,
             fallback_reason=fallback_reason,
+            withhold=withhold,
             cap_tokens=cap_tokens,
         )
     except DATABASE_ERRORS as error:
@@ -233,7 +250,10 @@ def fold_chunk(
         record_interrupted(ledger, error, started)
         raise
     if outcome.fall_back and not synchronous and summarizer.name != "offline":
-        return fall_back(chat, snapshot, chunk, batch, outcome.error, now=now, due_at=due_at)
+        refused = outcome.kind in REFUSAL_KINDS
+        return fall_back(
+            chat, snapshot, chunk, batch, outcome.error, refused, now=now, due_at=due_at
+        )
     return outcome, after
 
 
@@ -243,14 +263,16 @@ def fall_back(
     chunk: engine.Decision,
     batch: list[Message],
     reason: str,
+    refused: bool,
     *,
     now: datetime,
     due_at: datetime | None,
 ) -> tuple[FoldOutcome, MemorySnapshot]:
     """MEMORY_SUMMARIZER_FALLBACK=offline: the chunk the model summarizer failed, folded by the
     offline summarizer (a ledger row of its own, trigger ``summarizer_fallback``), from the
-    same snapshot: a failure leaves the brief's version as it was, so the fence still holds.
-    A turn's fold has its own fallback (turn_fold), whatever the setting."""
+    same snapshot: a failure leaves the brief's version as it was, so the fence still holds;
+    withheld instead when the model ``refused`` it. A turn's fold has its own fallback
+    (turn_fold), whatever the setting."""
     log.warning(
         "the summarizer failed a background fold; folding with the offline summarizer",
         extra={"event": "fold_fallback", "chat_id": chat.pk, "error": reason},
@@ -267,6 +289,7 @@ def fall_back(
         synchronous=False,
         due_at=due_at,
         fallback_reason=reason,
+        withhold=refused,
         cap_tokens=cap,
     )
 
@@ -283,6 +306,7 @@ def summarize_and_commit(
     started: float,
     deadline: float | None = None,
     fallback_reason: str = "",
+    withhold: bool = False,
     cap_tokens: int,
 ) -> tuple[FoldOutcome, MemorySnapshot]:
     """The summarizer call (and the fold guard's repair, memory_worker.guarded_summary), with no
@@ -292,6 +316,10 @@ def summarize_and_commit(
     same attempt (memory_worker.fold_isolation); a turn's fold is not: it falls back to the offline
     summarizer (memory_worker.turn_fold) and must not spend the turn's time on probes."""
     messages = [FoldMessage(m.seq, m.role, m.content) for m in batch]
+    if withhold:
+        return commit_withheld(
+            chat, snapshot, chunk, messages, ledger, fallback_reason, now, started, cap_tokens
+        )
     pinned = [pin.text for pin in snapshot.pins]
     summarizer = told_of_pins(summarizer, pinned)
     try:
@@ -435,6 +463,49 @@ def commit_isolated(
         dropped_details=guarded.dropped_details,
     )
     return replace(outcome, cut_short=folded.to_seq < chunk.to_seq), after
+
+
+def commit_withheld(
+    chat: Chat,
+    snapshot: MemorySnapshot,
+    chunk: engine.Decision,
+    messages: list[FoldMessage],
+    ledger: Consolidation,
+    reason: str,
+    now: datetime,
+    started: float,
+    cap_tokens: int,
+) -> tuple[FoldOutcome, MemorySnapshot]:
+    """The fallback after the model refused the range: its messages withheld (a marker line,
+    their content left out), since a summary carrying what the model refused would have every
+    later model fold of the chat refused too. The rest of the summary as it was, made room for
+    by the offline summarizer, guarded like any other; the messages stay in the history."""
+    lines = withheld_lines([m.seq for m in messages])
+    room = cap_tokens - count_tokens("\n".join(lines)) - WITHHELD_HEADING_TOKENS
+    base = offline_summarizer(max(room, 1)).summarize(snapshot.summary, [])
+    text = with_withheld_lines(base.text, [m.seq for m in messages])
+    context = GuardContext(
+        snapshot.summary,
+        [],
+        cap_tokens,
+        [pin.text for pin in snapshot.pins],
+        snapshot.user_lines,
+        chat_variant(chat.model_variant).model,
+    )
+    guarded = guard(replace(base, text=text), context)
+    withheld = [Withheld(m.seq, reason[:300]) for m in messages]
+    return commit_fold(
+        chat,
+        snapshot,
+        chunk,
+        ledger,
+        guarded.result,
+        now=now,
+        started=started,
+        withheld=withheld,
+        fallback_reason=reason,
+        dropped_details=guarded.dropped_details,
+    )
 
 
 def record_crash(

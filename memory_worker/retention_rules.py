@@ -45,7 +45,7 @@ def content_words(text: str) -> set[str]:
 # The placeholder of a message the summarizer refused (memory_worker.fold_isolation): the only
 # sign in the context that the message is not in memory, so it is kept like a rule whatever its
 # seq (a two-digit one is no exact value).
-WITHHELD_MARKER = re.compile(r"\bmessage (\d+) withheld\b", re.IGNORECASE)
+WITHHELD_MARKER = re.compile(r"\bmessages? \d+(?:-\d+)? withheld\b", re.IGNORECASE)
 
 
 def is_rule_or_value(text: str) -> bool:

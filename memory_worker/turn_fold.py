@@ -24,6 +24,7 @@ from memory_worker.lease import Lease
 from memory_worker.locks import ChatLock
 from memory_worker.outcomes import FoldOutcome, FoldResult
 from memory_worker.request_redis import breaker_open, trip_if_timeout
+from memory_worker.retries import REFUSAL_KINDS
 from memory_worker.runs import hand_on_pending
 from memory_worker.runtime import request_chat_lock
 from memory_worker.state import MemorySnapshot, load_snapshot
@@ -184,6 +185,8 @@ def _fold_or_fall_back(
         synchronous=True,
         summarizer=offline_summarizer(cap),
         fallback_reason=outcome.error,
+        # A summary must not carry what the model refused: the next model fold would be too.
+        withhold=outcome.kind in REFUSAL_KINDS,
     )
 
 

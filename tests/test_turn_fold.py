@@ -14,6 +14,7 @@ from django.db import connection
 from conversations.models import Brief, Consolidation, Message
 from memory_worker import runs
 from memory_worker.dispatch import RequestTrigger, mark_queued
+from memory_worker.folds import consolidate_once
 from memory_worker.invariants import chat_violations
 from memory_worker.policy import Trigger
 from memory_worker.request_redis import breaker_open, reset_breaker
@@ -142,6 +143,34 @@ def test_a_failing_summarizer_falls_back_to_the_offline_one_and_the_turn_goes_ah
     ]
     brief = Brief.objects.get(chat_id=chat_id)
     assert brief.summary and brief.last_consolidated == folds[1].to_seq
+
+
+def test_a_turns_fold_the_model_refused_withholds_its_range_instead_of_copying_it(
+    require_postgres, broker, settings, user, use_fake_openai
+) -> None:  # type: ignore[no-untyped-def]
+    """The offline fallback after a refusal writes no word of what the model refused: a summary
+    carrying it would have every later model fold of the chat refused too. The range is
+    withheld (a marker line, the brief's list); its messages stay in the history."""
+    use_fake_openai.refuse_summaries_containing("fact 0")
+    chat_id = chat_with_fold_due(user, settings)
+    response = post_turn(user, chat_id, "over the bound")
+    assert response.status_code == 201, response.content
+    fallback = Consolidation.objects.get(
+        chat_id=chat_id, status="succeeded", trigger=Trigger.HARD_BOUND_FALLBACK
+    )
+    assert fallback.withheld_seqs == list(range(fallback.from_seq, fallback.to_seq + 1))
+    brief = Brief.objects.get(chat_id=chat_id)
+    assert "fact 0" not in brief.summary
+    assert f"messages 1-{fallback.to_seq} withheld" in brief.summary
+    assert [item["seq"] for item in brief.withheld] == fallback.withheld_seqs
+    # The next model fold is not refused for the summary it starts from.
+    settings.MEMORY_DISPATCH = "off"
+    for number in range(6):
+        assert post_turn(user, chat_id, f"later {number}").status_code == 201
+    outcome = consolidate_once(chat_id, RequestTrigger.MANUAL)
+    assert outcome.status == "succeeded", outcome
+    assert f"messages 1-{fallback.to_seq} withheld" in Brief.objects.get(chat_id=chat_id).summary
+    assert chat_violations(chat_id) == []
 
 
 def context_within_contract_bound(request: Any) -> bool:
