@@ -11,6 +11,7 @@ from conversations.models import Chat
 from conversations.variants import chat_variant
 from memory_worker import policy as engine
 from memory_worker.presets import PolicyError, resolve_policy, synchronous_only
+from memory_worker.tokens import count_tokens
 
 log = logging.getLogger(__name__)
 
@@ -75,3 +76,9 @@ def _log_clash(preset: str, overrides: dict[str, object], error: str) -> None:
 
 def variant_context_tokens(chat: Chat) -> int:
     return chat_variant(chat.model_variant).context_tokens
+
+
+def chat_tokens(chat: Chat, text: str) -> int:
+    """``text`` as the chat's model counts it (its variant's; a variant since removed, the
+    default's, as its turns run): a summary or a pin is part of every prompt that model is sent."""
+    return count_tokens(text, chat_variant(chat.model_variant).model)

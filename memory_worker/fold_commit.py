@@ -16,9 +16,9 @@ from django.db.models import F
 
 from conversations import rows
 from conversations.models import HOLD_CHAT_SQL, Brief, Chat, Consolidation, ConsolidationStatus
-from conversations.variants import chat_variant
 from memory_worker import fold_guard
 from memory_worker import policy as engine
+from memory_worker.chat_policy import chat_tokens
 from memory_worker.fold_isolation import Withheld
 from memory_worker.fold_ledger import lag_ms
 from memory_worker.guarded_summary import DROPPED_DETAILS_KEPT
@@ -26,7 +26,6 @@ from memory_worker.outcomes import FoldOutcome, FoldResult
 from memory_worker.signals import messages_folded
 from memory_worker.state import MemorySnapshot, after_fold
 from memory_worker.summarizers import SummaryResult
-from memory_worker.tokens import count_tokens
 
 log = logging.getLogger("chatmem.fold")
 
@@ -53,7 +52,7 @@ def commit_fold(
     keeps the first DROPPED_DETAILS_KEPT."""
     duration_ms = int((time.monotonic() - started) * 1000)
     # Counted as the chat's model counts it: the summary is part of every prompt it is sent.
-    summary_tokens = count_tokens(result.text, chat_variant(chat.model_variant).model)
+    summary_tokens = chat_tokens(chat, result.text)
     # Database time (the row's start is the database's) plus the fold's own duration.
     finished_at = ledger.started_at + timedelta(milliseconds=duration_ms)
     chat_id = chat.pk

@@ -11,11 +11,10 @@ from django.db import connection, transaction
 from conversations.models import Brief, Chat, Consolidation
 from conversations.rows import database_now
 from memory_worker import policy as engine
-from memory_worker.chat_policy import policy_for_chat
+from memory_worker.chat_policy import chat_tokens, policy_for_chat
 from memory_worker.fold_commit import FoldWrite, commit_in_one_statement, commit_in_transaction
 from memory_worker.retention_rules import summary_lines
 from memory_worker.state import make_snapshot
-from memory_worker.tokens import count_tokens
 
 
 class EditRefused(Exception):
@@ -63,7 +62,8 @@ def edit_summary(chat: Chat, summary: str, expected_version: int, *, editor: str
     """Replaces the summary of ``chat`` if its brief is still at ``expected_version``, else
     raises VersionMoved; OverCap over the chat's summary cap. Nothing is written on a refusal."""
     cap = policy_for_chat(chat).summary_token_cap
-    tokens = count_tokens(summary)
+    # As the folds count it: the cap and every later context count the summary for the model.
+    tokens = chat_tokens(chat, summary)
     if tokens > cap:
         raise OverCap(tokens, cap)
     brief = Brief.objects.filter(chat_id=chat.pk).first()

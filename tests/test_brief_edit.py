@@ -18,6 +18,7 @@ from memory_worker.invariants import chat_violations
 from memory_worker.state import load_snapshot
 from memory_worker.summarizers import SummaryResult
 from memory_worker.summary_edit import VersionMoved, edit_summary
+from memory_worker.tokens import count_tokens
 from tests.conftest import client_for, contract_chat_after_turns
 from tests.fake_openai import read_fold_input
 from tests.test_worker_faults import chat_with_fold_due, ledger_running, model_env
@@ -105,6 +106,31 @@ def test_user_lines_are_those_a_person_wrote(api) -> None:  # type: ignore[no-un
     second = patch(api, chat_id, {"summary": "- alpha line\n- folded gamma\n- delta"}, '"1"')
     # beta was no longer the person's (a fold let it go); gamma a fold wrote; delta is new.
     assert second.json()["user_lines"] == ["alpha line", "delta"]
+
+
+THAI = "- ผมชอบกินข้าวผัดกุ้งที่ร้านริมแม่น้ำเจ้าพระยาทุกวันเสาร์ตอนเย็นกับครอบครัว\n" * 3
+
+
+def test_an_edit_is_counted_as_the_chats_model_counts_it(api, settings) -> None:  # type: ignore[no-untyped-def]
+    # A model without a tokenizer or tiktoken mapping: its Thai counts with the non-Latin margin,
+    # about twice the default encoding's count.
+    settings.MODEL_VARIANTS = "local=local-model:32000"
+    model_tokens, default_tokens = count_tokens(THAI, "local-model"), count_tokens(THAI)
+    cap = (model_tokens + default_tokens) // 2
+    assert default_tokens < cap < model_tokens
+    body = {"model_variant": "local", "policy_overrides": {"summary_token_cap": cap}}
+    chat_id = api.post("/api/v1/chats/", body, format="json").json()["id"]
+    over = patch(api, chat_id, {"summary": THAI}, '"0"')
+    assert over.status_code == 400, over.content
+    assert f"is {model_tokens} tokens" in over.json()["summary"][0]
+    # Under the cap, the brief and the ledger row carry the model's count.
+    api.patch(f"/api/v1/chats/{chat_id}/", {"policy_overrides": {}}, format="json")
+    edited = patch(api, chat_id, {"summary": THAI}, '"0"')
+    assert edited.status_code == 200, edited.content
+    assert edited.json()["summary_tokens"] == model_tokens
+    assert Brief.objects.get(chat_id=chat_id).summary_tokens == model_tokens
+    edit = Consolidation.objects.get(chat_id=chat_id, trigger="edit")
+    assert edit.summary_tokens_after == model_tokens
 
 
 # --- Races against real PostgreSQL --------------------------------------------------------------

@@ -18,6 +18,7 @@ from conversations.services import pins, turn_store
 from memory_worker import folds, manual_folds
 from memory_worker.dispatch import RequestTrigger
 from memory_worker.outcomes import FoldResult
+from memory_worker.tokens import count_tokens
 from tests import test_openai_compat as compat
 from tests.conftest import client_for
 from tests.fake_openai import FakeOpenAI
@@ -170,6 +171,19 @@ def test_a_pin_sent_with_a_turn_is_in_its_context(
     send(client, "pinned", pin="The vault code is 4471.")
     sent = json.dumps(memory.requests[-1].body)
     assert "The vault code is 4471." in sent
+
+
+@pytest.mark.skipif(not PINS_BUILT, reason="pins come with the pins branch")
+def test_a_pin_on_a_conversation_whose_variant_was_removed_is_counted_with_the_default_model(
+    client: openai.OpenAI, memory: FakeOpenAI, settings: Any
+) -> None:
+    send(client, "removed-variant")
+    # The chat's default variant, since removed from MODEL_VARIANTS by the operator.
+    Chat.objects.filter(external_id="removed-variant").update(model_variant="local")
+    send(client, "removed-variant", pin="The vault code is 4471.")
+    chat = Chat.objects.get(external_id="removed-variant")
+    tokens = count_tokens("The vault code is 4471.", settings.CHAT_MODEL)
+    assert [p.tokens for p in pins.list_pins(chat)] == [tokens]
 
 
 # --- the REST API's flag, and the paused chat in the workers' paths --------------------------

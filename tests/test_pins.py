@@ -10,7 +10,9 @@ import pytest
 from conversations.models import Consolidation, Message, Pin
 from conversations.services.context import SUMMARY_HEADER
 from memory_worker.pinned import PINNED_HEADER, pin_line
+from memory_worker.state import load_snapshot
 from memory_worker.summarizers import PINNED
+from memory_worker.tokens import count_tokens
 from tests.conftest import client_for
 from tests.test_worker_faults import model_env
 from tests.workers import Worker
@@ -138,6 +140,50 @@ def test_a_policy_change_that_leaves_the_pins_no_room_is_a_400_and_changes_nothi
     # A change the pins still fit is taken.
     larger = {"policy_overrides": {"max_tokens": 6000}}
     assert api.patch(f"/api/v1/chats/{chat_id}/", larger, format="json").status_code == 200
+
+
+THAI = "ผมชอบกินข้าวผัดกุ้งที่ร้านริมแม่น้ำเจ้าพระยาทุกวันเสาร์ตอนเย็นกับครอบครัว "
+
+
+@pytest.mark.django_db
+def test_a_variant_change_recounts_the_pins_and_is_refused_when_they_no_longer_fit(
+    api: Any, settings: Any
+) -> None:
+    # gpt-4o-mini counts Thai as it is; a local model without a tokenizer with its non-Latin
+    # margin, about four times that.
+    settings.CHAT_MODEL = "gpt-4o-mini"
+    settings.MODEL_VARIANTS = "local=local-model:128000"
+    chat_id = new_chat(api, policy="token-budget")
+    small = pin(api, chat_id, {"text": THAI * 2}).json()
+    assert small["tokens"] == count_tokens(THAI * 2, "gpt-4o-mini")
+    url = f"/api/v1/chats/{chat_id}/"
+    assert api.patch(url, {"model_variant": "local"}, format="json").status_code == 200
+    # What the bound counts (the snapshot the context is built from) is the new model's count.
+    assert [p.tokens for p in load_snapshot(chat_id).pins] == [
+        count_tokens(THAI * 2, "local-model")
+    ]
+    assert api.patch(url, {"model_variant": ""}, format="json").status_code == 200
+    assert Pin.objects.get().tokens == small["tokens"]
+    # Fits gpt-4o-mini's room, not the local model's: the change is refused, nothing changed.
+    assert pin(api, chat_id, {"text": THAI * 20}).status_code == 201
+    counts = sorted(Pin.objects.values_list("tokens", flat=True))
+    refused = api.patch(url, {"model_variant": "local"}, format="json")
+    assert refused.status_code == 400, refused.content
+    assert "unpin something first" in str(refused.json())
+    assert sorted(Pin.objects.values_list("tokens", flat=True)) == counts
+    assert api.get(url).json()["model_variant"] == ""
+
+
+@pytest.mark.django_db
+def test_a_pin_on_a_chat_whose_variant_was_removed_is_counted_with_the_default_model(
+    api: Any, settings: Any
+) -> None:
+    settings.MODEL_VARIANTS = "local=local-model:128000"
+    chat_id = new_chat(api, model_variant="local")
+    settings.MODEL_VARIANTS = ""  # the operator removed it
+    response = pin(api, chat_id, {"text": THAI})
+    assert response.status_code == 201, response.content
+    assert response.json()["tokens"] == count_tokens(THAI, settings.CHAT_MODEL)
 
 
 @pytest.mark.django_db

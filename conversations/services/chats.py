@@ -14,7 +14,7 @@ from django.db.models.functions import Coalesce
 from conversations import rows
 from conversations.models import Brief, Chat, Message
 from conversations.services.context import build_model_messages
-from conversations.services.pins import pins_problem
+from conversations.services.pins import pins_problem, recount_pins
 from conversations.variants import ModelVariant, resolve_variant
 from memory_worker import policy as engine
 from memory_worker.chat_policy import effective_policy, policy_for_new_settings
@@ -186,9 +186,9 @@ def operator_defaults_room_problem(preset: str) -> str | None:
 
 
 def save_chat(chat: Chat) -> None:
-    """Saves a validated chat, new or edited (the admin): the system prompt's stored token count
-    follows its text and variant (every bound counts it), and a new chat gets its brief, which
-    every turn reads. Call inside a transaction."""
+    """Saves a validated chat, new or edited (the admin): the system prompt's and the pins'
+    stored token counts follow its text and variant (every bound counts them), and a new chat
+    gets its brief, which every turn reads. Call inside a transaction."""
     variant = resolve_variant(chat.model_variant or None)
     prompt = chat.system_prompt
     chat.system_prompt_tokens = count_tokens(prompt, variant.model) if prompt else 0
@@ -202,9 +202,15 @@ def save_chat(chat: Chat) -> None:
         )
         Brief.objects.create(chat=chat)
         return
+    # Locked before the pins are recounted, so a pin added meanwhile is counted after the change.
+    stored = Chat.objects.select_for_update().filter(pk=chat.pk)
+    stored_variant = stored.values_list("model_variant", flat=True).first()
     # Only what an editor may change: the counter, the turn slot and the rest belong to turns,
     # which may have moved them since this instance was read.
     chat.save(update_fields=[*EDITABLE_FIELDS, "system_prompt_tokens", "updated_at"])
+    if stored_variant != chat.model_variant:
+        # The pins' stored counts were the old model's; the bound must count the new one's.
+        recount_pins(chat)
 
 
 @dataclass(frozen=True)

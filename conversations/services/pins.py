@@ -12,11 +12,9 @@ from django.db import transaction
 
 from conversations.models import Chat, Message, Pin
 from conversations.services.turn_store import queue_consolidation_if_due
-from conversations.variants import resolve_variant
-from memory_worker.chat_policy import policy_for_chat, variant_context_tokens
+from memory_worker.chat_policy import chat_tokens, policy_for_chat, variant_context_tokens
 from memory_worker.pinned import pin_room, pinned_block_tokens, pinned_message_text
 from memory_worker.state import MemorySnapshot, PinnedItem, engine_state, load_snapshot
-from memory_worker.tokens import count_tokens
 
 MAX_PIN_CHARS = 20000
 
@@ -94,7 +92,17 @@ def change_pin_text(chat: Chat, pin_id: int, text: str) -> Pin:
 
 
 def pin_tokens(chat: Chat, text: str) -> int:
-    return count_tokens(text, resolve_variant(chat.model_variant or None).model)
+    # A variant the operator removed counts with the default's model, as its turns run on it.
+    return chat_tokens(chat, text)
+
+
+def recount_pins(chat: Chat) -> None:
+    """Each pin's stored count as the chat's model now counts it: the bound adds up the stored
+    counts. Called in the transaction that changes the chat's variant, under its row lock."""
+    found = list(Pin.objects.filter(chat=chat).only("id", "text", "tokens"))
+    for pin in found:
+        pin.tokens = pin_tokens(chat, pin.text)
+    Pin.objects.bulk_update(found, ["tokens"])
 
 
 def refuse_unless_room(
