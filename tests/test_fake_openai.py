@@ -21,8 +21,8 @@ import pytest
 from openai.types.chat import ChatCompletionMessageParam, ChatCompletionToolParam
 from openai.types.responses import ResponsePromptParam
 
-from memory_worker.summarizers import FoldMessage, format_fold_input
-from tests.fake_openai import SUMMARY_HEADINGS, FakeOpenAI
+from memory_worker.summarizers import FoldMessage, format_fold_input, summary_instructions
+from tests.fake_openai import PADDING, SUMMARY_HEADINGS, FakeOpenAI, summary_text
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -517,3 +517,38 @@ def test_runs_standalone_until_sigterm() -> None:
     finally:
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=10) == 0
+
+
+def fold_body(existing: str, contents: list[str], cap: int, follow_up: str = "") -> dict[str, Any]:
+    fold = format_fold_input(
+        existing, [FoldMessage(n, "user", text) for n, text in enumerate(contents, start=1)]
+    )
+    messages = [
+        {"role": "system", "content": summary_instructions(cap)},
+        {"role": "user", "content": fold},
+    ]
+    if follow_up:
+        messages += [
+            {"role": "assistant", "content": "draft"},
+            {"role": "user", "content": follow_up},
+        ]
+    return {"model": "m", "messages": messages}
+
+
+LONG_TALK = [f"We talked about topic number {n} at quite some length today." for n in range(40)]
+
+
+def test_a_padding_summarizer_fills_its_cap_with_prose_and_keeps_fewer_facts() -> None:
+    body = fold_body("", LONG_TALK, cap=300)
+    plain, pads = summary_text(body, 200), summary_text(body, 200, ["pads"])
+    assert any(line in pads for line in PADDING) and not any(line in plain for line in PADDING)
+    assert pads.count("topic number") < plain.count("topic number")
+    assert 0.8 * 300 * 4 <= len(pads) <= 300 * 4
+
+
+def test_a_summarizer_that_ignores_repairs_answers_them_with_its_draft() -> None:
+    old = "## Facts / Constraints\n- Keep the vault code 4821."
+    follow_up = "That summary drops these lines:\n- Keep the vault code 4821.\nRewrite it."
+    body = fold_body(old, LONG_TALK, cap=300, follow_up=follow_up)
+    assert "4821" in summary_text(body, 60)  # an obedient one keeps the named line
+    assert "4821" not in summary_text(body, 60, ["ignores-repairs"])
