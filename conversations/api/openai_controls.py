@@ -90,7 +90,18 @@ def check_settings_match(chat: Chat, controls: Controls) -> None:
 def apply_controls(chat: Chat, controls: Controls, user: Any) -> Chat:
     """Pauses or resumes folds, pins, and asks for a fold, in that order; returns the chat as
     it now is. A pin that does not fit is a 400 naming the room left, and nothing of the
-    request is applied before it."""
+    request is applied before it. A conversation deleted meanwhile is a 404."""
+    try:
+        return _apply_controls(chat, controls, user)
+    except Chat.DoesNotExist as error:
+        raise OpenAIError(
+            "The conversation was deleted meanwhile.",
+            status.HTTP_404_NOT_FOUND,
+            code="not_found",
+        ) from error
+
+
+def _apply_controls(chat: Chat, controls: Controls, user: Any) -> Chat:
     if controls.pin is not None:
         try:
             pins.add_pin(chat, text=controls.pin, user=user)
