@@ -426,3 +426,24 @@ def test_v1_fold_now_racing_deletions_is_answered_or_404(
     assert unexpected(answers, (200, 404)) == []
     assert len(answers) == RACES
     assert sorted(set(deletions)) == [204] and len(deletions) == RACES
+
+
+def test_brief_edits_racing_deletions_are_answered_or_404(
+    require_postgres: None, user: Any
+) -> None:
+    """``PATCH .../brief/`` on a chat being deleted found no brief, or lost its fencing step to
+    the deletion, and answered 412 "(it is now version None)": re-read a chat that is gone. A
+    chat that is gone is a 404."""
+    chats = chats_with_nothing_to_fold(user, RACES)
+
+    def edit(client: Any, chat: Chat) -> Any:
+        body = {"summary": "- The user likes tea."}
+        return client.patch(
+            f"/api/v1/chats/{chat.pk}/brief/", body, format="json", HTTP_IF_MATCH='"0"'
+        )
+
+    answers, deletions = race_deletions(user, chats, edit)
+    assert unexpected(answers, (200, 404)) == []
+    assert len(answers) == RACES
+    assert sorted(set(deletions)) == [204] and len(deletions) == RACES
+    assert not Consolidation.objects.filter(chat_id__in=[chat.pk for chat in chats]).exists()
