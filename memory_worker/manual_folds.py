@@ -3,9 +3,10 @@ and recorded in the ledger, not queued), and at most one queued per chat at a ti
 
 from enum import StrEnum
 
+from django.db import transaction
 from django.db.models.functions import Now
 
-from conversations.models import Chat, Consolidation, ConsolidationStatus
+from conversations.models import Chat, Consolidation, ConsolidationStatus, hold_chat
 from conversations.rows import database_now
 from memory_worker.dispatch import RequestTrigger, clear_manual_queued, mark_manual_queued
 from memory_worker.fold_ledger import WORKER_NAME
@@ -39,18 +40,24 @@ def request_manual_fold(chat_id: int) -> ManualRequest:
 
 
 def record_nothing_to_fold(snapshot: MemorySnapshot) -> None:
-    """The request's trace in the ledger: an empty range after the watermark."""
+    """The request's trace in the ledger: an empty range after the watermark. Chat.DoesNotExist
+    for a chat deleted meanwhile."""
     watermark = snapshot.last_consolidated
-    Consolidation.objects.create(
-        chat_id=snapshot.chat_id,
-        trigger=RequestTrigger.MANUAL.value,
-        status=ConsolidationStatus.NOTHING_TO_FOLD,
-        from_seq=watermark + 1,
-        to_seq=watermark,
-        base_version=snapshot.version,
-        summary_tokens_before=snapshot.summary_tokens,
-        summary_tokens_after=snapshot.summary_tokens,
-        finished_at=Now(),
-        duration_ms=0,
-        worker=WORKER_NAME,
-    )
+    with transaction.atomic():
+        # The chat held first, as a deletion takes it before the ledger: unheld, the row's
+        # foreign key failed at commit for a chat being deleted (an IntegrityError, a 500).
+        if not hold_chat(snapshot.chat_id):
+            raise Chat.DoesNotExist(f"chat {snapshot.chat_id} does not exist")
+        Consolidation.objects.create(
+            chat_id=snapshot.chat_id,
+            trigger=RequestTrigger.MANUAL.value,
+            status=ConsolidationStatus.NOTHING_TO_FOLD,
+            from_seq=watermark + 1,
+            to_seq=watermark,
+            base_version=snapshot.version,
+            summary_tokens_before=snapshot.summary_tokens,
+            summary_tokens_after=snapshot.summary_tokens,
+            finished_at=Now(),
+            duration_ms=0,
+            worker=WORKER_NAME,
+        )

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from django.db import connection, transaction
 
-from conversations.models import Brief, Chat, Consolidation
+from conversations.models import Brief, Chat, Consolidation, hold_chat
 from conversations.rows import database_now
 from memory_worker import policy as engine
 from memory_worker.chat_policy import chat_tokens, policy_for_chat
@@ -60,15 +60,19 @@ def user_written(old_summary: str, old_user_lines: list[str], new_summary: str) 
 
 def edit_summary(chat: Chat, summary: str, expected_version: int, *, editor: str) -> Edited:
     """Replaces the summary of ``chat`` if its brief is still at ``expected_version``, else
-    raises VersionMoved; OverCap over the chat's summary cap. Nothing is written on a refusal."""
+    raises VersionMoved; OverCap over the chat's summary cap; Chat.DoesNotExist for a chat
+    deleted meanwhile (not a 412 that has the client re-read it). Nothing is written on a
+    refusal."""
     cap = policy_for_chat(chat).summary_token_cap
     # As the folds count it: the cap and every later context count the summary for the model.
     tokens = chat_tokens(chat, summary)
     if tokens > cap:
         raise OverCap(tokens, cap)
     brief = Brief.objects.filter(chat_id=chat.pk).first()
-    if brief is None or brief.version != expected_version:
-        raise VersionMoved(expected_version, brief.version if brief else None)
+    if brief is None:  # a brief goes only with its chat
+        raise Chat.DoesNotExist(f"chat {chat.pk} does not exist")
+    if brief.version != expected_version:
+        raise VersionMoved(expected_version, brief.version)
     lines = user_written(brief.summary, list(brief.user_lines or []), summary)
     # What the fencing step compares: the version and W this edit was made on.
     read = make_snapshot(chat.pk, brief, ("", 0, False), ())
@@ -76,6 +80,10 @@ def edit_summary(chat: Chat, summary: str, expected_version: int, *, editor: str
     watermark = brief.last_consolidated
     commit = commit_in_one_statement if connection.vendor == "postgresql" else commit_in_transaction
     with transaction.atomic():
+        # The chat held first, as a deletion takes it before the brief and the ledger: a
+        # deletion then waits for the edit, or the edit finds the chat gone.
+        if not hold_chat(chat.pk):
+            raise Chat.DoesNotExist(f"chat {chat.pk} does not exist")
         # Inserted and settled in one transaction: the recovery of dead runs never sees it
         # "running", and a lost fencing step leaves no row.
         ledger = Consolidation.objects.create(
@@ -103,5 +111,8 @@ def edit_summary(chat: Chat, summary: str, expected_version: int, *, editor: str
         )
         if not commit(write):
             current = Brief.objects.filter(chat_id=chat.pk).values_list("version", flat=True)
-            raise VersionMoved(expected_version, current.first())
+            version = current.first()
+            if version is None:
+                raise Chat.DoesNotExist(f"chat {chat.pk} does not exist")
+            raise VersionMoved(expected_version, version)
     return Edited(expected_version + 1, tokens, lines, ledger.pk)

@@ -324,3 +324,126 @@ def test_a_deadlocked_deletion_is_a_503_to_retry(api: Any, monkeypatch: Any) -> 
     assert response.json()["code"] == "database_conflict"
     assert response["Retry-After"] == "1"
     assert Chat.objects.filter(pk=chat_id).exists()
+
+
+def race_deletions(
+    user: Any, chats: list[Chat], request: Callable[[Any, Chat], Any]
+) -> tuple[list[Any], list[int]]:
+    """Each pair of threads starts together on one chat of ``chats``: one sends ``request``
+    (with a client of its own), the other deletes the chat. The requests' responses, and the
+    deletions' statuses."""
+    answers: list[Any] = []
+    deletions: list[int] = []
+    errors: list[BaseException] = []
+
+    def race(share: list[Chat], start: threading.Barrier, side: str) -> None:
+        client = client_for(user)
+        client.raise_request_exception = False
+        try:
+            for chat in share:
+                start.wait(DEADLINE)
+                if side == "delete":
+                    deletions.append(client.delete(f"/api/v1/chats/{chat.pk}/").status_code)
+                else:
+                    answers.append(request(client, chat))
+        except BaseException as error:  # reported to the test
+            errors.append(error)
+            start.abort()
+        finally:
+            connections.close_all()
+
+    threads = []
+    for pair in range(RACING_PAIRS):
+        share, start = chats[pair::RACING_PAIRS], threading.Barrier(2)
+        threads += [
+            threading.Thread(target=race, args=(share, start, side))
+            for side in ("request", "delete")
+        ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    return answers, deletions
+
+
+def chats_with_nothing_to_fold(user: Any, count: int) -> list[Chat]:
+    """``count`` chats without messages (a manual fold has nothing to fold), each with its brief
+    and a /v1 name."""
+    chats = Chat.objects.bulk_create(
+        Chat(owner=user, title=f"race {number}", policy="contract", external_id=f"race-{number}")
+        for number in range(count)
+    )
+    Brief.objects.bulk_create(Brief(chat=chat) for chat in chats)
+    return chats
+
+
+def unexpected(answers: list[Any], expected: tuple[int, ...]) -> list[tuple[int, bytes]]:
+    return [(a.status_code, a.content) for a in answers if a.status_code not in expected]
+
+
+def test_manual_folds_racing_deletions_are_answered_or_404(
+    require_postgres: None, user: Any, settings: Any
+) -> None:
+    """``POST .../consolidate/`` on a chat being deleted: the "nothing to fold" ledger row was
+    inserted without holding the chat, and its foreign key failed at commit (a 500). A chat
+    that is gone is a 404, as for any chat."""
+    settings.MEMORY_MANUAL_FOLD_RATE_LIMIT = ""
+    chats = chats_with_nothing_to_fold(user, RACES)
+
+    def consolidate(client: Any, chat: Chat) -> Any:
+        return client.post(f"/api/v1/chats/{chat.pk}/consolidate/", format="json")
+
+    answers, deletions = race_deletions(user, chats, consolidate)
+    assert unexpected(answers, (200, 404)) == []
+    assert len(answers) == RACES
+    assert sorted(set(deletions)) == [204] and len(deletions) == RACES
+    assert not Chat.objects.filter(owner=user).exists()
+    assert not Consolidation.objects.filter(chat_id__in=[chat.pk for chat in chats]).exists()
+
+
+def test_v1_fold_now_racing_deletions_is_answered_or_404(
+    require_postgres: None, user: Any, settings: Any
+) -> None:
+    """``"chatmem": {"fold": "now"}`` on /v1/chat/completions, the conversation being deleted:
+    the same ledger row's 500, or the fold's Chat.DoesNotExist unanswered (a 500 too). Gone is
+    a 404; a conversation deleted before the request named it is created anew (a 200)."""
+    settings.TURN_RATE_LIMIT = ""
+    chats = chats_with_nothing_to_fold(user, RACES)
+    token = client_for(user)._credentials["HTTP_AUTHORIZATION"].removeprefix("Token ")
+
+    def fold_now(client: Any, chat: Chat) -> Any:
+        body = {
+            "model": "default",
+            "messages": [{"role": "user", "content": "hello"}],
+            "user": chat.external_id,
+            "chatmem": {"fold": "now"},
+        }
+        client.credentials(HTTP_AUTHORIZATION=f"Bearer {token}")
+        return client.post("/v1/chat/completions", body, format="json")
+
+    answers, deletions = race_deletions(user, chats, fold_now)
+    assert unexpected(answers, (200, 404)) == []
+    assert len(answers) == RACES
+    assert sorted(set(deletions)) == [204] and len(deletions) == RACES
+
+
+def test_brief_edits_racing_deletions_are_answered_or_404(
+    require_postgres: None, user: Any
+) -> None:
+    """``PATCH .../brief/`` on a chat being deleted found no brief, or lost its fencing step to
+    the deletion, and answered 412 "(it is now version None)": re-read a chat that is gone. A
+    chat that is gone is a 404."""
+    chats = chats_with_nothing_to_fold(user, RACES)
+
+    def edit(client: Any, chat: Chat) -> Any:
+        body = {"summary": "- The user likes tea."}
+        return client.patch(
+            f"/api/v1/chats/{chat.pk}/brief/", body, format="json", HTTP_IF_MATCH='"0"'
+        )
+
+    answers, deletions = race_deletions(user, chats, edit)
+    assert unexpected(answers, (200, 404)) == []
+    assert len(answers) == RACES
+    assert sorted(set(deletions)) == [204] and len(deletions) == RACES
+    assert not Consolidation.objects.filter(chat_id__in=[chat.pk for chat in chats]).exists()

@@ -186,6 +186,24 @@ def test_a_pin_on_a_conversation_whose_variant_was_removed_is_counted_with_the_d
     assert [p.tokens for p in pins.list_pins(chat)] == [tokens]
 
 
+@pytest.mark.skipif(not PINS_BUILT, reason="pins come with the pins branch")
+def test_a_refused_pin_creates_no_conversation(client: openai.OpenAI, memory: FakeOpenAI) -> None:
+    """A new conversation's first request with a pin over the room (400 pin_refused) created
+    the conversation anyway, with the request's policy: the next plain request ran under
+    settings the client was told were refused. A refused request leaves nothing."""
+    overrides = {"summary_token_cap": 300}
+    with pytest.raises(openai.BadRequestError) as refused:
+        send(
+            client, "refused", pin="word " * 2500, policy="token-budget", policy_overrides=overrides
+        )
+    assert refused.value.body["code"] == "pin_refused"  # type: ignore[index]
+    assert not Chat.objects.filter(external_id="refused").exists()
+    send(client, "refused")
+    chat = Chat.objects.get(external_id="refused")
+    assert (chat.policy, chat.policy_overrides) == ("contract", {})
+    assert not pins.list_pins(chat)
+
+
 # --- the REST API's flag, and the paused chat in the workers' paths --------------------------
 
 

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from rest_framework import exceptions, status
 from rest_framework.request import Request
 
+from conversations.models import Chat
 from memory_worker.summary_edit import OverCap, VersionMoved
 
 ETAG = re.compile(r'^(?:W/)?"(?P<version>\d{1,18})"$')
@@ -54,3 +55,5 @@ def edit_refusals() -> Iterator[None]:
         raise VersionConflict(str(error)) from error
     except OverCap as error:
         raise exceptions.ValidationError({"summary": [str(error)]}) from error
+    except Chat.DoesNotExist as error:  # deleted meanwhile: nothing to re-read
+        raise exceptions.NotFound() from error

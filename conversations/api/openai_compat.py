@@ -19,6 +19,7 @@ from typing import Any
 
 from asgiref.sync import sync_to_async
 from django.core.handlers.asgi import ASGIRequest
+from django.db import transaction
 from django.http import StreamingHttpResponse
 from rest_framework import exceptions
 from rest_framework.permissions import IsAuthenticated
@@ -30,8 +31,10 @@ from conversations.api import errors
 from conversations.api.openai_controls import (
     Controls,
     apply_controls,
+    apply_pin,
     check_settings_match,
     controls_of,
+    conversation_gone,
     memory_of,
 )
 from conversations.api.openai_request import (
@@ -171,8 +174,24 @@ class ChatCompletionsView(OpenAICompatView):
     ) -> Any:
         """The conversation the request names (created with the controls' policy on first
         use), with the controls applied."""
+        with conversation_gone():
+            # One transaction: a pin refused on a new conversation's first request leaves no
+            # conversation behind, with settings a later plain request would run under.
+            with transaction.atomic():
+                chat = self.named_chat(request, body, system_prompt, controls)
+                check_settings_match(chat, controls)
+                apply_pin(chat, controls, request.user)
+            return apply_controls(chat, controls)
+
+    def named_chat(
+        self,
+        request: Request,
+        body: Mapping[str, Any],
+        system_prompt: str | None,
+        controls: Controls,
+    ) -> Any:
         try:
-            chat = exchanges.chat_for(
+            return exchanges.chat_for(
                 request.user,  # type: ignore[arg-type]
                 chat_name(request, body),
                 system_prompt,
@@ -184,8 +203,6 @@ class ChatCompletionsView(OpenAICompatView):
         except PolicyError as error:
             param = "chatmem.policy_overrides" if controls.policy_overrides else "chatmem.policy"
             raise OpenAIError(str(error), param=param) from error
-        check_settings_match(chat, controls)
-        return apply_controls(chat, controls, request.user)
 
     def streamed(
         self,

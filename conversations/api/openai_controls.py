@@ -9,7 +9,8 @@ controls"): a ``chatmem`` object in the request body, which the OpenAI SDKs send
 Everything is checked before anything is applied, and the controls apply before the turn (a
 pin is in this turn's context); a turn that then fails leaves them applied."""
 
-from collections.abc import Mapping
+import contextlib
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -87,16 +88,32 @@ def check_settings_match(chat: Chat, controls: Controls) -> None:
         )
 
 
-def apply_controls(chat: Chat, controls: Controls, user: Any) -> Chat:
-    """Pauses or resumes folds, pins, and asks for a fold, in that order; returns the chat as
-    it now is. A pin that does not fit is a 400 naming the room left, and nothing of the
-    request is applied before it."""
-    if controls.pin is not None:
-        try:
-            pins.add_pin(chat, text=controls.pin, user=user)
-        except pins.PinRefused as error:
-            raise OpenAIError(str(error), param="chatmem.pin", code="pin_refused") from error
-        controls.applied["pinned"] = True
+@contextlib.contextmanager
+def conversation_gone() -> Iterator[None]:
+    """A conversation deleted while its controls applied: 404, as the REST API answers."""
+    try:
+        yield
+    except Chat.DoesNotExist as error:
+        raise OpenAIError(
+            "The conversation was deleted meanwhile.", status.HTTP_404_NOT_FOUND, code="not_found"
+        ) from error
+
+
+def apply_pin(chat: Chat, controls: Controls, user: Any) -> None:
+    """The pin, first of the controls: one that does not fit is a 400 naming the room left,
+    and nothing of the request is applied before it."""
+    if controls.pin is None:
+        return
+    try:
+        pins.add_pin(chat, text=controls.pin, user=user)
+    except pins.PinRefused as error:
+        raise OpenAIError(str(error), param="chatmem.pin", code="pin_refused") from error
+    controls.applied["pinned"] = True
+
+
+def apply_controls(chat: Chat, controls: Controls) -> Chat:
+    """After apply_pin: pauses or resumes folds, or asks for a fold; returns the chat as it
+    now is."""
     if controls.fold in ("pause", "resume"):
         paused = controls.fold == "pause"
         if chat.folds_paused != paused:

@@ -27,7 +27,7 @@ from conversations.api.serializers import (
     TurnRequestSerializer,
     turn_response_body,
 )
-from conversations.models import Chat, Pin
+from conversations.models import Brief, Chat, Pin
 from conversations.services import agent_state as agent_service
 from conversations.services import chats as chat_service
 from conversations.services import pins as pin_service
@@ -180,9 +180,11 @@ class ChatViewSet(
                     expected,
                     editor=request.user.get_username(),
                 )
-            chat.brief.refresh_from_db()
-        view = chat_service.memory_view(chat)
-        brief = chat.brief
+        try:
+            brief = Brief.objects.get(chat=chat)
+            view = chat_service.memory_view(chat)
+        except Brief.DoesNotExist as error:  # the chat deleted meanwhile (its brief goes with it)
+            raise NotFound() from error
         brief.unfolded = view.unfolded  # type: ignore[attr-defined]
         brief.pending = view.pending  # type: ignore[attr-defined]
         data = BriefSerializer(brief).data
