@@ -11,6 +11,7 @@ from django.db import connection
 from django.utils import timezone
 
 from conversations.models import Brief, Chat, Consolidation, Message
+from conversations.services import chats as chat_service
 from memory_worker import policy as engine
 from memory_worker.fold_commit import commit_fold
 from memory_worker.fold_ledger import record_running
@@ -36,6 +37,27 @@ def brief_url(chat_id: int) -> str:
 def patch(api: Any, chat_id: int, body: Any, if_match: str | None) -> Any:
     headers = {"HTTP_IF_MATCH": if_match} if if_match is not None else {}
     return api.patch(brief_url(chat_id), body, format="json", **headers)
+
+
+def test_the_briefs_etag_summary_and_running_summary_are_of_one_version(
+    api, user, monkeypatch
+) -> None:  # type: ignore[no-untyped-def]
+    """An edit committing between the brief's two reads (the row, then the memory view) must
+    not pair one version's ETag with the other's summary."""
+    chat_id = contract_chat_after_turns(api, 6)
+    version = api.get(brief_url(chat_id)).json()["version"]
+    real_view, edits = chat_service.memory_view, iter([EDITED])
+
+    def view_after_an_edit(chat: Chat) -> Any:
+        for text in edits:  # once: the edit lands between the two reads
+            edit_summary(chat, text, version, editor="someone")
+        return real_view(chat)
+
+    monkeypatch.setattr(chat_service, "memory_view", view_after_an_edit)
+    response = api.get(brief_url(chat_id))
+    body = response.json()
+    assert response["ETag"] == f'"{body["version"]}"' == f'"{version + 1}"'
+    assert body["summary"] == body["running_summary"]["summary"] == EDITED
 
 
 def test_the_brief_has_its_version_as_etag_and_an_edit_moves_it(api, user) -> None:  # type: ignore[no-untyped-def]

@@ -181,8 +181,7 @@ class ChatViewSet(
                     editor=request.user.get_username(),
                 )
         try:
-            brief = Brief.objects.get(chat=chat)
-            view = chat_service.memory_view(chat)
+            brief, view = chat_service.brief_and_view(chat)
         except Brief.DoesNotExist as error:  # the chat deleted meanwhile (its brief goes with it)
             raise NotFound() from error
         brief.unfolded = view.unfolded  # type: ignore[attr-defined]
