@@ -178,7 +178,10 @@ class SummaryText:
             self.room = usable_tokens(cap_tokens) - count_tokens(summary) + weaker
 
     def has(self, detail: str) -> bool:
-        return detail_key(detail) in self.key
+        """Whether the summary states ``detail`` as a value of its own: "8,502" is not kept by
+        "T-8502", nor "4821" by "14821"."""
+        key = re.escape(detail_key(detail))
+        return re.search(rf"(?<![\w-]){key}(?![\w])", self.key) is not None
 
     def has_room_for(self, line: str) -> bool:
         """Whether ``line`` as one more bullet fits under the cap, with a token or two to spare
@@ -192,7 +195,7 @@ def line_loss(line: str, kept: SummaryText, *, any_line: bool = False) -> Loss |
     same for every message."""
     marker = WITHHELD_MARKER.search(line)
     if marker:
-        return None if detail_key(marker.group(0)) in kept.key else Loss(line, (marker.group(0),))
+        return None if kept.has(marker.group(0)) else Loss(line, (marker.group(0),))
     values = details_of(line)
     if values:
         missing = tuple(dict.fromkeys(value for value in values if not kept.has(value)))

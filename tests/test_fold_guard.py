@@ -411,3 +411,11 @@ def test_a_withheld_marker_is_kept_like_a_rule_whatever_its_seq() -> None:
     assert loss.line == WITHHELD
     guarded = summarize_guarded(Scripted(other), old, said("ok"))
     assert WITHHELD in guarded.result.text.split("## Open Items")[1]
+
+
+def test_a_value_is_not_kept_by_a_longer_code_that_contains_it() -> None:
+    old = "## Facts / Constraints\n- Each upload is limited to 8,502 kilobytes, never more."
+    new = summary("Answers as short bullet lists, template T-8502.", "Locker 18502.")
+    [loss] = fold_guard.losses(old, said("ok"), new)
+    assert loss.missing == ("8,502",)
+    assert fold_guard.losses(old, said("ok"), summary("Uploads: at most 8502 kB.")) == []
