@@ -229,3 +229,17 @@ def test_a_paused_chat_is_folded_only_by_hand(user: Any) -> None:
         assert folds.consolidate_once(chat_id, trigger, now).status == FoldResult.NOTHING
     manual = folds.consolidate_once(chat_id, RequestTrigger.MANUAL, now)
     assert manual.status == FoldResult.SUCCEEDED
+
+
+@pytest.mark.skipif(not PINS_BUILT, reason="pins come with the pins branch")
+def test_a_fold_now_answered_503_leaves_no_pin_behind(
+    client: openai.OpenAI, memory: FakeOpenAI
+) -> None:
+    """MEMORY_DISPATCH is off here: nothing can queue the fold. The request is a 503, and the
+    pin it carried is not applied: the client's retry would pin it twice."""
+    for number in range(4):
+        send(client, "unqueued", f"fact {number}")
+    with pytest.raises(openai.APIStatusError) as unavailable:
+        send(client, "unqueued", pin="The vault code is 4471.", fold="now")
+    assert unavailable.value.status_code == 503
+    assert not pins.list_pins(Chat.objects.get(external_id="unqueued"))

@@ -34,6 +34,7 @@ class Controls:
     policy_overrides: dict[str, object] | None = None
     # What applying them did, for the answer's chatmem object.
     applied: dict[str, Any] = field(default_factory=dict)
+    added_pins: list[int] = field(default_factory=list)  # taken back if the request fails
 
 
 def controls_of(body: Mapping[str, Any]) -> Controls:
@@ -105,10 +106,11 @@ def apply_pin(chat: Chat, controls: Controls, user: Any) -> None:
     if controls.pin is None:
         return
     try:
-        pins.add_pin(chat, text=controls.pin, user=user)
+        pin = pins.add_pin(chat, text=controls.pin, user=user)
     except pins.PinRefused as error:
         raise OpenAIError(str(error), param="chatmem.pin", code="pin_refused") from error
     controls.applied["pinned"] = True
+    controls.added_pins.append(pin.pk)
 
 
 def apply_controls(chat: Chat, controls: Controls) -> Chat:
@@ -122,9 +124,13 @@ def apply_controls(chat: Chat, controls: Controls) -> Chat:
         # The REST endpoint's judgement: nothing to fold is answered, one queued fold at a time.
         answer = request_manual_fold(chat.pk)
         if answer == ManualRequest.NOT_QUEUED:
+            # A request answered 503 applies nothing: the client retries it whole, pin and all.
+            for pin_id in controls.added_pins:
+                pins.remove_pin(chat, pin_id)
             raise OpenAIError(
                 "The fold could not be queued (the task broker is unavailable); nothing was "
-                "sent to the model. Retry later, or send the turn without chatmem.fold.",
+                "sent to the model and nothing applied. Retry later, or send the turn without "
+                "chatmem.fold.",
                 status.HTTP_503_SERVICE_UNAVAILABLE,
                 param="chatmem.fold",
                 code="not_queued",
