@@ -31,7 +31,7 @@ from memory_worker.fold_isolation import (
     withheld_lines,
 )
 from memory_worker.fold_ledger import WORKER_NAME, record_interrupted, record_running
-from memory_worker.guarded_summary import GuardContext, guard, summarize_guarded
+from memory_worker.guarded_summary import GuardContext, guard
 from memory_worker.lease import Lease
 from memory_worker.outcomes import FoldOutcome, FoldResult
 from memory_worker.retries import (
@@ -320,18 +320,10 @@ def summarize_and_commit(
         return commit_withheld(
             chat, snapshot, chunk, messages, ledger, fallback_reason, now, started, cap_tokens
         )
-    pinned = [pin.text for pin in snapshot.pins]
-    summarizer = told_of_pins(summarizer, pinned)
+    context = guard_context(chat, snapshot, messages, cap_tokens)
+    summarizer = told_of_pins(summarizer, context.pinned)
     try:
-        guarded = summarize_guarded(
-            summarizer,
-            snapshot.summary,
-            messages,
-            cap_tokens,
-            pinned,
-            snapshot.user_lines,
-            chat_variant(chat.model_variant).model,
-        )
+        guarded = guard(summarizer.summarize(snapshot.summary, messages), context, summarizer)
     except SummarizerError as error:
         return fold_after_error(
             chat,
@@ -423,6 +415,17 @@ def fold_after_error(
     return failed, snapshot
 
 
+def guard_context(
+    chat: Chat, snapshot: MemorySnapshot, seen: list[FoldMessage], cap_tokens: int
+) -> GuardContext:
+    """What the fold guard checks a summary of ``seen`` (the messages the summarizer read)
+    against: the summary it replaces, the chat's pins and the lines a person wrote, its cap in
+    the chat's model's tokens."""
+    pinned = [pin.text for pin in snapshot.pins]
+    model = chat_variant(chat.model_variant).model
+    return GuardContext(snapshot.summary, seen, cap_tokens, pinned, snapshot.user_lines, model)
+
+
 def commit_isolated(
     chat: Chat,
     snapshot: MemorySnapshot,
@@ -440,14 +443,7 @@ def commit_isolated(
     folded = replace(chunk, to_seq=isolated.to_seq)
     withheld = {item.seq for item in isolated.withheld}
     seen = [m for m in messages if m.seq <= folded.to_seq and m.seq not in withheld]
-    context = GuardContext(
-        snapshot.summary,
-        seen,
-        cap_tokens,
-        [pin.text for pin in snapshot.pins],
-        snapshot.user_lines,
-        chat_variant(chat.model_variant).model,
-    )
+    context = guard_context(chat, snapshot, seen, cap_tokens)
     guarded = guard(isolated.result, context)
     # The whole chunk's refused call counts too.
     result = replace(guarded.result, calls=guarded.result.calls + 1)
@@ -484,14 +480,7 @@ def commit_withheld(
     room = cap_tokens - count_tokens("\n".join(lines)) - WITHHELD_HEADING_TOKENS
     base = offline_summarizer(max(room, 1)).summarize(snapshot.summary, [])
     text = with_withheld_lines(base.text, [m.seq for m in messages])
-    context = GuardContext(
-        snapshot.summary,
-        [],
-        cap_tokens,
-        [pin.text for pin in snapshot.pins],
-        snapshot.user_lines,
-        chat_variant(chat.model_variant).model,
-    )
+    context = guard_context(chat, snapshot, [], cap_tokens)
     guarded = guard(replace(base, text=text), context)
     withheld = [Withheld(m.seq, reason[:300]) for m in messages]
     return commit_fold(
