@@ -16,14 +16,21 @@ from memory_worker import policy as engine
 from memory_worker.summarizers import TRANSIENT_KINDS
 
 PROVIDER_WIDE_KINDS = TRANSIENT_KINDS | {"quota", "client_error"}
-# A fallback fold's success is the offline summarizer's: no sign the provider is back.
-FALLBACK_TRIGGERS = (engine.Trigger.HARD_BOUND_FALLBACK, engine.Trigger.SUMMARIZER_FALLBACK)
+# Succeeded ledger rows that are no sign the provider is back: a fallback fold's success is the
+# offline summarizer's, and a person's edit of the summary calls no summarizer at all.
+NOT_THE_PROVIDER = (
+    engine.Trigger.HARD_BOUND_FALLBACK,
+    engine.Trigger.SUMMARIZER_FALLBACK,
+    engine.Trigger.EDIT,
+)
 
 
 def latest_model_success() -> datetime | None:
+    """When a model summarizer call last committed a fold: a succeeded row with a summarizer
+    call of its own, not a fallback's, not an edit's."""
     found: datetime | None = (
-        Consolidation.objects.filter(status=ConsolidationStatus.SUCCEEDED)
-        .exclude(trigger__in=FALLBACK_TRIGGERS)
+        Consolidation.objects.filter(status=ConsolidationStatus.SUCCEEDED, summarizer_calls__gt=0)
+        .exclude(trigger__in=NOT_THE_PROVIDER)
         .aggregate(latest=Max("finished_at"))["latest"]
     )
     return found

@@ -485,7 +485,7 @@ def failed_an_hour_ago(api, now, kind: str, minutes_ago: int):  # type: ignore[n
 def succeeded_fold(chat_id: int, finished_at, trigger: str = "window") -> None:  # type: ignore[no-untyped-def]
     Consolidation.objects.create(
         chat_id=chat_id, trigger=trigger, status="succeeded", from_seq=1, to_seq=2,
-        base_version=0, finished_at=finished_at,
+        base_version=0, finished_at=finished_at, summarizer_calls=1,
     )  # fmt: skip
 
 
@@ -515,6 +515,23 @@ def test_provider_wide_failures_retry_once_a_model_fold_succeeds_and_content_one
     assert sorted(sweep_recorder["requested"]) == sorted([quota, outage])
     waiting = Brief.objects.get(chat_id=malformed).next_attempt_at
     assert waiting is not None and waiting > timezone.now()
+
+
+@pytest.mark.django_db
+def test_a_summary_edit_during_an_outage_is_not_the_provider_recovering(api, sweep_recorder) -> None:  # type: ignore[no-untyped-def]
+    """An edit's ledger row (trigger ``edit``, no summarizer call) succeeds without the
+    provider: the chats waiting on it keep to the one probe a sweep, not all retried at once."""
+    from memory_worker.summary_edit import edit_summary
+
+    now = timezone.now()
+    first = failed_an_hour_ago(api, now, "server_error", minutes_ago=10)
+    second = failed_an_hour_ago(api, now, "rate_limit", minutes_ago=5)
+    edited = new_chat(api)
+    edit_summary(Chat.objects.get(pk=edited), "- Call me Sam", 0, editor="someone")
+    assert Consolidation.objects.filter(chat_id=edited, status="succeeded").exists()
+    assert tasks.sweep() == 1
+    assert sweep_recorder["requested"] == [first]  # the probe only
+    assert Brief.objects.get(chat_id=second).next_attempt_at > timezone.now()
 
 
 @pytest.mark.django_db
