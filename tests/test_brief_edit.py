@@ -284,9 +284,7 @@ def test_a_patch_during_a_workers_fold_supersedes_it_and_the_rerun_keeps_the_edi
     assert chat_violations(chat_id) == []
 
 
-def test_a_manual_fold_an_edit_supersedes_is_run_again_as_a_manual_fold(
-    user, monkeypatch
-) -> None:  # type: ignore[no-untyped-def]
+def test_a_manual_fold_an_edit_supersedes_is_run_again_as_a_manual_fold(user, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """The 202 of POST …/consolidate/ promises a fold. An edit committing while it summarizes
     supersedes it; the rerun, on the edited text, is still the manual fold, not one judged by
     the policy's own triggers (none is due here, so that one would fold nothing)."""
