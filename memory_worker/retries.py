@@ -5,6 +5,7 @@ the failure state once nothing is due."""
 import logging
 import random
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -78,6 +79,52 @@ class RetryPlan:
     fall_back: bool = False
 
 
+@dataclass(frozen=True)
+class Failure:
+    """One failed fold of a chat's current streak, as its ledger row says."""
+
+    kind: str
+    synchronous: bool = False  # a turn's fold, on the request path
+
+
+def degrading_failures(streak: Sequence[Failure]) -> int:
+    """How many failures of ``streak`` (the chat's failed folds since its last success, oldest
+    first, the newest last) count towards degraded. Not counted:
+
+    - a turn's fold's failure: the turn folds the range with the offline summarizer at once
+      (turn_fold), so the chat's memory kept up; the background folds' streak tells whether
+      the model keeps failing the chat;
+    - a sampling fluke: an invalid output alone among other failures (neither the failure
+      before it nor the one after it, where there is one, is an invalid output). One truncated
+      or empty answer between rate limits says nothing about the chat; a repeat does. An
+      invalid output that is the streak's only failure counts (nothing says which it is yet).
+    """
+    counted = 0
+    for index, failure in enumerate(streak):
+        if failure.synchronous:
+            continue
+        if is_fluke(streak, index):
+            continue
+        counted += 1
+    return counted
+
+
+def is_fluke(streak: Sequence[Failure], index: int) -> bool:
+    """Whether the ``index``-th failure of ``streak`` is an invalid output alone among other
+    failures (degrading_failures)."""
+    if failure_class(streak[index].kind) != INVALID_OUTPUT or len(streak) == 1:
+        return False
+    neighbours = [*streak[max(index - 1, 0) : index], *streak[index + 1 : index + 2]]
+    return all(failure_class(other.kind) != INVALID_OUTPUT for other in neighbours)
+
+
+def repeats_invalid_output(streak: Sequence[Failure]) -> bool:
+    """Whether the streak's newest failure is an invalid output after another one."""
+    return len(streak) >= 2 and all(
+        failure_class(failure.kind) == INVALID_OUTPUT for failure in streak[-2:]
+    )
+
+
 def failure_class(kind: str) -> str:
     if kind in INVALID_OUTPUT_KINDS:
         return INVALID_OUTPUT
@@ -87,20 +134,31 @@ def failure_class(kind: str) -> str:
     return TRANSIENT
 
 
-def retry_plan(kind: str, consecutive_failures: int, isolate_next: bool = False) -> RetryPlan:
+def retry_plan(
+    kind: str,
+    consecutive_failures: int,
+    isolate_next: bool = False,
+    streak: Sequence[Failure] | None = None,
+) -> RetryPlan:
     """The retry policy for the ``consecutive_failures``-th failure in a row, of this kind.
+    ``streak``: the failures in a row, this one last (None: ``consecutive_failures`` of this
+    kind, background folds all).
 
     Degraded is one rule for every kind: MEMORY_DEGRADED_AFTER_FAILURES failed folds in a row,
-    whatever their kinds, until the next success. One malformed output or one refused request
-    says little about the chat; a streak does, and a flag that followed the latest kind would
-    flip back and forth within a streak. The kind decides only when the next attempt comes.
+    whatever their kinds, until the next success; counted by ``degrading_failures``, which
+    leaves out a turn's fold's failure (its offline fallback commits at once) and a sampling
+    fluke (an invalid output alone among other failures). One malformed output or one refused
+    request says little about the chat; a streak does, and a flag that followed the latest kind
+    would flip back and forth within a streak. The kind decides only when the next attempt
+    comes.
 
     Transient: exponential backoff with jitter, and a fast retry queued by the worker until the
     chat is degraded; from then on only the sweep retries, on the same ladder. Invalid output:
-    the first of a streak is often a fluke of sampling, so it is retried in
-    MEMORY_INVALID_OUTPUT_RETRY_SECONDS (with the stricter prompt, folds.summarizer_for); a
-    repeat gets no fast retry (the same input keeps failing the same way) and starts the ladder
-    where a degraded transient chat stands. Rejected: retrying cannot help before someone acts;
+    one is often a fluke of sampling, so unless it repeats an invalid output (the failure
+    before it in the streak) it is retried in MEMORY_INVALID_OUTPUT_RETRY_SECONDS (with the
+    stricter prompt, folds.summarizer_for), whatever failed before it; a repeat gets no fast
+    retry (the same input keeps failing the same way) and starts the ladder where a degraded
+    transient chat stands. Rejected: retrying cannot help before someone acts;
     one attempt per maximum backoff. A manual consolidation always tries at once. With
     MEMORY_SUMMARIZER_FALLBACK, every failure the worker will not retry soon falls back to the
     offline summarizer (a transient one only once degraded: the provider usually comes back
@@ -109,14 +167,18 @@ def retry_plan(kind: str, consecutive_failures: int, isolate_next: bool = False)
     ``isolate_next``: a refusal whose next attempt bisects the range
     (isolation_policy.isolation_due). That attempt can fix it, so it comes soon: a fast retry,
     and due by the next sweep."""
-    plan = _plan(kind, consecutive_failures, isolate_next)
+    if streak is None:
+        streak = [Failure(kind)] * min(max(consecutive_failures, 1), STREAK_LOOKED_AT)
+    plan = _plan(kind, consecutive_failures, isolate_next, streak)
     fall_back = settings.MEMORY_SUMMARIZER_FALLBACK == "offline" and not plan.fast_retry
     return RetryPlan(plan.failure_class, plan.delay, plan.degraded, plan.fast_retry, fall_back)
 
 
-def _plan(kind: str, consecutive_failures: int, isolate_next: bool) -> RetryPlan:
+def _plan(
+    kind: str, consecutive_failures: int, isolate_next: bool, streak: Sequence[Failure]
+) -> RetryPlan:
     degraded_after = settings.MEMORY_DEGRADED_AFTER_FAILURES
-    degraded = consecutive_failures >= degraded_after
+    degraded = degrading_failures(streak) >= degraded_after
     klass = failure_class(kind)
     if isolate_next:
         # Half a sweep interval at most: jittered, it is still due by the next sweep.
@@ -127,7 +189,7 @@ def _plan(kind: str, consecutive_failures: int, isolate_next: bool) -> RetryPlan
     if klass == TRANSIENT:
         return RetryPlan(klass, failure_backoff(consecutive_failures), degraded, not degraded)
     if klass == INVALID_OUTPUT:
-        if consecutive_failures <= 1:
+        if not repeats_invalid_output(streak):
             delay = _jittered(settings.MEMORY_INVALID_OUTPUT_RETRY_SECONDS)
             return RetryPlan(klass, delay, degraded, fast_retry=True)
         step = consecutive_failures - 1 + max(degraded_after - 1, 0)
@@ -213,7 +275,7 @@ def fail_brief(
                 .first()
             )
         failures = (count or 0) + 1
-        plan = retry_plan(kind, failures, isolate_next)
+        plan = retry_plan(kind, failures, isolate_next, current_streak(ledger, kind, failures))
         if current:
             Brief.objects.filter(chat_id=chat_id, version=version).update(
                 consecutive_failures=failures,
@@ -242,6 +304,26 @@ def fail_brief(
         },
     )
     return plan
+
+
+# The newest failures of a streak its judgement reads: far more than MEMORY_DEGRADED_AFTER_FAILURES
+# with every fluke and turn's failure between them; a chat failing hourly for weeks does not
+# read its whole streak at every failure.
+STREAK_LOOKED_AT = 50
+
+
+def current_streak(ledger: Consolidation, kind: str, failures: int) -> list[Failure]:
+    """The chat's streak of ``failures`` failed folds, oldest first, ending with this one (of
+    ``kind``, ``ledger``'s): the ledger's latest failed rows. A row with no kind is an
+    abandoned run's (memory_worker.sweep), a crash."""
+    earlier = (
+        Consolidation.objects.filter(chat_id=ledger.chat_id, status=ConsolidationStatus.FAILED)
+        .exclude(pk=ledger.pk)
+        .order_by("-id")
+        .values_list("error_kind", "synchronous")[: min(failures, STREAK_LOOKED_AT) - 1]
+    )
+    streak = [Failure(error_kind or CRASH_KIND, synchronous) for error_kind, synchronous in earlier]
+    return [*reversed(streak), Failure(kind, ledger.synchronous)]
 
 
 def prior_refusals(chat_id: int, version: int, from_seq: int) -> int:

@@ -18,7 +18,7 @@ from memory_worker.dispatch import RequestTrigger, TaskByName, clear_queued, han
 from memory_worker.folds import consolidate_once
 from memory_worker.lease import Lease
 from memory_worker.locks import ChatLock, Release
-from memory_worker.outcomes import FoldOutcome
+from memory_worker.outcomes import FoldOutcome, FoldResult
 from memory_worker.request_redis import is_timeout
 from memory_worker.runtime import chat_lock
 
@@ -120,11 +120,12 @@ def consolidate_with_lock(
                     # One fold per cycle; the backlog left another due: run again, on a fresh
                     # read.
                     lock.mark_pending(chat_id)
-                # What a manual fold cut short by the deadline left was asked for by hand: a
-                # rerun judged by the policy's own triggers might leave it.
+                # What a manual fold left was asked for by hand, whether the deadline cut it short
+                # or an edit of the summary (or another fold) superseded it: a rerun judged by
+                # the policy's own triggers might leave it, and the 202 promised a fold.
                 next_trigger = (
                     RequestTrigger.MANUAL
-                    if trigger == RequestTrigger.MANUAL and outcome.cut_short
+                    if trigger == RequestTrigger.MANUAL and manual_left_over(outcome)
                     else RequestTrigger.RERUN
                 )
                 # A lost lease hands on (what is left is marked pending).
@@ -144,6 +145,11 @@ def consolidate_with_lock(
     lock.release(chat_id, token)
     hand_on_pending(chat_id, lock, next_trigger, due_at)
     return outcomes
+
+
+def manual_left_over(outcome: FoldOutcome) -> bool:
+    """Whether a manual fold's outcome leaves part of what was asked for by hand undone."""
+    return outcome.cut_short or outcome.status == FoldResult.SUPERSEDED
 
 
 def hand_on_pending(

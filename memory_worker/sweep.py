@@ -95,7 +95,9 @@ def interrupt_run(ledger: Consolidation, now: datetime) -> Refold | None:
         # Conditional: a row that finished meanwhile keeps its own outcome.
         marked = Consolidation.objects.filter(
             pk=ledger.pk, status=ConsolidationStatus.RUNNING
-        ).update(status=status, error=error, finished_at=now)
+        ).update(
+            status=status, error=error, error_kind=CRASH_KIND if crash else "", finished_at=now
+        )
         if marked and crash:
             fail_brief(ledger, ledger.base_version, ABANDONED, CRASH_KIND, now)
     if not marked or crash:

@@ -330,3 +330,34 @@ def test_a_patch_during_a_workers_fold_supersedes_it_and_the_rerun_keeps_the_edi
     assert "4471" in brief.summary and "Sam" in brief.summary
     assert "The vault code is 4471" in brief.user_lines
     assert chat_violations(chat_id) == []
+
+
+def test_a_manual_fold_an_edit_supersedes_is_run_again_as_a_manual_fold(user, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """The 202 of POST …/consolidate/ promises a fold. An edit committing while it summarizes
+    supersedes it; the rerun, on the edited text, is still the manual fold, not one judged by
+    the policy's own triggers (none is due here, so that one would fold nothing)."""
+    from memory_worker import folds
+    from memory_worker.tasks import consolidate_chat
+
+    api = client_for(user)
+    chat_id = contract_chat_after_turns(api, 4)  # 8 messages: under K + B, no fold due
+    assert folds.consolidate_once(chat_id, folds.RequestTrigger.TURN).status == "nothing"
+    real = folds.summarize_guarded
+    edited: list[int] = []
+
+    def edit_meanwhile(*args: Any, **kwargs: Any) -> Any:
+        if not edited:  # a person's edit commits while the first fold summarizes
+            edited.append(edit_summary(Chat.objects.get(pk=chat_id), EDITED, 0, editor="x").version)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(folds, "summarize_guarded", edit_meanwhile)
+    assert consolidate_chat(chat_id, "manual") == ["superseded", "succeeded"]
+    rows = list(
+        Consolidation.objects.filter(chat_id=chat_id)
+        .order_by("id")
+        .values_list("status", "trigger")
+    )
+    assert rows == [("superseded", "manual"), ("succeeded", "edit"), ("succeeded", "manual")]
+    brief = Brief.objects.get(chat_id=chat_id)
+    assert brief.last_consolidated == 2
+    assert "4471" in brief.summary

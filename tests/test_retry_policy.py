@@ -123,8 +123,55 @@ def test_one_invalid_output_is_retried_soon_and_only_a_repeat_climbs_the_ladder(
     third = retries.retry_plan(kind, 3)
     assert third.degraded
     assert 0.8 * 240 <= seconds(third) <= 1.2 * 240
-    # After transient failures an invalid output is a repeat too.
+    # Only a repeat of an invalid output climbs: after transient failures one is a fluke.
     assert not retries.retry_plan(kind, 3).fast_retry
+
+
+def streak_of(*kinds: str) -> list[retries.Failure]:
+    """Failures of background folds; a kind ending in "+turn" is a turn's fold's."""
+    return [
+        retries.Failure(kind.removesuffix("+turn"), synchronous=kind.endswith("+turn"))
+        for kind in kinds
+    ]
+
+
+def plan_after(*kinds: str) -> retries.RetryPlan:
+    streak = streak_of(*kinds)
+    return retries.retry_plan(streak[-1].kind, len(streak), streak=streak)
+
+
+@pytest.mark.parametrize("fluke", ["truncated", "empty"])
+def test_one_invalid_output_between_transient_errors_is_a_fluke_not_a_streak(
+    ladder, fluke: str
+) -> None:  # type: ignore[no-untyped-def]
+    """A truncated or empty answer amid rate limits says nothing about the chat: it is retried
+    in seconds with the stricter prompt, and neither it nor the failures around it make the
+    chat degraded, until the failures that count make a streak of their own."""
+    ladder.MEMORY_INVALID_OUTPUT_RETRY_SECONDS = 5
+    plan = plan_after("rate_limit", "server_error", fluke)
+    assert (plan.failure_class, plan.degraded, plan.fast_retry) == ("invalid_output", False, True)
+    assert seconds(plan) <= 1.2 * 5
+    assert not plan_after("rate_limit", fluke, "rate_limit").degraded
+    assert not plan_after(fluke, "rate_limit", "timeout").degraded
+    assert plan_after("rate_limit", fluke, "rate_limit", "timeout").degraded
+    # A repeat is no fluke: the same input keeps failing the same way.
+    repeat = plan_after("rate_limit", fluke, fluke)
+    assert not repeat.fast_retry and seconds(repeat) >= 0.8 * 240
+    assert plan_after("rate_limit", fluke, "malformed").degraded
+    assert plan_after("malformed", "malformed", "malformed").degraded
+
+
+def test_a_turns_fold_failure_its_offline_fallback_covered_does_not_degrade(ladder) -> None:  # type: ignore[no-untyped-def]
+    """The chaos run's chat: a background fold's 429, its turn's fold's 500 (the turn folded
+    with the offline fallback at once), then a truncated answer: not degraded, and the
+    truncated answer retried in seconds. The same non-transient failure again and again still
+    degrades, and climbs the ladder."""
+    plan = plan_after("rate_limit", "server_error+turn", "truncated")
+    assert (plan.degraded, plan.fast_retry) == (False, True)
+    assert not plan_after("rate_limit", "server_error+turn", "rate_limit").degraded
+    assert plan_after("rate_limit", "server_error+turn", "rate_limit", "timeout").degraded
+    assert plan_after("quota", "quota", "quota").degraded
+    assert seconds(plan_after("quota", "quota", "quota")) >= 0.8 * 3600
 
 
 def test_the_offline_fallback_is_planned_only_when_no_fast_retry_is(ladder) -> None:  # type: ignore[no-untyped-def]
@@ -487,11 +534,16 @@ def test_two_failures_of_the_same_version_count_two(require_postgres, api, monke
     real = retries.retry_plan
     second: list[typing.Any] = []
 
-    def retry_plan(kind: str, failures: int, isolate_next: bool = False) -> retries.RetryPlan:
+    def retry_plan(
+        kind: str,
+        failures: int,
+        isolate_next: bool = False,
+        streak: typing.Sequence[retries.Failure] | None = None,
+    ) -> retries.RetryPlan:
         if not second:  # the other failure arrives between this one's read and its write
             second.append(on_a_thread(lambda: retries.fail_brief(ledger, 0, "b", "timeout", now)))
             assert wait_until(lambda: outside(waiting_on_a_lock), 15)
-        return real(kind, failures, isolate_next)
+        return real(kind, failures, isolate_next, streak)
 
     def outside(check: typing.Callable[[], bool]) -> bool:
         # On a connection of its own: this one's transaction sees one statistics snapshot.
@@ -509,6 +561,49 @@ def test_two_failures_of_the_same_version_count_two(require_postgres, api, monke
     # The backoff is the second failure's (30 s x 2, +-20 %).
     assert brief.next_attempt_at is not None
     assert 48 <= (brief.next_attempt_at - now).total_seconds() <= 72
+
+
+@pytest.mark.django_db
+def test_a_chat_failing_a_429_a_turns_500_and_a_truncated_answer_is_not_degraded(
+    api, ladder
+) -> None:  # type: ignore[no-untyped-def]
+    """The chaos run's chat 15 through the failure service, which reads the streak from the
+    ledger: the truncated answer after the 429 and the turn's 500 (its fallback committed) is
+    retried in seconds, and the chat is not degraded; the failure stays on the brief. A second
+    truncated answer in a row is no fluke: it climbs the ladder, and degrades the chat."""
+    import time
+
+    from memory_worker import fold_ledger
+    from memory_worker.state import load_snapshot
+
+    ladder.MEMORY_INVALID_OUTPUT_RETRY_SECONDS = 5
+    chat_id = new_chat(api)
+
+    def fail(kind: str, synchronous: bool = False) -> retries.RetryPlan:
+        snapshot = load_snapshot(chat_id)
+        trigger = "hard_bound" if synchronous else "window"
+        ledger = Consolidation(
+            chat_id=chat_id, trigger=trigger, from_seq=1, to_seq=2,
+            base_version=snapshot.version, synchronous=synchronous,
+        )  # fmt: skip
+        fold_ledger.record_running(ledger)
+        return retries.record_failure(
+            chat_id, snapshot, ledger, error=f"boom: {kind}", kind=kind,
+            now=timezone.now(), started=time.monotonic(),
+        )  # fmt: skip
+
+    fail("rate_limit")
+    fail("server_error", synchronous=True)
+    plan = fail("truncated")
+    assert (plan.degraded, plan.fast_retry) == (False, True)
+    assert seconds(plan) <= 1.2 * 5
+    brief = Brief.objects.get(chat_id=chat_id)
+    assert (brief.degraded, brief.consecutive_failures) == (False, 3)
+    assert (brief.failure_kind, brief.last_error) == ("truncated", "boom: truncated")
+    plan = fail("truncated")
+    assert (plan.degraded, plan.fast_retry) == (True, False)
+    assert seconds(plan) >= 0.8 * 240
+    assert Brief.objects.get(chat_id=chat_id).degraded
 
 
 # --------------------------------------------------------------------------------------------

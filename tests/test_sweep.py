@@ -485,7 +485,7 @@ def failed_an_hour_ago(api, now, kind: str, minutes_ago: int):  # type: ignore[n
 def succeeded_fold(chat_id: int, finished_at, trigger: str = "window") -> None:  # type: ignore[no-untyped-def]
     Consolidation.objects.create(
         chat_id=chat_id, trigger=trigger, status="succeeded", from_seq=1, to_seq=2,
-        base_version=0, finished_at=finished_at,
+        base_version=0, finished_at=finished_at, summarizer_calls=1,
     )  # fmt: skip
 
 
@@ -514,6 +514,64 @@ def test_provider_wide_failures_retry_once_a_model_fold_succeeds_and_content_one
     tasks.sweep()
     assert sorted(sweep_recorder["requested"]) == sorted([quota, outage])
     waiting = Brief.objects.get(chat_id=malformed).next_attempt_at
+    assert waiting is not None and waiting > timezone.now()
+
+
+def failed_in_a_row(api, now, *kinds: str, minutes_ago: int) -> int:  # type: ignore[no-untyped-def]
+    """A chat whose last folds failed with ``kinds`` (oldest first) and waits an hour."""
+    chat_id = failed_an_hour_ago(api, now, kinds[-1], minutes_ago)
+    for kind in kinds:
+        Consolidation.objects.create(
+            chat_id=chat_id, trigger="window", status="failed", from_seq=1, to_seq=2,
+            base_version=0, error_kind=kind, finished_at=now - timedelta(minutes=minutes_ago),
+        )  # fmt: skip
+    Brief.objects.filter(chat_id=chat_id).update(consecutive_failures=len(kinds))
+    return chat_id
+
+
+@pytest.mark.django_db
+def test_once_the_provider_answers_every_chat_behind_the_outage_retries_whatever_its_last_kind(
+    api, sweep_recorder
+) -> None:  # type: ignore[no-untyped-def]
+    """A chat whose last failure came amid the outage (a crash, a truncated answer after a
+    429) is behind the provider as much as one whose last failure was the 429: once a model
+    fold succeeds, it retries now. While none has, one probe a sweep. The same failure of the
+    chat's own twice in a row keeps its ladder."""
+    now = timezone.now()
+    crashed = failed_in_a_row(api, now, "rate_limit", "crash", minutes_ago=30)
+    truncated = failed_in_a_row(api, now, "server_error", "rate_limit", "truncated", minutes_ago=20)
+    limited = failed_in_a_row(api, now, "rate_limit", minutes_ago=10)
+    persistent = failed_in_a_row(api, now, "rate_limit", "malformed", "malformed", minutes_ago=25)
+    crashing = failed_in_a_row(api, now, "crash", "crash", minutes_ago=40)
+    assert tasks.sweep() == 1
+    assert sweep_recorder["requested"] == [crashed]  # the probe: waiting longest
+    Brief.objects.filter(chat_id=crashed).update(next_attempt_at=now + timedelta(hours=1))
+    succeeded_fold(limited, now - timedelta(minutes=1))
+    sweep_recorder["requested"].clear()
+    tasks.sweep()
+    assert sorted(sweep_recorder["requested"]) == sorted([crashed, truncated, limited])
+    for chat_id in (persistent, crashing):
+        waiting = Brief.objects.get(chat_id=chat_id).next_attempt_at
+        assert waiting is not None and waiting > timezone.now()
+
+
+@pytest.mark.django_db
+def test_a_summary_edit_during_an_outage_is_not_the_provider_recovering(
+    api, sweep_recorder
+) -> None:  # type: ignore[no-untyped-def]
+    """An edit's ledger row (trigger ``edit``, no summarizer call) succeeds without the
+    provider: the chats waiting on it keep to the one probe a sweep, not all retried at once."""
+    from memory_worker.summary_edit import edit_summary
+
+    now = timezone.now()
+    first = failed_an_hour_ago(api, now, "server_error", minutes_ago=10)
+    second = failed_an_hour_ago(api, now, "rate_limit", minutes_ago=5)
+    edited = new_chat(api)
+    edit_summary(Chat.objects.get(pk=edited), "- Call me Sam", 0, editor="someone")
+    assert Consolidation.objects.filter(chat_id=edited, status="succeeded").exists()
+    assert tasks.sweep() == 1
+    assert sweep_recorder["requested"] == [first]  # the probe only
+    waiting = Brief.objects.get(chat_id=second).next_attempt_at
     assert waiting is not None and waiting > timezone.now()
 
 
