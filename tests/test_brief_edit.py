@@ -12,6 +12,7 @@ from django.utils import timezone
 
 from conversations.models import Brief, Chat, Consolidation, Message
 from conversations.services import chats as chat_service
+from memory_worker import folds
 from memory_worker import policy as engine
 from memory_worker.fold_commit import commit_fold
 from memory_worker.fold_ledger import record_running
@@ -19,6 +20,7 @@ from memory_worker.invariants import chat_violations
 from memory_worker.state import load_snapshot
 from memory_worker.summarizers import SummaryResult
 from memory_worker.summary_edit import VersionMoved, edit_summary
+from memory_worker.tasks import consolidate_chat
 from memory_worker.tokens import count_tokens
 from tests.conftest import client_for, contract_chat_after_turns
 from tests.fake_openai import read_fold_input
@@ -336,13 +338,10 @@ def test_a_manual_fold_an_edit_supersedes_is_run_again_as_a_manual_fold(user, mo
     """The 202 of POST …/consolidate/ promises a fold. An edit committing while it summarizes
     supersedes it; the rerun, on the edited text, is still the manual fold, not one judged by
     the policy's own triggers (none is due here, so that one would fold nothing)."""
-    from memory_worker import folds
-    from memory_worker.tasks import consolidate_chat
-
     api = client_for(user)
     chat_id = contract_chat_after_turns(api, 4)  # 8 messages: under K + B, no fold due
     assert folds.consolidate_once(chat_id, folds.RequestTrigger.TURN).status == "nothing"
-    real = folds.summarize_guarded
+    real = folds.guard
     edited: list[int] = []
 
     def edit_meanwhile(*args: Any, **kwargs: Any) -> Any:
@@ -350,7 +349,7 @@ def test_a_manual_fold_an_edit_supersedes_is_run_again_as_a_manual_fold(user, mo
             edited.append(edit_summary(Chat.objects.get(pk=chat_id), EDITED, 0, editor="x").version)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(folds, "summarize_guarded", edit_meanwhile)
+    monkeypatch.setattr(folds, "guard", edit_meanwhile)
     assert consolidate_chat(chat_id, "manual") == ["superseded", "succeeded"]
     rows = list(
         Consolidation.objects.filter(chat_id=chat_id)
