@@ -206,6 +206,27 @@ def test_a_forgetful_scripted_model_loses_old_bullets_but_not_on_a_repair_reques
     assert all(f"port {8000 + n}." in repaired for n in range(20))
 
 
+def test_a_scripted_model_that_ignores_repairs_answers_them_with_the_same_losses() -> None:
+    model = scripted_model.ScriptedModel(forget_rate=0.5, ignores_repairs=True)
+    old = "\n".join(
+        ["## Facts / Constraints", *(f"- Server {n} runs on port {8000 + n}." for n in range(20))]
+    )
+    body = summarize_request(old, [("user", "ok thanks")])
+    lossy = model(body)
+    assert (
+        model(summarize_request(old, [("user", "ok thanks")], lossy, "You dropped: 8003")) == lossy
+    )
+
+
+def test_a_padding_scripted_model_fills_half_its_cap_with_prose() -> None:
+    model = scripted_model.ScriptedModel(pads=True)
+    messages = [("user", f"The budget for item {n} is at most {200 + n} EUR.") for n in range(30)]
+    padded = model(summarize_request("", messages))
+    prose = sum(padded.count(line) for line in scripted_model.PADDING)
+    assert prose >= 4 and "at most 229 EUR" in padded and "at most 200 EUR" not in padded
+    assert scripted_model.approx_tokens(padded) <= 500
+
+
 def test_a_short_run_folds_through_the_scripted_model(tmp_path: Path) -> None:
     report = run_bench(
         tmp_path, "--seeds", "1", "--rounds", "2", "--presets", "sliding-window",
