@@ -237,6 +237,32 @@ def test_another_failure_during_the_bisection_ends_it() -> None:
     assert failed.value.error.kind == "timeout"
 
 
+def test_a_message_refused_once_on_its_own_gets_one_more_try_before_it_is_withheld() -> None:
+    """A refusal may be a fluke: the single message a bisection pins down is asked for once
+    more, and folded if that passes."""
+
+    class RefusingItAloneOnce(Refusing):
+        def summarize(self, current_summary: str, messages: Sequence[FoldMessage]) -> Any:
+            if [m.seq for m in messages] == [3] and self.refused:
+                self.refused.clear()  # refused alone this once; from now on accepted
+                self.attempts += 1
+                raise SummarizerError("request_refused", "summarizer request refused: HTTP 400")
+            return super().summarize(current_summary, messages)
+
+    summarizer = RefusingItAloneOnce([3])
+    isolated = isolate(summarizer, "", conversation(8), REFUSED)
+    assert isolated.withheld == ()
+    assert isolated.result.text.split() == [str(seq) for seq in range(1, 9)]
+
+
+def test_a_message_refused_twice_on_its_own_is_withheld() -> None:
+    summarizer = Refusing([3])
+    isolated = isolate(summarizer, "", conversation(8), REFUSED)
+    assert [item.seq for item in isolated.withheld] == [3]
+    # [1..4], [1, 2], [3, 4], [3], [3] again, [4], [5..8]
+    assert summarizer.attempts == 7
+
+
 def test_withheld_lines_go_under_open_items() -> None:
     summary = "## Decisions\n- use oak\n\n## Open Items\n- None\n\n## Key Artifacts\n- None"
     assert with_withheld_lines(summary, [4, 9]) == (
