@@ -30,6 +30,7 @@ from memory_worker.retries import (
     CRASH_KIND,
     INVALID_OUTPUT_KINDS,
     REFUSAL_KINDS,
+    TOO_LARGE,
     clear_failure_state,
     in_backoff,
     prior_refusals,
@@ -37,7 +38,7 @@ from memory_worker.retries import (
 )
 from memory_worker.state import MemorySnapshot, engine_state, read_chat_and_snapshot
 from memory_worker.summarizers import FoldMessage, Summarizer, SummarizerError, told_of_pins
-from memory_worker.turn_groups import split_for_summarizer
+from memory_worker.turn_groups import split_for_summarizer, turns_of
 
 log = logging.getLogger("chatmem.fold")
 
@@ -231,9 +232,79 @@ def fold_chunk(
         # now; the caller retries (tasks.consolidate_chat).
         record_interrupted(ledger, error, started)
         raise
+    if outcome.kind == TOO_LARGE and not synchronous and summarizer.name != "offline":
+        return fold_in_smaller_chunks(
+            chat,
+            snapshot,
+            chunk,
+            batch,
+            summarizer,
+            outcome,
+            now=now,
+            due_at=due_at,
+            deadline=deadline,
+            cap_tokens=cap_tokens,
+        )
     if outcome.fall_back and not synchronous and summarizer.name != "offline":
         return fall_back(chat, snapshot, chunk, batch, outcome.error, now=now, due_at=due_at)
     return outcome, after
+
+
+def fold_in_smaller_chunks(
+    chat: Chat,
+    snapshot: MemorySnapshot,
+    chunk: engine.Decision,
+    batch: list[Message],
+    summarizer: Summarizer,
+    failed: FoldOutcome,
+    *,
+    now: datetime,
+    due_at: datetime | None,
+    deadline: float | None,
+    cap_tokens: int,
+) -> tuple[FoldOutcome, MemorySnapshot]:
+    """The chunk was over the summarizer's window (``failed``, a context-length error): no
+    refusal, so nothing in it is withheld. It is folded again as smaller chunks of whole turns,
+    each a fold of its own (split again if still too large); a single turn too large on its own
+    is folded by the offline summarizer (a fallback row), as no smaller model call can take it.
+    W still moves only to turn boundaries."""
+    pieces = smaller_chunks(batch)
+    if len(pieces) == 1:
+        return fall_back(chat, snapshot, chunk, batch, failed.error, now=now, due_at=due_at)
+    outcome, after = failed, snapshot
+    for index, piece in enumerate(pieces):
+        if not time_for_a_chunk(deadline):
+            # Nothing folded yet: the failure stands, with its soon retry (retries.TOO_LARGE).
+            return (replace(outcome, more_due=True, cut_short=True) if index else failed), after
+        part = engine.Decision(chunk.trigger, piece[0].seq, piece[-1].seq)
+        outcome, after = fold_chunk(
+            chat,
+            after,
+            part,
+            piece,
+            summarizer,
+            now=now,
+            synchronous=False,
+            due_at=due_at,
+            deadline=deadline,
+            cap_tokens=cap_tokens,
+        )
+        if outcome.status != FoldResult.SUCCEEDED or outcome.cut_short:
+            return outcome, after
+    return outcome, after
+
+
+def smaller_chunks(batch: list[Message]) -> list[list[Message]]:
+    """``batch`` as chunks of whole turns of about half its tokens (split_for_summarizer's
+    rule, at half the size); a single turn as it is."""
+    sized = [Msg(m.seq, m.role, m.token_count) for m in batch]
+    if len(turns_of(sized)) < 2:
+        return [batch]
+    bounds = split_for_summarizer(sized, sum(m.tokens for m in sized) // 2)
+    if len(bounds) < 2:  # no token counts to go by: the turn boundary nearest the middle
+        at = isolation_policy.split_index([m.role for m in batch])
+        return [batch[:at], batch[at:]]
+    return [[m for m in batch if first <= m.seq <= last] for first, last in bounds]
 
 
 def fall_back(

@@ -150,6 +150,35 @@ def test_a_range_refused_for_another_reason_is_not_bisected(
     assert len(use_fake_openai.summarize_requests()) == 2
 
 
+@pytest.mark.django_db
+@pytest.mark.parametrize("fault", ["context_length_exceeded", "context_exceeded"])
+def test_a_message_too_large_for_the_summarizer_is_folded_offline_never_withheld(
+    api: Any, use_fake_openai: FakeOpenAI, fault: str
+) -> None:
+    """A context-length 400 (OpenAI's or llama.cpp's) is no refusal: the range is split into
+    smaller chunks at turn boundaries, and the turn too large on its own is folded by the
+    offline summarizer (a fallback row), its content in the memory."""
+    chat_id, large_seq = chat_with_a_refused_message(api, use_fake_openai)
+    use_fake_openai.clear_faults()
+    use_fake_openai.too_large_summaries_containing(MARKER, fault=fault)
+
+    outcome = consolidate_once(chat_id, RequestTrigger.MANUAL)
+
+    assert outcome.status == "succeeded"
+    brief = Brief.objects.get(chat_id=chat_id)
+    messages = list(Message.objects.filter(chat_id=chat_id).order_by("seq"))
+    assert brief.last_consolidated == messages[-1].seq - 2  # all but the 2-message tail
+    assert brief.withheld == [] and not brief.degraded
+    rows = Consolidation.objects.filter(chat_id=chat_id)
+    assert {row.error_kind for row in rows.filter(status="failed")} == {"too_large"}
+    assert not any(row.withheld_seqs for row in rows)
+    [offline] = rows.filter(status="succeeded", trigger=engine.Trigger.SUMMARIZER_FALLBACK)
+    assert offline.from_seq <= large_seq <= offline.to_seq
+    assert offline.to_seq - offline.from_seq == 1  # the large message's turn alone
+    assert MARKER in brief.summary
+    assert chat_violations(chat_id) == []
+
+
 # --- The bisection ------------------------------------------------------------------------
 
 
