@@ -61,6 +61,9 @@ class ChatViewSet(
     viewsets.GenericViewSet,
 ):
     serializer_class = ChatSerializer
+    # Plain ASCII digits only: int() (and the pk lookup) also reads fullwidth digits, "+6" and
+    # " 6", each reaching chat 6. ([0-9], not \d: \d matches any Unicode digit.)
+    lookup_value_regex = "[0-9]+"
 
     def get_queryset(self) -> QuerySet[Chat]:
         owner_id = self.request.user.pk
