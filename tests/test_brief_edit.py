@@ -72,6 +72,18 @@ def test_an_edit_without_if_match_is_428_and_a_stale_one_412_and_neither_stores(
     assert not Consolidation.objects.filter(chat_id=chat_id).exists()
 
 
+def test_a_weak_etag_in_if_match_never_matches_and_is_412(api) -> None:  # type: ignore[no-untyped-def]
+    """RFC 9110 §13.1.1: If-Match compares strongly, and a weak tag never matches, even the
+    current version's."""
+    chat_id = contract_chat_after_turns(api, 1)
+    weak = patch(api, chat_id, {"summary": EDITED}, 'W/"0"')
+    assert weak.status_code == 412, weak.content
+    assert weak.json()["code"] == "version_moved" and "weak" in weak.json()["detail"]
+    brief = Brief.objects.get(chat_id=chat_id)
+    assert (brief.summary, brief.version) == ("", 0)
+    assert not Consolidation.objects.filter(chat_id=chat_id).exists()
+
+
 def test_an_edit_over_the_cap_or_with_unknown_fields_is_400_and_stores_nothing(api) -> None:  # type: ignore[no-untyped-def]
     chat_id = api.post(
         "/api/v1/chats/", {"policy_overrides": {"summary_token_cap": 64}}, format="json"

@@ -333,8 +333,8 @@ IF_MATCH = OpenApiParameter(
     OpenApiParameter.HEADER,
     required=True,
     description='The brief\'s ETag, its version in quotes (e.g. "3"). Without it 428; another '
-    'version than the brief\'s now 412; not one quoted version ("*" included) 400. The '
-    "example is a new chat's.",
+    'version than the brief\'s now 412, and so is a weak tag (W/"3": If-Match compares '
+    'strongly); not one quoted version ("*" included) 400. The example is a new chat\'s.',
     examples=[OpenApiExample("A new chat's version", value='"0"')],
 )
 BRIEF_ETAG = OpenApiParameter(
