@@ -255,7 +255,9 @@ class ChatViewSet(
     def consolidations(self, request: Request, pk: str | None = None) -> Response:
         chat = self.get_object()
         page = self.paginate_queryset(chat.consolidations.order_by("-id"))
-        return self.get_paginated_response(ConsolidationSerializer(page, many=True).data)
+        owner = {"owner_username": request.user.get_username()}  # get_object: it is theirs
+        rows = ConsolidationSerializer(page, many=True, context=owner)
+        return self.get_paginated_response(rows.data)
 
 
 def running_summary(view: chat_service.MemoryView) -> dict[str, object]:
