@@ -223,8 +223,8 @@ def test_the_bisection_stays_within_its_call_budget(size: int) -> None:
 
 
 def test_the_call_budget_grows_with_the_logarithm_of_the_range() -> None:
-    assert isolation_policy.isolation_call_budget(2) == 6
-    assert isolation_policy.isolation_call_budget(1000) == 24
+    assert isolation_policy.isolation_call_budget(2) == 8
+    assert isolation_policy.isolation_call_budget(1000) == 26
 
 
 def test_pieces_are_cut_at_turn_boundaries_until_one_turn_is_left() -> None:
@@ -282,6 +282,13 @@ def test_a_message_refused_once_on_its_own_gets_one_more_try_before_it_is_withhe
     isolated = isolate(summarizer, "", conversation(8), REFUSED)
     assert isolated.withheld == ()
     assert isolated.result.text.split() == [str(seq) for seq in range(1, 9)]
+
+
+def test_two_refused_messages_each_with_its_retry_fit_the_call_budget() -> None:
+    summarizer = Refusing([3, 7])
+    isolated = isolate(summarizer, "", conversation(8), REFUSED)
+    assert [item.seq for item in isolated.withheld] == [3, 7]
+    assert summarizer.attempts <= isolation_policy.isolation_call_budget(8)
 
 
 def test_a_message_refused_twice_on_its_own_is_withheld() -> None:
