@@ -48,9 +48,10 @@ class DirectStatusError(Exception):
     """``str()`` has the status and the start of the body, for the log (not for the client)."""
 
     def __init__(self, status: int, data: bytes) -> None:
-        detail = data[:MAX_LOGGED_BODY].decode("utf-8", errors="replace")
-        # Providers echo (masked) keys in auth errors: none reaches the log either.
-        super().__init__(f"HTTP {status}: {redact(detail)}")
+        # Providers echo (masked) keys in auth errors: none reaches the log either. Redacted
+        # whole, then cut: a key cut at the edge first would slip past the patterns.
+        detail = redact(data.decode("utf-8", errors="replace"))[:MAX_LOGGED_BODY]
+        super().__init__(f"HTTP {status}: {detail}")
         self.status = status
         self.code = error_code(data)
         self.message = error_field(data, "message")

@@ -1,11 +1,12 @@
 """A range the provider keeps refusing, folded piece by piece (docs/policies.md, poison
 messages): the refused range is halved (at turn boundaries while it holds several turns), each
 piece summarized from the summary the pieces before it produced, and a refused piece halved
-again, until the single message the provider refuses is left; that message is withheld (the
-summarizer never sees it) and its placeholder line goes into the summary. The pieces are probes
-held in memory: the fold commits once, over the whole range (or the part of it folded before
-the budget or the task's time ran out, up to a turn boundary), through the same fenced UPDATE as
-any fold (memory_worker.fold_commit), so W still moves only to a turn boundary."""
+again, until the single message the provider refuses is left; refused again on its own (a
+refusal may be a fluke), that message is withheld (the summarizer never sees it) and its
+placeholder line goes into the summary. The pieces are probes held in memory: the fold commits
+once, over the whole range (or the part of it folded before the budget or the task's time ran
+out, up to a turn boundary), through the same fenced UPDATE as any fold
+(memory_worker.fold_commit), so W still moves only to a turn boundary."""
 
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -67,6 +68,8 @@ def isolate(
     current = summary
     attempts = calls = input_tokens = output_tokens = 0
     withheld: list[Withheld] = []
+    # Single messages refused once on their own; a range of one was refused twice already.
+    retried = {messages[0].seq} if len(messages) == 1 else set()
     folded_any = False
     done_to = 0  # the pieces go in seq order: everything up to this seq is folded or withheld
     last_error = refusal
@@ -87,7 +90,11 @@ def isolate(
             last_error = error
             if error.kind not in REFUSAL_KINDS:
                 raise IsolationFailed(error, calls) from error
-            if len(piece) == 1:
+            if len(piece) == 1 and piece[0].seq not in retried:
+                # A refusal may be a fluke: the message alone gets one more try first.
+                retried.add(piece[0].seq)
+                pending.insert(0, piece)
+            elif len(piece) == 1:
                 withheld.append(Withheld(piece[0].seq, str(error)[:300]))
                 done_to = piece[0].seq
             else:

@@ -13,7 +13,6 @@ from django.db import IntegrityError
 
 from conversations.models import Chat, Consolidation, Message
 from conversations.rows import DATABASE_ERRORS, database_now
-from conversations.variants import chat_variant
 from memory_worker import isolation_policy
 from memory_worker import policy as engine
 from memory_worker.backends import get_summarizer, offline_summarizer, stricter_summarizer
@@ -22,36 +21,28 @@ from memory_worker.deadlines import time_for_a_chunk
 from memory_worker.dispatch import RequestTrigger
 from memory_worker.engine_state import Msg
 from memory_worker.fold_commit import commit_fold
-from memory_worker.fold_isolation import (
-    Isolated,
-    IsolationFailed,
-    Withheld,
-    isolate,
-    with_withheld_lines,
-    withheld_lines,
-)
 from memory_worker.fold_ledger import WORKER_NAME, record_interrupted, record_running
-from memory_worker.guarded_summary import GuardContext, guard
+from memory_worker.fold_refusals import (
+    commit_withheld,
+    fold_after_error,
+    guard_context,
+    record_crash,
+)
+from memory_worker.guarded_summary import guard
 from memory_worker.lease import Lease
 from memory_worker.outcomes import FoldOutcome, FoldResult
 from memory_worker.retries import (
-    CRASH_KIND,
     INVALID_OUTPUT_KINDS,
     REFUSAL_KINDS,
+    TOO_LARGE,
     clear_failure_state,
     in_backoff,
-    prior_refusals,
-    record_failure,
 )
 from memory_worker.state import MemorySnapshot, engine_state, read_chat_and_snapshot
 from memory_worker.summarizers import FoldMessage, Summarizer, SummarizerError, told_of_pins
-from memory_worker.tokens import count_tokens
-from memory_worker.turn_groups import split_for_summarizer
+from memory_worker.turn_groups import split_for_summarizer, turns_of
 
 log = logging.getLogger("chatmem.fold")
-
-# The Open Items heading a withheld marker may need, with its line breaks.
-WITHHELD_HEADING_TOKENS = 8
 
 
 def decide_for_chat(
@@ -249,12 +240,82 @@ def fold_chunk(
         # now; the caller retries (tasks.consolidate_chat).
         record_interrupted(ledger, error, started)
         raise
+    if outcome.kind == TOO_LARGE and not synchronous and summarizer.name != "offline":
+        return fold_in_smaller_chunks(
+            chat,
+            snapshot,
+            chunk,
+            batch,
+            summarizer,
+            outcome,
+            now=now,
+            due_at=due_at,
+            deadline=deadline,
+            cap_tokens=cap_tokens,
+        )
     if outcome.fall_back and not synchronous and summarizer.name != "offline":
         refused = outcome.kind in REFUSAL_KINDS
         return fall_back(
             chat, snapshot, chunk, batch, outcome.error, refused, now=now, due_at=due_at
         )
     return outcome, after
+
+
+def fold_in_smaller_chunks(
+    chat: Chat,
+    snapshot: MemorySnapshot,
+    chunk: engine.Decision,
+    batch: list[Message],
+    summarizer: Summarizer,
+    failed: FoldOutcome,
+    *,
+    now: datetime,
+    due_at: datetime | None,
+    deadline: float | None,
+    cap_tokens: int,
+) -> tuple[FoldOutcome, MemorySnapshot]:
+    """The chunk was over the summarizer's window (``failed``, a context-length error): no
+    refusal, so nothing in it is withheld. It is folded again as smaller chunks of whole turns,
+    each a fold of its own (split again if still too large); a single turn too large on its own
+    is folded by the offline summarizer (a fallback row), as no smaller model call can take it.
+    W still moves only to turn boundaries."""
+    pieces = smaller_chunks(batch)
+    if len(pieces) == 1:
+        return fall_back(chat, snapshot, chunk, batch, failed.error, False, now=now, due_at=due_at)
+    outcome, after = failed, snapshot
+    for index, piece in enumerate(pieces):
+        if not time_for_a_chunk(deadline):
+            # Nothing folded yet: the failure stands, with its soon retry (retries.TOO_LARGE).
+            return (replace(outcome, more_due=True, cut_short=True) if index else failed), after
+        part = engine.Decision(chunk.trigger, piece[0].seq, piece[-1].seq)
+        outcome, after = fold_chunk(
+            chat,
+            after,
+            part,
+            piece,
+            summarizer,
+            now=now,
+            synchronous=False,
+            due_at=due_at,
+            deadline=deadline,
+            cap_tokens=cap_tokens,
+        )
+        if outcome.status != FoldResult.SUCCEEDED or outcome.cut_short:
+            return outcome, after
+    return outcome, after
+
+
+def smaller_chunks(batch: list[Message]) -> list[list[Message]]:
+    """``batch`` as chunks of whole turns of about half its tokens (split_for_summarizer's
+    rule, at half the size); a single turn as it is."""
+    sized = [Msg(m.seq, m.role, m.token_count) for m in batch]
+    if len(turns_of(sized)) < 2:
+        return [batch]
+    bounds = split_for_summarizer(sized, sum(m.tokens for m in sized) // 2)
+    if len(bounds) < 2:  # no token counts to go by: the turn boundary nearest the middle
+        at = isolation_policy.split_index([m.role for m in batch])
+        return [batch[:at], batch[at:]]
+    return [[m for m in batch if first <= m.seq <= last] for first, last in bounds]
 
 
 def fall_back(
@@ -351,166 +412,4 @@ def summarize_and_commit(
         started=started,
         fallback_reason=fallback_reason,
         dropped_details=guarded.dropped_details,
-    )
-
-
-def fold_after_error(
-    chat: Chat,
-    snapshot: MemorySnapshot,
-    chunk: engine.Decision,
-    messages: list[FoldMessage],
-    summarizer: Summarizer,
-    ledger: Consolidation,
-    error: SummarizerError,
-    *,
-    now: datetime,
-    started: float,
-    deadline: float | None,
-    cap_tokens: int,
-) -> tuple[FoldOutcome, MemorySnapshot]:
-    """The chunk's summarizer call failed with ``error``: the failure recorded, unless it is a
-    refusal due for isolation and the isolation folds the chunk (``commit_isolated``)."""
-    isolate_next, calls = False, 0
-    if error.kind in REFUSAL_KINDS and not ledger.synchronous:
-        if isolation_policy.isolation_due(
-            prior_refusals(chat.pk, snapshot.version, chunk.from_seq) + 1
-        ):
-            try:
-                isolated = isolate(summarizer, snapshot.summary, messages, error, deadline)
-            except IsolationFailed as unisolated:
-                error, calls = unisolated.error, unisolated.calls + 1
-            except Exception as crash:
-                record_crash(chat, snapshot, ledger, crash, now=now, started=started)
-                raise
-            else:
-                try:
-                    return commit_isolated(
-                        chat, snapshot, chunk, messages, ledger, isolated, now, started, cap_tokens
-                    )
-                except SummarizerError as lossy:
-                    error, calls = lossy, isolated.result.calls + 1
-        else:
-            isolate_next = True
-    plan = record_failure(
-        chat.pk,
-        snapshot,
-        ledger,
-        error=str(error),
-        kind=error.kind,
-        now=now,
-        started=started,
-        isolate_next=isolate_next,
-        calls=calls,
-    )
-    failed = FoldOutcome(
-        FoldResult.FAILED,
-        chunk,
-        ledger.pk,
-        str(error),
-        error.transient,
-        error.kind,
-        plan.delay.total_seconds() if plan.fast_retry else None,
-        fall_back=plan.fall_back,
-    )
-    return failed, snapshot
-
-
-def guard_context(
-    chat: Chat, snapshot: MemorySnapshot, seen: list[FoldMessage], cap_tokens: int
-) -> GuardContext:
-    """What the fold guard checks a summary of ``seen`` (the messages the summarizer read)
-    against: the summary it replaces, the chat's pins and the lines a person wrote, its cap in
-    the chat's model's tokens."""
-    pinned = [pin.text for pin in snapshot.pins]
-    model = chat_variant(chat.model_variant).model
-    return GuardContext(snapshot.summary, seen, cap_tokens, pinned, snapshot.user_lines, model)
-
-
-def commit_isolated(
-    chat: Chat,
-    snapshot: MemorySnapshot,
-    chunk: engine.Decision,
-    messages: list[FoldMessage],
-    ledger: Consolidation,
-    isolated: Isolated,
-    now: datetime,
-    started: float,
-    cap_tokens: int,
-) -> tuple[FoldOutcome, MemorySnapshot]:
-    """An isolation's summary, guarded like any other against what the summarizer saw (a
-    withheld message's content never reached it, so it takes nothing back), with no repair
-    call (its pieces were refused once already), then committed."""
-    folded = replace(chunk, to_seq=isolated.to_seq)
-    withheld = {item.seq for item in isolated.withheld}
-    seen = [m for m in messages if m.seq <= folded.to_seq and m.seq not in withheld]
-    context = guard_context(chat, snapshot, seen, cap_tokens)
-    guarded = guard(isolated.result, context)
-    # The whole chunk's refused call counts too.
-    result = replace(guarded.result, calls=guarded.result.calls + 1)
-    outcome, after = commit_fold(
-        chat,
-        snapshot,
-        folded,
-        ledger,
-        result,
-        now=now,
-        started=started,
-        withheld=isolated.withheld,
-        dropped_details=guarded.dropped_details,
-    )
-    return replace(outcome, cut_short=folded.to_seq < chunk.to_seq), after
-
-
-def commit_withheld(
-    chat: Chat,
-    snapshot: MemorySnapshot,
-    chunk: engine.Decision,
-    messages: list[FoldMessage],
-    ledger: Consolidation,
-    reason: str,
-    now: datetime,
-    started: float,
-    cap_tokens: int,
-) -> tuple[FoldOutcome, MemorySnapshot]:
-    """The fallback after the model refused the range: its messages withheld (a marker line,
-    their content left out), since a summary carrying what the model refused would have every
-    later model fold of the chat refused too. The rest of the summary as it was, made room for
-    by the offline summarizer, guarded like any other; the messages stay in the history."""
-    lines = withheld_lines([m.seq for m in messages])
-    room = cap_tokens - count_tokens("\n".join(lines)) - WITHHELD_HEADING_TOKENS
-    base = offline_summarizer(max(room, 1)).summarize(snapshot.summary, [])
-    text = with_withheld_lines(base.text, [m.seq for m in messages])
-    context = guard_context(chat, snapshot, [], cap_tokens)
-    guarded = guard(replace(base, text=text), context)
-    withheld = [Withheld(m.seq, reason[:300]) for m in messages]
-    return commit_fold(
-        chat,
-        snapshot,
-        chunk,
-        ledger,
-        guarded.result,
-        now=now,
-        started=started,
-        withheld=withheld,
-        fallback_reason=reason,
-        dropped_details=guarded.dropped_details,
-    )
-
-
-def record_crash(
-    chat: Chat,
-    snapshot: MemorySnapshot,
-    ledger: Consolidation,
-    error: Exception,
-    *,
-    now: datetime,
-    started: float,
-) -> None:
-    """Anything else, Celery's soft time limit included: the ledger must not stay "running".
-    The name only: the error's text may hold anything (SQL, a provider's account details), and
-    the brief's last_error is shown to the chat's owner; the traceback goes to the log with the
-    task's failure."""
-    failure = f"{type(error).__name__} (crashed; see the worker's log)"
-    record_failure(
-        chat.pk, snapshot, ledger, error=failure, kind=CRASH_KIND, now=now, started=started
     )

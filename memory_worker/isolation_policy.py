@@ -20,9 +20,10 @@ def isolation_due(refusals: int) -> bool:
 
 def isolation_call_budget(messages: int) -> int:
     """The most summarizer calls one isolation of ``messages`` may make. One refused message
-    costs at most two calls per halving (the refused half, then the accepted one): a budget
-    with room for a second refused message, never one call per message."""
-    return 2 * ceil(log2(max(messages, 1))) + 4
+    costs at most two calls per halving (the refused half, then the accepted one) and its one
+    retry alone: a budget with room for a second refused message, never one call per
+    message."""
+    return 2 * ceil(log2(max(messages, 1))) + 6
 
 
 def split_index(roles: Sequence[str]) -> int:

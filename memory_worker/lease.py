@@ -16,7 +16,7 @@ from types import TracebackType
 
 import redis
 
-from memory_worker.locks import ChatLock
+from memory_worker.locks import ChatLock, Release
 
 log = logging.getLogger("chatmem.fold")
 
@@ -31,6 +31,10 @@ class Lease:
         self._interval = lock.ttl_seconds / 3
         self._stopped = threading.Event()
         self._lost = threading.Event()
+        # Held by a renewal and by the holder's release: no renewal falls between the release
+        # and the lease learning of it (a released lock is not a lost one).
+        self._guard = threading.Lock()
+        self._released = False
         self._thread = threading.Thread(
             target=self._beat, name=f"chatmem-lease-{chat_id}", daemon=True
         )
@@ -54,6 +58,14 @@ class Lease:
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(timeout=1.0)
 
+    def release_or_rerun(self) -> Release:
+        """The holder's ``release_or_rerun`` of its lock, inside the lease: released, the lease
+        renews no more (a renewal would find the lock gone and call it lost)."""
+        with self._guard:
+            release = self._lock.release_or_rerun(self._chat_id, self._token)
+            self._released = release is not Release.RERUN
+        return release
+
     def renew(self) -> bool:
         """Renew now; whether the lock is still held. Unknown (the lock store unreachable)
         counts as held: the lock only saves work, and the fence decides."""
@@ -61,6 +73,12 @@ class Lease:
             return False
         if time.monotonic() >= self._until:
             return True  # past the holder's time limit: left to expire, not renewed
+        with self._guard:
+            if self._released:
+                return False  # its holder released it: nothing was lost
+            return self._renew()
+
+    def _renew(self) -> bool:
         try:
             held = self._lock.renew(self._chat_id, self._token)
         except redis.RedisError:

@@ -116,15 +116,30 @@ def response_error_kind(code: str) -> TransportErrorKind:
 
 
 def is_insufficient_quota(error: openai.APIError) -> bool:
-    if "insufficient_quota" in (error.code, getattr(error, "type", None)):
-        return True
+    return "insufficient_quota" in error_names(error)
+
+
+# A prompt over the model's window: OpenAI's error code, llama.cpp's error type. Not a refusal
+# of what the request holds: a smaller request passes.
+CONTEXT_LENGTH_NAMES = frozenset({"context_length_exceeded", "exceed_context_size_error"})
+
+
+def is_context_length_error(error: openai.OpenAIError) -> bool:
+    return isinstance(error, openai.APIStatusError) and bool(
+        CONTEXT_LENGTH_NAMES & error_names(error)
+    )
+
+
+def error_names(error: openai.APIError) -> set[object]:
+    """The error's ``code`` and ``type``, as the SDK read them and as its body has them."""
+    names = {error.code, getattr(error, "type", None)}
     body = error.body
     # The SDK unwraps {"error": {...}}; other servers may not wrap at all or wrap differently.
     if isinstance(body, Mapping) and isinstance(body.get("error"), Mapping):
         body = body["error"]
     if isinstance(body, Mapping):
-        return "insufficient_quota" in (body.get("code"), body.get("type"))
-    return False
+        names |= {body.get("code"), body.get("type")}
+    return {name for name in names if isinstance(name, str)}
 
 
 def shows_provider_message(error: openai.OpenAIError) -> bool:

@@ -61,7 +61,12 @@ INVALID_OUTPUT_KINDS = frozenset(
 )
 
 
-REJECTED_KINDS = frozenset({"quota", "client_error", "request_refused"})
+REJECTED_KINDS = frozenset({"quota", "client_error", "request_refused", "too_large"})
+
+
+# The request was over the summarizer's window (a context-length 400): no refusal; a background
+# fold splits the chunk at once (folds.fold_in_smaller_chunks), a turn's falls back (turn_fold).
+TOO_LARGE = "too_large"
 
 
 # The provider refused the request for what it holds, or the model refused to summarize it: one
@@ -166,7 +171,8 @@ def retry_plan(
 
     ``isolate_next``: a refusal whose next attempt bisects the range
     (isolation_policy.isolation_due). That attempt can fix it, so it comes soon: a fast retry,
-    and due by the next sweep."""
+    and due by the next sweep. So does the next attempt after a chunk too large for the
+    summarizer (TOO_LARGE): it splits the chunk too."""
     if streak is None:
         streak = [Failure(kind)] * min(max(consecutive_failures, 1), STREAK_LOOKED_AT)
     plan = _plan(kind, consecutive_failures, isolate_next, streak)
@@ -180,7 +186,7 @@ def _plan(
     degraded_after = settings.MEMORY_DEGRADED_AFTER_FAILURES
     degraded = degrading_failures(streak) >= degraded_after
     klass = failure_class(kind)
-    if isolate_next:
+    if isolate_next or kind == TOO_LARGE:
         # Half a sweep interval at most: jittered, it is still due by the next sweep.
         soon = min(
             settings.MEMORY_FAILURE_BACKOFF_SECONDS, settings.MEMORY_SWEEP_INTERVAL_SECONDS / 2

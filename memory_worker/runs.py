@@ -131,7 +131,7 @@ def consolidate_with_lock(
                 # A lost lease hands on (what is left is marked pending).
                 if len(outcomes) >= max_runs or not time_for_a_chunk(deadline) or lease.lost:
                     break
-                release = lock.release_or_rerun(chat_id, token)
+                release = lease.release_or_rerun()
                 if release is Release.LOST:
                     log.warning("lock expired during a run", extra={"chat_id": chat_id})
                     hand_on_pending(chat_id, lock, next_trigger, due_at)

@@ -27,6 +27,7 @@ from memory_worker.openai_transport import (
     TransportErrorKind,
     describe_api_error,
     error_kind,
+    is_context_length_error,
     shows_provider_message,
 )
 from memory_worker.turn_groups import turns_of
@@ -65,12 +66,13 @@ class SummaryResult:
     calls: int = 1  # model calls it took: 2 after the stricter retry of an over-cap summary
 
 
-# The transport's kinds, a request the provider refused for what it holds, and what makes a
-# summary unusable. "lossy": the fold guard refused the summary, and its repair
-# (memory_worker.guarded_summary).
+# The transport's kinds, a request the provider refused for what it holds, one over the
+# summarizer's window ("too_large": smaller chunks pass), and what makes a summary unusable.
+# "lossy": the fold guard refused the summary, and its repair (memory_worker.guarded_summary).
 ErrorKind = Literal[
     TransportErrorKind,
     "request_refused",
+    "too_large",
     "empty",
     "truncated",
     "refused",
@@ -175,9 +177,12 @@ def error_from_openai(error: openai.OpenAIError) -> SummarizerError:
     provider's message reaches the error (shown to the chat's owner) only for a refused
     request; the log has it always, redacted."""
     kind: ErrorKind = error_kind(error)
-    if isinstance(error, openai.APIStatusError) and error.status_code in REFUSED_REQUEST_STATUSES:
+    if is_context_length_error(error):
+        kind = "too_large"  # a 400 too, but no refusal: nothing in it is withheld
+    elif isinstance(error, openai.APIStatusError) and error.status_code in REFUSED_REQUEST_STATUSES:
         kind = "request_refused"
-    label = f"summarizer {kind.replace('_', ' ')}"
+    label = "summarizer input too large" if kind == "too_large" else f"summarizer {kind}"
+    label = label.replace("_", " ")
     log.warning("%s: %s", label, describe_api_error(error), extra={"error_kind": kind})
     shown = describe_api_error(error, with_message=shows_provider_message(error))
     return SummarizerError(kind, f"{label}: {shown}")

@@ -85,6 +85,14 @@ HTTP_FAULTS: dict[str, tuple[int, str, str | None, str]] = {
         "content_filter",
         "The prompt was rejected by the content filter (fake).",
     ),
+    # OpenAI's refusal of a prompt over the model's window ("context_exceeded" is llama.cpp's).
+    "context_length_exceeded": (
+        400,
+        "invalid_request_error",
+        "context_length_exceeded",
+        "This model's maximum context length is 8192 tokens. However, your messages resulted in "
+        "9000 tokens. Please reduce the length of the messages (fake).",
+    ),
     # As OpenAI words it, echoing the key it was sent (masked).
     "401": (
         401,
@@ -97,6 +105,8 @@ HTTP_FAULTS: dict[str, tuple[int, str, str | None, str]] = {
 # "context_exceeded": llama.cpp's refusal of a prompt over its window, whatever the prompt.
 ANSWER_FAULTS = ("timeout", "truncated", "empty", "refusal", "stream_cut", "context_exceeded")
 FAULT_NAMES = (*HTTP_FAULTS, *ANSWER_FAULTS)
+# A prompt over the model's window, as OpenAI's API and llama.cpp's server answer it.
+CONTEXT_FAULTS = ("context_length_exceeded", "context_exceeded")
 # In a queue of faults: this request is answered normally (``queue_faults("summarize", ["ok",
 # "500"])`` fails the second request).
 NO_FAULT = "ok"
@@ -592,6 +602,10 @@ class _FaultPlan:
     configs: dict[str, _FaultConfig] = field(default_factory=dict)
     # Summarize requests holding any of these strings: refused by the content filter, always.
     refused_markers: list[str] = field(default_factory=list)
+    # Summarize requests holding any of these strings: over the model's window, always, answered
+    # with ``too_large_fault`` (OpenAI's or llama.cpp's error).
+    too_large_markers: list[str] = field(default_factory=list)
+    too_large_fault: str = "context_length_exceeded"
 
     def set(self, kind: str, rate: float, faults: Iterable[str], seed: int | None) -> None:
         names = validate_faults(kind, faults)
@@ -612,21 +626,38 @@ class _FaultPlan:
                 self.configs.pop(key, None)
             if kind in (None, "summarize", "any"):
                 self.refused_markers.clear()
+                self.too_large_markers.clear()
 
     def refuse(self, markers: Iterable[str]) -> None:
         with self.lock:
             self.refused_markers.extend(markers)
 
+    def too_large(self, markers: Iterable[str], fault: str) -> None:
+        if fault not in CONTEXT_FAULTS:
+            raise ValueError(f"fault must be one of {CONTEXT_FAULTS}, got {fault!r}")
+        with self.lock:
+            self.too_large_markers.extend(markers)
+            self.too_large_fault = fault
+
     def draw(self, kind: str, body: dict[str, Any] | None = None) -> str | None:
-        if kind == "summarize" and body is not None and self._refused(body):
-            return "content_filter"  # before the queues: a refusal consumes no queued fault
+        # Before the queues: a marked request consumes no queued fault.
+        if kind == "summarize" and body is not None:
+            if self._holds(body, self.refused_markers):
+                return "content_filter"
+            if self._holds(body, self.too_large_markers, new_turns_only=True):
+                return self.too_large_fault
         fault = self._draw(kind)
         return None if fault == NO_FAULT else fault
 
-    def _refused(self, body: dict[str, Any]) -> bool:
+    def _holds(self, body: dict[str, Any], found: list[str], new_turns_only: bool = False) -> bool:
         with self.lock:
-            markers = list(self.refused_markers)
-        return any(marker in text for text in request_texts(body) for marker in markers)
+            markers = list(found)
+        texts = request_texts(body)
+        if new_turns_only:
+            # The large message itself, not a summary that quotes it: folded, it is small.
+            lines = [line for text in texts for line in text.splitlines()]
+            texts = section_lines(lines, NEW_TURNS_MARKER, END_NEW_TURNS_MARKER)
+        return any(marker in text for text in texts for marker in markers)
 
     def _draw(self, kind: str) -> str | None:
         with self.lock:
@@ -1042,6 +1073,15 @@ class FakeOpenAI:
         ``content_filter`` fault), as a provider's content filter refuses a message, for as long
         as the markers stay (``clear_faults()`` drops them)."""
         self._faults.refuse(markers)
+
+    def too_large_summaries_containing(
+        self, *markers: str, fault: str = "context_length_exceeded"
+    ) -> None:
+        """Every summarize request whose new turns hold one of ``markers`` is over the model's
+        window: answered with ``fault``, OpenAI's 400 ``context_length_exceeded`` or llama.cpp's
+        ``context_exceeded`` (400, type ``exceed_context_size_error``), for as long as the
+        markers stay (``clear_faults()`` drops them)."""
+        self._faults.too_large(markers, fault)
 
     # -- answering ---------------------------------------------------------------------------
 

@@ -204,6 +204,31 @@ def test_another_users_chat_is_404_everywhere(api, other_api) -> None:  # type: 
     assert Message.objects.filter(chat_id=chat["id"]).count() == 2
 
 
+def spellings_int_also_reads(pk: int) -> list[str]:
+    digits = str(pk)
+    return [
+        "".join(chr(0xFF10 + int(d)) for d in digits),  # fullwidth
+        "".join(chr(0x0660 + int(d)) for d in digits),  # Arabic-Indic
+        f"+{digits}",
+        f"%20{digits}",
+        f"{digits}%20",
+        f"{digits[:1]}_{digits[1:]}" if len(digits) > 1 else f"0_{digits}",
+    ]
+
+
+@pytest.mark.parametrize("suffix", ["", "brief/", "messages/", "consolidations/"])
+def test_only_plain_ascii_digits_name_a_chat_in_the_path(api, suffix) -> None:  # type: ignore[no-untyped-def]
+    pk = create_chat(api)["id"]
+    assert api.get(f"/api/v1/chats/{pk}/{suffix}").status_code == 200
+    for spelling in spellings_int_also_reads(pk):
+        response = api.get(f"/api/v1/chats/{spelling}/{suffix}")
+        assert response.status_code == 404, (spelling, response.status_code)
+        assert response.json()["code"] == "not_found"  # DRF's shape, as any other 404
+    turn = api.post(f"/api/v1/chats/+{pk}/turns/", {"content": "hi"}, format="json")
+    assert turn.status_code == 404
+    assert not Message.objects.filter(chat_id=pk).exists()
+
+
 def test_health_endpoints_need_no_auth(client, db) -> None:  # type: ignore[no-untyped-def]
     assert client.get("/healthz").json() == {"status": "ok"}
     ready = client.get("/readyz")

@@ -2,6 +2,7 @@
 and a fold that read the same version never both commit, and a fold never overwrites an edit
 with a summary computed from the text before it."""
 
+import json
 import threading
 import time
 from typing import Any
@@ -95,6 +96,30 @@ def test_an_edit_without_if_match_is_428_and_a_stale_one_412_and_neither_stores(
     brief = Brief.objects.get(chat_id=chat_id)
     assert (brief.summary, brief.version) == ("", 0)
     assert not Consolidation.objects.filter(chat_id=chat_id).exists()
+
+
+def test_a_weak_etag_in_if_match_never_matches_and_is_412(api) -> None:  # type: ignore[no-untyped-def]
+    """RFC 9110 §13.1.1: If-Match compares strongly, and a weak tag never matches, even the
+    current version's."""
+    chat_id = contract_chat_after_turns(api, 1)
+    weak = patch(api, chat_id, {"summary": EDITED}, 'W/"0"')
+    assert weak.status_code == 412, weak.content
+    assert weak.json()["code"] == "version_moved" and "weak" in weak.json()["detail"]
+    brief = Brief.objects.get(chat_id=chat_id)
+    assert (brief.summary, brief.version) == ("", 0)
+    assert not Consolidation.objects.filter(chat_id=chat_id).exists()
+
+
+def test_the_owner_sees_a_staff_edit_as_staff_not_the_staff_persons_username(api, user) -> None:  # type: ignore[no-untyped-def]
+    chat_id = contract_chat_after_turns(api, 1)
+    chat = Chat.objects.get(pk=chat_id)
+    edit_summary(chat, EDITED, 0, editor="ops-alice")  # as the admin's editor saves it
+    assert patch(api, chat_id, {"summary": EDITED + "- mine\n"}, '"1"').status_code == 200
+    ledger = api.get(f"/api/v1/chats/{chat_id}/consolidations/").json()["results"]
+    assert [row["edited_by"] for row in ledger] == [user.username, "staff"]
+    assert "ops-alice" not in json.dumps(ledger)
+    # The record itself keeps who it was, for the staff.
+    assert Consolidation.objects.filter(chat_id=chat_id, edited_by="ops-alice").exists()
 
 
 def test_an_edit_over_the_cap_or_with_unknown_fields_is_400_and_stores_nothing(api) -> None:  # type: ignore[no-untyped-def]

@@ -347,6 +347,27 @@ def test_a_refused_marker_fails_only_the_summaries_holding_it(
     assert summarize(client, poisoned).choices[0].message.content
 
 
+@pytest.mark.parametrize(
+    ("fault", "code", "error_type"),
+    [
+        ("context_length_exceeded", "context_length_exceeded", "invalid_request_error"),
+        ("context_exceeded", "400", "exceed_context_size_error"),  # the SDK reads it as text
+    ],
+)
+def test_a_too_large_marker_fails_only_the_summaries_holding_it_with_a_context_error(
+    server: FakeOpenAI, client: openai.OpenAI, fault: str, code: object, error_type: str
+) -> None:
+    server.too_large_summaries_containing("HUGE-TEXT", fault=fault)
+    large = format_fold_input("", [FoldMessage(1, "user", "HUGE-TEXT and more")])
+
+    with pytest.raises(openai.BadRequestError) as refused:
+        summarize(client, large)
+    assert summarize(client).choices[0].message.content
+    assert (refused.value.code, refused.value.type) == (code, error_type)
+    server.clear_faults()
+    assert summarize(client, large).choices[0].message.content
+
+
 def test_timeout_fault_times_the_client_out(server: FakeOpenAI) -> None:
     server.timeout_sleep = 1.5
     server.queue_faults("chat", ["timeout"])

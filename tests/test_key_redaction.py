@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from rest_framework.authtoken.models import Token
 
+from conversations.model_http import MAX_LOGGED_BODY, DirectStatusError
 from conversations.models import Brief, Consolidation
 from memory_worker import folds
 from memory_worker.dispatch import RequestTrigger
@@ -180,3 +181,13 @@ def test_a_bearer_credential_of_any_shape_and_the_configured_endpoint_are_redact
         "401 Bearer [redacted] at [redacted] ([redacted]), key [redacted], password [redacted]"
     )
     assert redact("an ordinary sentence") == "an ordinary sentence"
+
+
+@pytest.mark.parametrize("cut", range(1, 20))
+def test_a_key_at_the_edge_of_the_logged_error_body_leaves_no_fragment(cut: int) -> None:
+    """The body is redacted whole, then cut: cut first, a key straddling the edge would be too
+    short for its pattern, and its start would reach the log."""
+    key = "sk-proj-" + "A1b2C3d4E5f6G7h8J9k0" * 2
+    body = ("x" * (MAX_LOGGED_BODY - cut - 1) + " " + key + " was rejected").encode()
+    logged = str(DirectStatusError(401, body))
+    assert key[:cut] not in logged.removeprefix("HTTP 401: ").lstrip("x ")

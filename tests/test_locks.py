@@ -177,3 +177,27 @@ def test_a_lease_whose_lock_was_taken_reports_it_lost(make_lock) -> None:  # typ
         assert lock.release(11, "b")  # the new holder's lock was left alone
     finally:
         lease.stop()
+
+
+def test_a_lock_released_inside_its_lease_is_not_reported_lost(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A run releases its lock inside its lease (release_or_rerun), and the lease stops only
+    when the run returns: a renewal in between finds the lock gone, which is no lost lock."""
+    from memory_worker import runs
+    from memory_worker.dispatch import RequestTrigger
+    from memory_worker.outcomes import FoldOutcome, FoldResult
+
+    ttl = 0.15
+
+    class SlowToReturn(LocalChatLock):
+        def release_or_rerun(self, chat_id: int, token: str) -> Release:
+            released = super().release_or_rerun(chat_id, token)
+            time.sleep(2 * ttl)  # the lease's thread renews meanwhile
+            return released
+
+    monkeypatch.setattr(runs, "consolidate_once", lambda *a, **k: FoldOutcome(FoldResult.NOTHING))
+    caplog.set_level("WARNING", logger="chatmem.fold")
+    lock = SlowToReturn(ttl_seconds=ttl)
+    assert len(runs.consolidate_with_lock(12, RequestTrigger.TURN, lock)) == 1
+    assert [r for r in caplog.records if getattr(r, "event", "") == "lock_lost"] == []

@@ -194,6 +194,25 @@ def test_the_schema_documents_a_turns_413(django_db_blocker: Any) -> None:
     assert "413" in schema["paths"]["/api/v1/chats/{id}/turns/"]["post"]["responses"]
 
 
+def test_the_schema_documents_gunicorns_414_on_every_operation(django_db_blocker: Any) -> None:
+    """gunicorn answers a request line over its limit (a long query string, on any operation)
+    with a JSON 414 (gunicorn.conf.write_json_error) before the application sees it."""
+    with django_db_blocker.unblock():
+        schema = APIClient().get("/api/v1/schema/?format=json").json()
+    operations = [
+        (path, method, operation)
+        for path, item in schema["paths"].items()
+        for method, operation in item.items()
+        if method in ("get", "post", "patch", "put", "delete")
+    ]
+    assert operations
+    for path, method, operation in operations:
+        response = operation["responses"].get("414")
+        assert response is not None, (path, method)
+        body = response["content"]["application/json"]["schema"]
+        assert body == {"$ref": "#/components/schemas/Error"}, (path, method)
+
+
 # --- "Try it out": every request example works as it stands ---------------------------------------
 
 

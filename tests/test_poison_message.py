@@ -150,6 +150,35 @@ def test_a_range_refused_for_another_reason_is_not_bisected(
     assert len(use_fake_openai.summarize_requests()) == 2
 
 
+@pytest.mark.django_db
+@pytest.mark.parametrize("fault", ["context_length_exceeded", "context_exceeded"])
+def test_a_message_too_large_for_the_summarizer_is_folded_offline_never_withheld(
+    api: Any, use_fake_openai: FakeOpenAI, fault: str
+) -> None:
+    """A context-length 400 (OpenAI's or llama.cpp's) is no refusal: the range is split into
+    smaller chunks at turn boundaries, and the turn too large on its own is folded by the
+    offline summarizer (a fallback row), its content in the memory."""
+    chat_id, large_seq = chat_with_a_refused_message(api, use_fake_openai)
+    use_fake_openai.clear_faults()
+    use_fake_openai.too_large_summaries_containing(MARKER, fault=fault)
+
+    outcome = consolidate_once(chat_id, RequestTrigger.MANUAL)
+
+    assert outcome.status == "succeeded"
+    brief = Brief.objects.get(chat_id=chat_id)
+    messages = list(Message.objects.filter(chat_id=chat_id).order_by("seq"))
+    assert brief.last_consolidated == messages[-1].seq - 2  # all but the 2-message tail
+    assert brief.withheld == [] and not brief.degraded
+    rows = Consolidation.objects.filter(chat_id=chat_id)
+    assert {row.error_kind for row in rows.filter(status="failed")} == {"too_large"}
+    assert not any(row.withheld_seqs for row in rows)
+    [offline] = rows.filter(status="succeeded", trigger=engine.Trigger.SUMMARIZER_FALLBACK)
+    assert offline.from_seq <= large_seq <= offline.to_seq
+    assert offline.to_seq - offline.from_seq == 1  # the large message's turn alone
+    assert MARKER in brief.summary
+    assert chat_violations(chat_id) == []
+
+
 # --- The bisection ------------------------------------------------------------------------
 
 
@@ -194,8 +223,8 @@ def test_the_bisection_stays_within_its_call_budget(size: int) -> None:
 
 
 def test_the_call_budget_grows_with_the_logarithm_of_the_range() -> None:
-    assert isolation_policy.isolation_call_budget(2) == 6
-    assert isolation_policy.isolation_call_budget(1000) == 24
+    assert isolation_policy.isolation_call_budget(2) == 8
+    assert isolation_policy.isolation_call_budget(1000) == 26
 
 
 def test_pieces_are_cut_at_turn_boundaries_until_one_turn_is_left() -> None:
@@ -235,6 +264,39 @@ def test_another_failure_during_the_bisection_ends_it() -> None:
     with pytest.raises(IsolationFailed) as failed:
         isolate(Flaky([1]), "", conversation(8), REFUSED)
     assert failed.value.error.kind == "timeout"
+
+
+def test_a_message_refused_once_on_its_own_gets_one_more_try_before_it_is_withheld() -> None:
+    """A refusal may be a fluke: the single message a bisection pins down is asked for once
+    more, and folded if that passes."""
+
+    class RefusingItAloneOnce(Refusing):
+        def summarize(self, current_summary: str, messages: Sequence[FoldMessage]) -> Any:
+            if [m.seq for m in messages] == [3] and self.refused:
+                self.refused.clear()  # refused alone this once; from now on accepted
+                self.attempts += 1
+                raise SummarizerError("request_refused", "summarizer request refused: HTTP 400")
+            return super().summarize(current_summary, messages)
+
+    summarizer = RefusingItAloneOnce([3])
+    isolated = isolate(summarizer, "", conversation(8), REFUSED)
+    assert isolated.withheld == ()
+    assert isolated.result.text.split() == [str(seq) for seq in range(1, 9)]
+
+
+def test_two_refused_messages_each_with_its_retry_fit_the_call_budget() -> None:
+    summarizer = Refusing([3, 7])
+    isolated = isolate(summarizer, "", conversation(8), REFUSED)
+    assert [item.seq for item in isolated.withheld] == [3, 7]
+    assert summarizer.attempts <= isolation_policy.isolation_call_budget(8)
+
+
+def test_a_message_refused_twice_on_its_own_is_withheld() -> None:
+    summarizer = Refusing([3])
+    isolated = isolate(summarizer, "", conversation(8), REFUSED)
+    assert [item.seq for item in isolated.withheld] == [3]
+    # [1..4], [1, 2], [3, 4], [3], [3] again, [4], [5..8]
+    assert summarizer.attempts == 7
 
 
 def test_withheld_lines_go_under_open_items() -> None:

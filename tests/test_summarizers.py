@@ -609,6 +609,38 @@ def test_chat_maps_http_errors(
     assert len(server.requests) == 1  # the client never retries: Celery owns retries
 
 
+CONTEXT_TOO_LONG = error_reply(
+    400,
+    "This model's maximum context length is 8192 tokens. However, your messages resulted in "
+    "9000 tokens. Please reduce the length of the messages.",
+    "invalid_request_error",
+    "context_length_exceeded",
+)
+# llama.cpp's server: its own type, and the status as the code.
+LLAMA_CPP_CONTEXT_TOO_LONG = Reply(
+    status=400,
+    body={
+        "error": {
+            "code": 400,
+            "message": "the request exceeds the available context size, try increasing it",
+            "type": "exceed_context_size_error",
+            "n_prompt_tokens": 9000,
+            "n_ctx": 8192,
+        }
+    },
+)
+
+
+@pytest.mark.parametrize("reply", [CONTEXT_TOO_LONG, LLAMA_CPP_CONTEXT_TOO_LONG])
+def test_a_context_length_error_is_too_large_not_a_refusal(
+    server: ScriptedServer, reply: Reply
+) -> None:
+    server.script(reply)
+    with pytest.raises(SummarizerError) as caught:
+        chat_summarizer(server).summarize("", TWO_TURNS)
+    assert (caught.value.kind, caught.value.transient) == ("too_large", False)
+
+
 def test_chat_error_message_never_contains_the_key(server: ScriptedServer) -> None:
     server.script(
         error_reply(401, f"Incorrect API key provided: {API_KEY}", "invalid_request_error")

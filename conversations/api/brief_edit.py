@@ -12,7 +12,7 @@ from rest_framework.request import Request
 from conversations.models import Chat
 from memory_worker.summary_edit import OverCap, VersionMoved
 
-ETAG = re.compile(r'^(?:W/)?"(?P<version>\d{1,18})"$')
+ETAG = re.compile(r'^(?P<weak>W/)?"(?P<version>\d{1,18})"$')
 
 
 def etag(version: int) -> str:
@@ -35,7 +35,8 @@ class VersionConflict(exceptions.APIException):
 
 def expected_version(request: Request) -> int:
     """The version If-Match names: 428 without one, 400 for one that is not the brief's ETag
-    (one quoted version; "*" would match any version and defeat the check)."""
+    (one quoted version; "*" would match any version and defeat the check), 412 for a weak one
+    (RFC 9110 §13.1.1: If-Match compares strongly, and a weak tag never matches)."""
     header = request.headers.get("If-Match", "").strip()
     if not header:
         raise IfMatchRequired()
@@ -43,6 +44,11 @@ def expected_version(request: Request) -> int:
     if found is None:
         raise exceptions.ParseError(
             f'If-Match must be the brief\'s ETag, one quoted version such as "3"; got {header!r}.'
+        )
+    if found.group("weak"):
+        raise VersionConflict(
+            f"If-Match {header} is a weak ETag, which never matches (RFC 9110 §13.1.1); "
+            "send the brief's ETag as it is, without W/."
         )
     return int(found.group("version"))
 

@@ -58,6 +58,14 @@ UNAUTHENTICATED = OpenApiResponse(
 )
 NOT_FOUND = OpenApiResponse(ErrorSerializer, description="No such chat, or not yours.")
 PAGE_NOT_FOUND = OpenApiResponse(ErrorSerializer, description="No such page.")
+# gunicorn refuses a request line (the path and the query string) over its limit_request_line
+# before any view runs, on any operation, and in this shape even under /v1/
+# (gunicorn.conf.write_json_error).
+URI_TOO_LONG = OpenApiResponse(
+    ErrorSerializer,
+    description="`uri_too_long`: the request line (path and query string) is over the server's "
+    "limit (gunicorn's limit_request_line, 4094 bytes by default). The same shape under /v1/.",
+)
 API_PREFIXES = ("/api/v1/", "/v1/")
 
 
@@ -71,11 +79,11 @@ def only_rest_api(endpoints: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
 class ChatmemAutoSchema(AutoSchema):
     """Adds the errors every endpoint shares, so no endpoint (including ones added later without
     an extend_schema) is published without them: 401 where a token is required, 404 where the
-    path names a chat (another user's chat is a 404 too)."""
+    path names a chat (another user's chat is a 404 too), and gunicorn's 414 everywhere."""
 
     def _get_response_bodies(self, direction: Any = "response") -> dict[str, Any]:
         responses: dict[str, Any] = super()._get_response_bodies(direction)
-        shared = {}
+        shared = {"414": URI_TOO_LONG}
         if any(isinstance(p, IsAuthenticated) for p in self.view.get_permissions()):
             openai = self.path.startswith("/v1/")
             shared["401"] = OPENAI_UNAUTHENTICATED if openai else UNAUTHENTICATED
@@ -333,8 +341,8 @@ IF_MATCH = OpenApiParameter(
     OpenApiParameter.HEADER,
     required=True,
     description='The brief\'s ETag, its version in quotes (e.g. "3"). Without it 428; another '
-    'version than the brief\'s now 412; not one quoted version ("*" included) 400. The '
-    "example is a new chat's.",
+    'version than the brief\'s now 412, and so is a weak tag (W/"3": If-Match compares '
+    'strongly); not one quoted version ("*" included) 400. The example is a new chat\'s.',
     examples=[OpenApiExample("A new chat's version", value='"0"')],
 )
 BRIEF_ETAG = OpenApiParameter(

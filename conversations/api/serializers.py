@@ -229,6 +229,11 @@ def degraded_reason(brief: Brief) -> str:
     return f"{brief.consecutive_failures} folds in a row failed; the last{kind}: {brief.last_error}"
 
 
+# What a chat's owner reads as the editor of a summary a staff person edited (the admin): that
+# staff edited it, not who (a staff username is the operator's, not the user's, to know).
+STAFF_EDITOR = "staff"
+
+
 class ConsolidationSerializer(serializers.ModelSerializer):
     withheld_seqs = serializers.ListField(child=serializers.IntegerField(), read_only=True)
     dropped_details = serializers.ListField(
@@ -239,6 +244,12 @@ class ConsolidationSerializer(serializers.ModelSerializer):
             "URLs, e-mail addresses, file names, identifiers) absent from its summary; at most "
             "50."
         ),
+    )
+    edited_by = serializers.SerializerMethodField(
+        help_text=(
+            'An edit\'s (trigger "edit"): your username for your own edit, "staff" for an '
+            "operator's; empty for a fold."
+        )
     )
 
     class Meta:
@@ -264,6 +275,13 @@ class ConsolidationSerializer(serializers.ModelSerializer):
             "edited_by",
         ]
         read_only_fields = fields
+
+    def get_edited_by(self, row: Consolidation) -> str:
+        """The owner's own username for their edit, "staff" for anyone else's (context
+        ``owner_username``: the chat's owner, who reads the ledger)."""
+        if not row.edited_by or row.edited_by == self.context.get("owner_username"):
+            return row.edited_by
+        return STAFF_EDITOR
 
 
 class DailyNoteSerializer(serializers.ModelSerializer):

@@ -61,6 +61,9 @@ class ChatViewSet(
     viewsets.GenericViewSet,
 ):
     serializer_class = ChatSerializer
+    # Plain ASCII digits only: int() (and the pk lookup) also reads fullwidth digits, "+6" and
+    # " 6", each reaching chat 6. ([0-9], not \d: \d matches any Unicode digit.)
+    lookup_value_regex = "[0-9]+"
 
     def get_queryset(self) -> QuerySet[Chat]:
         owner_id = self.request.user.pk
@@ -253,7 +256,9 @@ class ChatViewSet(
     def consolidations(self, request: Request, pk: str | None = None) -> Response:
         chat = self.get_object()
         page = self.paginate_queryset(chat.consolidations.order_by("-id"))
-        return self.get_paginated_response(ConsolidationSerializer(page, many=True).data)
+        owner = {"owner_username": request.user.get_username()}  # get_object: it is theirs
+        rows = ConsolidationSerializer(page, many=True, context=owner)
+        return self.get_paginated_response(rows.data)
 
 
 def running_summary(view: chat_service.MemoryView) -> dict[str, object]:
