@@ -19,10 +19,13 @@ from memory_worker.retention_rules import (
     EXACT_VALUE,
     FILE_NAME,
     KEEP_RULES,
+    VALUE,
     WITHHELD_MARKER,
     content_words,
     is_rule_or_value,
+    rank,
     summary_lines,
+    yields_to,
 )
 from memory_worker.tokens import count_tokens
 
@@ -93,7 +96,7 @@ def losses(
     ``cap_tokens``, only a line the new summary had room for (``SummaryText``): at the cap,
     with nothing weaker left to drop, something must go. ``user_lines``: lines a person wrote
     (the brief's), each kept like a rule, whatever it states."""
-    kept = SummaryText(new_summary, cap_tokens)
+    kept = SummaryText(new_summary, cap_tokens, user_lines)
     found: list[Loss] = []
     seen: set[str] = set()
     for line in summary_lines(old_summary):
@@ -105,7 +108,7 @@ def losses(
         loss = line_loss(text, kept, any_line=written)
         if (
             loss is not None
-            and kept.has_room_for(text)
+            and kept.has_room_for(text, rank(text, user_lines))
             and not superseded(text, folded, written=written)
         ):
             found.append(replace(loss, heading=line.heading))
@@ -163,19 +166,28 @@ def usable_tokens(cap_tokens: int) -> int:
 class SummaryText:
     """A new summary, as the checks look things up in it."""
 
-    def __init__(self, summary: str, cap_tokens: int | None = None) -> None:
+    def __init__(
+        self, summary: str, cap_tokens: int | None = None, user_lines: Collection[str] = ()
+    ) -> None:
         self.key = detail_key(" ".join(summary.split()))
         self.words = content_words(summary)
-        self.room: int | None = None
+        self.free: int | None = None
+        self.ranked: list[tuple[int, int]] = []  # (rank, tokens) of each of its lines
         if cap_tokens is not None:
-            # Free tokens below the cap's usable part, plus what its lines that state no rule
-            # or value take: dropping those instead would have made room.
-            weaker = sum(
-                count_tokens(f"- {line.text}\n")
+            self.free = usable_tokens(cap_tokens) - count_tokens(summary)
+            self.ranked = [
+                (rank(line.text, user_lines), count_tokens(f"- {line.text}\n"))
                 for line in summary_lines(summary)
-                if not is_rule_or_value(line.text)
-            )
-            self.room = usable_tokens(cap_tokens) - count_tokens(summary) + weaker
+            ]
+
+    def room(self, worth: int) -> int | None:
+        """Free tokens below the cap's usable part, plus what the lines that would give way to
+        a line worth ``worth`` take (retention_rules.yields_to): small talk kept at the cap was
+        room a value could have had, and a line that only carries a value room for a rule."""
+        if self.free is None:
+            return None
+        floor = yields_to(worth)
+        return self.free + sum(tokens for worth_of, tokens in self.ranked if worth_of > floor)
 
     def has(self, detail: str) -> bool:
         """Whether the summary states ``detail`` as a value of its own: "8,502" is not kept by
@@ -183,10 +195,11 @@ class SummaryText:
         key = re.escape(detail_key(detail))
         return re.search(rf"(?<![\w-]){key}(?![\w])", self.key) is not None
 
-    def has_room_for(self, line: str) -> bool:
+    def has_room_for(self, line: str, worth: int = VALUE) -> bool:
         """Whether ``line`` as one more bullet fits under the cap, with a token or two to spare
         for where it would go: when in doubt, no room, and no refusal."""
-        return self.room is None or count_tokens(f"- {line}\n") + ROOM_MARGIN <= self.room
+        room = self.room(worth)
+        return room is None or count_tokens(f"- {line}\n") + ROOM_MARGIN <= room
 
 
 def line_loss(line: str, kept: SummaryText, *, any_line: bool = False) -> Loss | None:

@@ -7,11 +7,11 @@ the cap forced out is in the loss report. A fold fails ``lossy`` only when no su
 cap keeps what had room. Plain Python (no Django)."""
 
 import logging
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, replace
 
 from memory_worker import fold_guard
-from memory_worker.retention_rules import KEEP_RULES, WITHHELD_MARKER
+from memory_worker.retention_rules import RULE, WEAK, rank
 from memory_worker.summarizers import (
     FoldMessage,
     RepairingSummarizer,
@@ -81,9 +81,10 @@ def guard(
     spliced = splice_in(draft.text, lost, context)
     best = replace(draft, text=spliced.text)
     repair_calls = 0
-    if spliced.left_out and isinstance(summarizer, RepairingSummarizer):
-        # Even with every weaker line gone the cap cannot hold all it must keep: the model may
-        # say the same in fewer tokens. Its answer is guarded like the draft.
+    if must_ask(spliced, context) and isinstance(summarizer, RepairingSummarizer):
+        # A rule or a person's line does not fit even with everything weaker gone: the cap is
+        # full of their equals, and the model may say the same in fewer tokens. Its answer is
+        # guarded like the draft.
         log.info("fold guard asks for a repair", extra={**fields, "outcome": "repair"})
         fixed = summarizer.repair(
             context.current_summary, context.messages, draft.text, [loss.line for loss in lost]
@@ -100,11 +101,11 @@ def guard(
         if still_missing(respliced.text, context) < still_missing(spliced.text, context):
             spliced, total = respliced, replace(total, text=respliced.text)
         best = total
-    # What the splice could not fit is the cap biting; anything else still lost is a bug in the
-    # splice, and writing nothing is then the safe answer.
-    remaining = [
-        loss for loss in losses_of(best.text, context) if loss.line not in spliced.left_out
-    ]
+    # What the splice could not fit, or evicted for a line above it, is the cap biting;
+    # anything else still lost is a bug in the splice, and writing nothing is then the safe
+    # answer.
+    forced = {*spliced.left_out, *spliced.evicted}
+    remaining = [loss for loss in losses_of(best.text, context) if loss.line not in forced]
     if remaining:
         log.warning("fold guard refused a summary", extra={**fields, "outcome": "refused"})
         raise lossy_error(remaining, "and no summary within the cap could keep it")
@@ -123,16 +124,26 @@ def finished(
     repair_calls: int = 0,
     forced: Splice | None = None,
 ) -> GuardedSummary:
-    forced_out = forced.left_out if forced is not None else ()
+    forced_out = forced_out_lines(forced, context) if forced is not None else ()
     details = loss_report(context, result.text, forced_out)
     return GuardedSummary(result, details, repaired, repair_calls, forced_out)
 
 
 def loss_report(context: GuardContext, summary: str, forced_out: Sequence[str]) -> list[str]:
     """Every exact detail of the fold's input the summary let go (fold_guard.dropped_details),
-    then each protected line the cap forced out that has no value of its own to list."""
+    then each protected line the cap forced out whose details that list does not already
+    name (a rule in words; a line the draft wrote that the splice evicted for a rule), whole."""
     details = fold_guard.dropped_details(context.current_summary, context.messages, summary)
-    return [*details, *(line for line in forced_out if not fold_guard.details_of(line))]
+    named = {fold_guard.detail_key(detail) for detail in details}
+    return [
+        *details,
+        *(
+            line
+            for line in forced_out
+            if not {fold_guard.detail_key(d) for d in fold_guard.details_of(line)} <= named
+            or not fold_guard.details_of(line)
+        ),
+    ]
 
 
 def losses_of(text: str, context: GuardContext) -> list[fold_guard.Loss]:
@@ -145,20 +156,21 @@ def losses_of(text: str, context: GuardContext) -> list[fold_guard.Loss]:
 def splice_in(text: str, lost: Sequence[fold_guard.Loss], context: GuardContext) -> Splice:
     cap = context.cap_tokens
     fits = Fits(cap, None if cap is None else fold_guard.usable_tokens(cap), context.model)
-    restore = [Restore(loss.heading, loss.line) for loss in sorted(lost, key=weight(context))]
+    restore = [Restore(loss.heading, loss.line) for loss in lost]
     return splice(text, restore, fits, context.user_lines)
 
 
-def weight(context: GuardContext) -> Callable[[fold_guard.Loss], int]:
-    """What goes back first when not all of it fits: lines a person wrote and withheld
-    markers, then rules, then values; the old summary's order within each."""
+def must_ask(spliced: Splice, context: GuardContext) -> bool:
+    """Whether the cap left out a rule, a line a person wrote or a withheld marker: a choice
+    among equals, which the model may make room for. Values the cap left out are the cap
+    biting, as the draft itself chose (a summarizer keeps the newest under its cap)."""
+    return any(rank(line, context.user_lines) <= RULE for line in spliced.left_out)
 
-    def key(loss: fold_guard.Loss) -> int:
-        if loss.line in context.user_lines or WITHHELD_MARKER.search(loss.line):
-            return 0
-        return 1 if KEEP_RULES.search(loss.line) else 2
 
-    return key
+def forced_out_lines(spliced: Splice, context: GuardContext) -> tuple[str, ...]:
+    """The protected lines the cap forced out: left out, or evicted for a line above them."""
+    evicted = (line for line in spliced.evicted if rank(line, context.user_lines) < WEAK)
+    return (*spliced.left_out, *evicted)
 
 
 def still_missing(text: str, context: GuardContext) -> int:

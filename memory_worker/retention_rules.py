@@ -3,7 +3,7 @@ exact values the offline summarizer keeps last, the fold guard checks and the lo
 One definition for all three. Standard library only."""
 
 import re
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 
 # A constraint or safety rule.
@@ -50,6 +50,27 @@ WITHHELD_MARKER = re.compile(r"\bmessages? \d+(?:-\d+)? withheld\b", re.IGNORECA
 
 def is_rule_or_value(text: str) -> bool:
     return bool(KEEP_RULES.search(text) or EXACT_VALUE.search(text) or WITHHELD_MARKER.search(text))
+
+
+# What a line is worth when the cap makes lines compete, most first.
+WRITTEN_OR_MARKER, RULE, VALUE, WEAK = range(4)
+
+
+def rank(text: str, user_lines: Collection[str] = ()) -> int:
+    """A line a person wrote or a withheld message's marker; a rule (with or without a value);
+    a line that only carries an exact value; a line that states neither."""
+    if text in user_lines or WITHHELD_MARKER.search(text):
+        return WRITTEN_OR_MARKER
+    if KEEP_RULES.search(text):
+        return RULE
+    return VALUE if is_rule_or_value(text) else WEAK
+
+
+def yields_to(worth: int) -> int:
+    """The rank above which a line gives way, under the cap, to one worth ``worth``: lines
+    that state nothing for a value; lines that only carry a value for a rule or a person's
+    line. A rule never gives way to another line."""
+    return max(worth, RULE)
 
 
 # A summary's line: a heading ("## Decisions"), or an item with its bullet or number markup.

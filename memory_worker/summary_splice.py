@@ -1,13 +1,13 @@
 """The fold guard's own repair (docs/policies.md, "The fold guard"): the lines a draft summary
-lost, put back word for word under their heading, with the draft's lines that state no rule or
-value evicted, last first, to make room under the cap. Deterministic: the guard knows what it
+lost, put back word for word under their heading, with the draft's weaker lines evicted, last
+first, to make room under the cap. Deterministic: the guard knows what it
 would have asked a model to restore, so it needs no second call unless the cap forces a choice.
 Plain Python (no Django)."""
 
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
-from memory_worker.retention_rules import HEADING_LINE, LINE_MARKUP, is_rule_or_value
+from memory_worker.retention_rules import HEADING_LINE, LINE_MARKUP, rank, yields_to
 from memory_worker.summary_validation import chatmem_headings
 from memory_worker.tokens import count_tokens
 
@@ -35,26 +35,27 @@ def splice(
     fits: "Fits",
     user_lines: Collection[str] = (),
 ) -> Splice:
-    """``draft`` with each of ``restore`` (in order, most important first) put back while it
-    fits; evicting, for each, as few of the draft's weaker lines (no rule, no value, not a line a
-    person wrote) as make it fit, from the bottom up. A line that cannot fit even then is left
-    out and nothing is evicted for it."""
+    """``draft`` with each of ``restore`` (most important first: ``rank``) put back while it
+    fits, evicting for each as few of the draft's lines of a lower rank as make it fit: lines
+    that state no rule or value first, then (for a rule or a line a person wrote) lines that
+    only carry a value; from the bottom up within a rank. A line that cannot fit even then is
+    left out and nothing is evicted for it."""
     lines = draft.rstrip().splitlines()
     restored: list[str] = []
     left_out: list[str] = []
     evicted: list[str] = []
-    for item in restore:
+    for item in sorted(restore, key=lambda item: rank(item.text, user_lines)):
         bullet = f"- {item.text}"
         placed = with_line(lines, item.heading, bullet)
-        taken: list[int] = []
-        weaker = weaker_lines(placed, user_lines, keep=bullet)
-        while not fits("\n".join(placed)) and weaker:
-            at = weaker.pop()
-            taken.append(at)
+        floor = yields_to(rank(item.text, user_lines))
+        while not fits("\n".join(placed)):
+            candidates = evictable(placed, user_lines, keep=bullet, above=floor)
+            if not candidates:
+                break
+            at = candidates[-1][1]
             placed = placed[:at] + placed[at + 1 :]
-            weaker = [index if index < at else index - 1 for index in weaker]
         if fits("\n".join(placed)):
-            evicted.extend(item_text(lines_line) for lines_line in removed(lines, placed, bullet))
+            evicted.extend(item_text(line) for line in removed(lines, placed, bullet))
             lines = placed
             restored.append(item.text)
         else:
@@ -125,18 +126,22 @@ def section_after(lines: Sequence[str], heading: str) -> int | None:
     return None
 
 
-def weaker_lines(lines: Sequence[str], user_lines: Collection[str], keep: str) -> list[int]:
-    """The indexes of the items that state no rule or value and that no person wrote, top to
-    bottom (the splice evicts from the bottom)."""
+def evictable(
+    lines: Sequence[str], user_lines: Collection[str], keep: str, above: int
+) -> list[tuple[int, int]]:
+    """(rank, index) of the items ranked below ``above`` (a higher number), the next to evict
+    last: the lowest rank, and within it the bottom-most."""
     found = []
     for index, line in enumerate(lines):
         if line == keep or HEADING_LINE.match(line) or not line.strip():
             continue
         text = item_text(line)
-        if text.lower() in NO_ITEMS or text in user_lines or is_rule_or_value(text):
+        if text.lower() in NO_ITEMS:
             continue
-        found.append(index)
-    return found
+        worth = rank(text, user_lines)
+        if worth > above:
+            found.append((worth, index))
+    return sorted(found)
 
 
 def removed(before: Sequence[str], after: Sequence[str], added: str) -> list[str]:

@@ -419,3 +419,35 @@ def test_a_value_is_not_kept_by_a_longer_code_that_contains_it() -> None:
     [loss] = fold_guard.losses(old, said("ok"), new)
     assert loss.missing == ("8,502",)
     assert fold_guard.losses(old, said("ok"), summary("Uploads: at most 8502 kB.")) == []
+
+
+def values_only(count: int, start: int = 0) -> str:
+    return summary(*(f"Locker {SUBJECTS[n]} is number {5000 + n}." for n in range(start, count)))
+
+
+def test_values_the_cap_left_out_are_the_drafts_choice_and_cost_no_call() -> None:
+    """Each old value would fit alone in the room the padding leaves, not all of them: a
+    summarizer keeps the newest under its cap, so the guard puts back what fits and asks
+    nothing; the rest is in the loss report."""
+    old = values_only(6)
+    draft = values_only(6, start=4) + "\n- " + "\n- ".join(PADDING[:2])
+    cap = room_for_one_more(values_only(6, start=4), "Locker alpha is number 5000.") + 8
+    summarizer = Scripted(draft)
+    guarded = summarize_guarded(summarizer, old, said("ok"), cap)
+    assert summarizer.repairs == [] and guarded.result.calls == 1
+    assert "5000" in guarded.result.text and PADDING[0] not in guarded.result.text
+    assert guarded.forced_out and all(
+        line.split()[-1].rstrip(".") in guarded.dropped_details for line in guarded.forced_out
+    )
+
+
+def test_a_rule_is_put_back_over_a_line_that_only_carries_a_value() -> None:
+    old = summary("Never deploy on a Friday.")
+    draft = values_only(8)
+    cap = int(count_tokens(draft) / (1 - fold_guard.CAP_SLACK)) + 1
+    guarded = summarize_guarded(Scripted(draft), old, said("ok"), cap)
+    text = guarded.result.text
+    assert "Never deploy on a Friday." in text and guarded.result.calls == 1
+    assert "5007" not in text  # the bottom value went, and the loss report says so
+    assert guarded.dropped_details == ["Locker hotel is number 5007."]
+    assert count_tokens(text) <= fold_guard.usable_tokens(cap)
