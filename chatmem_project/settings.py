@@ -465,7 +465,8 @@ CHATMEM_DEFAULT_SYSTEM_PROMPT = env(
 # deadline so a live turn is never pre-empted.
 TURN_SLOT_STALE_SECONDS = env_float("TURN_SLOT_STALE_SECONDS", LLM_TIMEOUT_SECONDS + 30)
 # The longest a turn holds its web worker: a wait for a fold in flight (up to
-# MEMORY_LLM_TIMEOUT_SECONDS), its own synchronous fold (a summarizer call, as long again), then
+# MEMORY_LLM_TIMEOUT_SECONDS), its own synchronous fold (its chunks stop by the turn's fold
+# deadline, memory_worker.deadlines.turn_fold_deadline: within as long again), then
 # the slot is renewed and the model answers within the slot's lifetime (its deadline and a
 # margin). A stopping web server (a deploy) lets the turns in flight
 # finish for this long: gunicorn.conf.py's graceful_timeout; docker-compose.yml's web

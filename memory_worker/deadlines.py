@@ -15,6 +15,16 @@ def time_for_a_chunk(deadline: float | None) -> bool:
     return time.monotonic() + settings.MEMORY_LLM_TIMEOUT_SECONDS <= deadline
 
 
+def turn_fold_deadline(started: float) -> float:
+    """When a turn's synchronous folding, which started at ``started`` (``time.monotonic()``,
+    when the turn first judged its context), stops starting summarizer calls: within the turn
+    slot's lifetime (TURN_SLOT_STALE_SECONDS), so a live turn's slot never looks abandoned, and
+    within the wait and the fold a turn is given by WEB_GRACEFUL_TIMEOUT_SECONDS
+    (MEMORY_LLM_TIMEOUT_SECONDS each). What is left is the next fold's."""
+    budget = min(settings.TURN_SLOT_STALE_SECONDS, 2 * settings.MEMORY_LLM_TIMEOUT_SECONDS)
+    return started + budget
+
+
 def longest_lock_hold() -> float:
     """How long a chat's lock can be held, in seconds from its acquire: renewed by its holder
     until the holder's hard time limit (memory_worker.lease), then one more TTL at most."""

@@ -24,7 +24,7 @@ from memory_worker.fold_commit import commit_fold
 from memory_worker.fold_isolation import IsolationFailed, isolate
 from memory_worker.fold_ledger import WORKER_NAME, record_interrupted, record_running
 from memory_worker.guarded_summary import summarize_guarded
-from memory_worker.lease import Lease
+from memory_worker.lease import Lease, Renewable
 from memory_worker.outcomes import FoldOutcome, FoldResult
 from memory_worker.retries import (
     CRASH_KIND,
@@ -96,7 +96,7 @@ def execute_fold(
     deadline: float | None = None,
     summarizer: Summarizer | None = None,
     fallback_reason: str = "",
-    lease: Lease | None = None,
+    lease: Renewable | None = None,
 ) -> FoldOutcome:
     """The decided range, summarized and committed chunk by chunk. A range larger than the
     summarizer's input budget is split at turn boundaries (DESIGN §5: chunks, never trimming),
@@ -110,8 +110,8 @@ def execute_fold(
     The outcome is the last chunk's; ``decision`` stays the whole range's. ``summarizer``: the
     configured one (for the chat's cap) unless given; ``fallback_reason``: it is the offline
     fallback of a model fold that failed, for that reason (fold_commit.commit_fold).
-    ``lease``: the chat's lock, renewed before each summarizer call; once lost, no call starts
-    and the outcome says more is due."""
+    ``lease``: what the fold keeps while it works (the chat's lock; a turn's slot), renewed
+    before each chunk; once lost, no call starts and the outcome says more is due."""
     to_fold = [m for m in snapshot.unfolded if decision.from_seq <= m.seq <= decision.to_seq]
     chunks = split_for_summarizer(
         [Msg(m.seq, m.role, m.token_count) for m in to_fold],
