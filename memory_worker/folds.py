@@ -22,7 +22,7 @@ from memory_worker.dispatch import RequestTrigger
 from memory_worker.engine_state import Msg
 from memory_worker.fold_commit import commit_fold
 from memory_worker.fold_isolation import IsolationFailed, isolate
-from memory_worker.fold_ledger import WORKER_NAME, record_interrupted, record_running
+from memory_worker.fold_ledger import WORKER_NAME, beating, record_interrupted, record_running
 from memory_worker.guarded_summary import summarize_guarded
 from memory_worker.lease import Lease, Renewable
 from memory_worker.outcomes import FoldOutcome, FoldResult
@@ -292,7 +292,8 @@ def summarize_and_commit(
     summarizer (memory_worker.turn_fold) and must not spend the turn's time on probes."""
     messages = [FoldMessage(m.seq, m.role, m.content) for m in batch]
     pinned = [pin.text for pin in snapshot.pins]
-    summarizer = told_of_pins(summarizer, pinned)
+    # Each call after the first renews the row's heartbeat (fold_ledger.beat).
+    summarizer = beating(told_of_pins(summarizer, pinned), ledger)
     try:
         guarded = summarize_guarded(
             summarizer, snapshot.summary, messages, cap_tokens, pinned, snapshot.user_lines
