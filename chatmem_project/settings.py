@@ -330,9 +330,9 @@ MEMORY_TASK_TIME_LIMIT = env_int("MEMORY_TASK_TIME_LIMIT", 300)
 MEMORY_LOCK_TTL_SECONDS = env_int("MEMORY_LOCK_TTL_SECONDS", 20)
 BROKER_VISIBILITY_TIMEOUT = env_int("BROKER_VISIBILITY_TIMEOUT", 3600)
 MEMORY_SWEEP_INTERVAL_SECONDS = env_float("MEMORY_SWEEP_INTERVAL_SECONDS", 60.0)
-# How often beat looks for runs whose worker died (a ledger row "running" whose chat's lock has
-# lapsed) and queues their chats' folds: a dead worker's chat is refolded within one lock TTL,
-# this interval and one fold.
+# How often beat looks for runs whose worker died (a ledger row "running" whose heartbeat is
+# older than 2 x MEMORY_LLM_TIMEOUT_SECONDS + MEMORY_LOCK_TTL_SECONDS) and queues their chats'
+# folds: a dead worker's chat is refolded within that bound, this interval and one fold.
 MEMORY_RECOVERY_INTERVAL_SECONDS = env_float("MEMORY_RECOVERY_INTERVAL_SECONDS", 10.0)
 # A turn queues no consolidation task for a chat that has one queued and not started yet
 # (memory_worker.dispatch); a marker expires after this (0: no deduplication).
@@ -465,7 +465,8 @@ CHATMEM_DEFAULT_SYSTEM_PROMPT = env(
 # deadline so a live turn is never pre-empted.
 TURN_SLOT_STALE_SECONDS = env_float("TURN_SLOT_STALE_SECONDS", LLM_TIMEOUT_SECONDS + 30)
 # The longest a turn holds its web worker: a wait for a fold in flight (up to
-# MEMORY_LLM_TIMEOUT_SECONDS), its own synchronous fold (a summarizer call, as long again), then
+# MEMORY_LLM_TIMEOUT_SECONDS), its own synchronous fold (its chunks stop by the turn's fold
+# deadline, memory_worker.deadlines.turn_fold_deadline: within as long again), then
 # the slot is renewed and the model answers within the slot's lifetime (its deadline and a
 # margin). A stopping web server (a deploy) lets the turns in flight
 # finish for this long: gunicorn.conf.py's graceful_timeout; docker-compose.yml's web

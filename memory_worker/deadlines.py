@@ -1,5 +1,6 @@
 """When a memory task stops starting summarizer calls: its soft time limit, less room for the
-commit and the hand-off of what is left to a fresh task; and how long a chat's lock can last."""
+commit and the hand-off of what is left to a fresh task; when a turn's fold stops starting them;
+and how stale a running fold's heartbeat may grow."""
 
 import time
 
@@ -15,10 +16,23 @@ def time_for_a_chunk(deadline: float | None) -> bool:
     return time.monotonic() + settings.MEMORY_LLM_TIMEOUT_SECONDS <= deadline
 
 
-def longest_lock_hold() -> float:
-    """How long a chat's lock can be held, in seconds from its acquire: renewed by its holder
-    until the holder's hard time limit (memory_worker.lease), then one more TTL at most."""
-    return settings.MEMORY_TASK_TIME_LIMIT + settings.MEMORY_LOCK_TTL_SECONDS
+def turn_fold_deadline(started: float) -> float:
+    """When a turn's synchronous folding, which started at ``started`` (``time.monotonic()``,
+    when the turn first judged its context), stops starting summarizer calls: within the turn
+    slot's lifetime (TURN_SLOT_STALE_SECONDS), so a live turn's slot never looks abandoned, and
+    within the wait and the fold a turn is given by WEB_GRACEFUL_TIMEOUT_SECONDS
+    (MEMORY_LLM_TIMEOUT_SECONDS each). What is left is the next fold's."""
+    budget = min(settings.TURN_SLOT_STALE_SECONDS, 2 * settings.MEMORY_LLM_TIMEOUT_SECONDS)
+    return started + budget
+
+
+def fold_heartbeat_stale_after() -> float:
+    """How old a running fold's heartbeat (its ledger row's ``heartbeat_at``, renewed before
+    each summarizer call) may grow while the fold lives, in seconds: one summarizer call at its
+    slowest, which may hold a stricter retry after an over-cap summary (two model requests of
+    MEMORY_LLM_TIMEOUT_SECONDS each), and one MEMORY_LOCK_TTL_SECONDS more for the database work
+    around it. A row whose heartbeat is older is a dead fold's (memory_worker.sweep)."""
+    return 2 * settings.MEMORY_LLM_TIMEOUT_SECONDS + settings.MEMORY_LOCK_TTL_SECONDS
 
 
 def task_deadline(started: float) -> float:

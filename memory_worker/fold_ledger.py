@@ -1,11 +1,12 @@
-"""The ledger rows of fold attempts (``Consolidation``): the "running" row a fold starts with,
-the row of a fold a database error interrupted, the fields of every failed fold's log line, and
-the retention of old rows that prove nothing."""
+"""The ledger rows of fold attempts (``Consolidation``): the "running" row a fold starts with and
+its heartbeat, the row of a fold a database error interrupted, the fields of every failed fold's
+log line, and the retention of old rows that prove nothing."""
 
 import logging
 import socket
 import time
 import uuid
+from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -15,7 +16,14 @@ from django.db.models.functions import Now
 
 from conversations import rows
 from conversations.models import PRUNABLE_STATUSES, Consolidation, ConsolidationStatus
+from conversations.rows import DATABASE_ERRORS
 from memory_worker.outcomes import FoldResult
+from memory_worker.summarizers import (
+    FoldMessage,
+    RepairingSummarizer,
+    Summarizer,
+    SummaryResult,
+)
 
 log = logging.getLogger("chatmem.fold")
 
@@ -31,6 +39,74 @@ def record_running(ledger: Consolidation) -> None:
         rows.insert_without_flush_wait(ledger)
     else:
         ledger.save(force_insert=True)
+
+
+def beat(ledger: Consolidation) -> bool | None:
+    """The running fold's heartbeat: its row's ``heartbeat_at`` set to the database's now (the
+    recovery compares it with its own, on another host), only while the row is still running.
+    Whether it was (False: the recovery took the fold for dead and marked it, and the chat is
+    being folded beside it; its commit stays fenced). Best effort: None when the database did
+    not answer, and the fold's own commit then meets the same trouble."""
+    try:
+        renewed = Consolidation.objects.filter(
+            pk=ledger.pk, status=ConsolidationStatus.RUNNING
+        ).update(heartbeat_at=Now())
+    except DATABASE_ERRORS:
+        log.warning(
+            "could not renew the fold's heartbeat",
+            extra={"chat_id": ledger.chat_id, "ledger_id": ledger.pk},
+        )
+        return None
+    if not renewed:
+        log.warning(
+            "the fold was taken for dead and marked; its commit stays fenced",
+            extra={"event": "fold_heartbeat_lost", "chat_id": ledger.chat_id},
+        )
+    return bool(renewed)
+
+
+class Beating:
+    """``summarizer`` renewing its fold's heartbeat before each call but the first (the row was
+    stamped when it was written, just before): a fold of several slow calls (a repair, an
+    isolation's pieces) never looks dead while it works."""
+
+    def __init__(self, summarizer: Summarizer, ledger: Consolidation) -> None:
+        self.summarizer = summarizer
+        self.ledger = ledger
+        # (A plug-in's or a test's summarizer may do without the name until it is asked for.)
+        self.name: str = getattr(summarizer, "name", type(summarizer).__name__)
+        self._calls = 0
+
+    def _beat(self) -> None:
+        if self._calls:
+            beat(self.ledger)
+        self._calls += 1
+
+    def summarize(self, current_summary: str, messages: Sequence[FoldMessage]) -> SummaryResult:
+        self._beat()
+        return self.summarizer.summarize(current_summary, messages)
+
+
+class BeatingRepairing(Beating):
+    """``Beating`` for a summarizer the fold guard can ask for a repair."""
+
+    summarizer: RepairingSummarizer
+
+    def repair(
+        self,
+        current_summary: str,
+        messages: Sequence[FoldMessage],
+        draft: str,
+        keep: Sequence[str],
+    ) -> SummaryResult:
+        self._beat()
+        return self.summarizer.repair(current_summary, messages, draft, keep)
+
+
+def beating(summarizer: Summarizer, ledger: Consolidation) -> Summarizer:
+    if isinstance(summarizer, RepairingSummarizer):
+        return BeatingRepairing(summarizer, ledger)
+    return Beating(summarizer, ledger)
 
 
 # The error of a row a database error interrupted: "<exception class> (database error)".

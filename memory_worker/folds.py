@@ -21,7 +21,7 @@ from memory_worker.deadlines import time_for_a_chunk
 from memory_worker.dispatch import RequestTrigger
 from memory_worker.engine_state import Msg
 from memory_worker.fold_commit import commit_fold
-from memory_worker.fold_ledger import WORKER_NAME, record_interrupted, record_running
+from memory_worker.fold_ledger import WORKER_NAME, beating, record_interrupted, record_running
 from memory_worker.fold_refusals import (
     commit_withheld,
     fold_after_error,
@@ -29,7 +29,7 @@ from memory_worker.fold_refusals import (
     record_crash,
 )
 from memory_worker.guarded_summary import guard
-from memory_worker.lease import Lease
+from memory_worker.lease import Lease, Renewable
 from memory_worker.outcomes import FoldOutcome, FoldResult
 from memory_worker.retries import (
     INVALID_OUTPUT_KINDS,
@@ -100,7 +100,7 @@ def execute_fold(
     summarizer: Summarizer | None = None,
     fallback_reason: str = "",
     withhold: bool = False,
-    lease: Lease | None = None,
+    lease: Renewable | None = None,
 ) -> FoldOutcome:
     """The decided range, summarized and committed chunk by chunk. A range larger than the
     summarizer's input budget is split at turn boundaries (DESIGN §5: chunks, never trimming),
@@ -115,9 +115,9 @@ def execute_fold(
     configured one (for the chat's cap) unless given; ``fallback_reason``: it is the offline
     fallback of a model fold that failed, for that reason (fold_commit.commit_fold);
     ``withhold``: that failure was a refusal, so the range is withheld, not summarized
-    (``commit_withheld``).
-    ``lease``: the chat's lock, renewed before each summarizer call; once lost, no call starts
-    and the outcome says more is due."""
+    (``commit_withheld``). ``lease``: what the fold keeps while it works (the chat's lock; a
+    turn's slot), renewed before each chunk; once lost, no call starts and the outcome says
+    more is due."""
     to_fold = [m for m in snapshot.unfolded if decision.from_seq <= m.seq <= decision.to_seq]
     chunks = split_for_summarizer(
         [Msg(m.seq, m.role, m.token_count) for m in to_fold],
@@ -382,7 +382,8 @@ def summarize_and_commit(
             chat, snapshot, chunk, messages, ledger, fallback_reason, now, started, cap_tokens
         )
     context = guard_context(chat, snapshot, messages, cap_tokens)
-    summarizer = told_of_pins(summarizer, context.pinned)
+    # Each call after the first renews the row's heartbeat (fold_ledger.beat).
+    summarizer = beating(told_of_pins(summarizer, context.pinned), ledger)
     try:
         guarded = guard(summarizer.summarize(snapshot.summary, messages), context, summarizer)
     except SummarizerError as error:

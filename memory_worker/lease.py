@@ -13,12 +13,20 @@ import logging
 import threading
 import time
 from types import TracebackType
+from typing import Protocol
 
 import redis
 
 from memory_worker.locks import ChatLock, Release
 
 log = logging.getLogger("chatmem.fold")
+
+
+class Renewable(Protocol):
+    """What a fold keeps while it works (a chat's lock, a turn's slot), renewed before each
+    summarizer chunk: ``renew`` says whether it is still the fold's."""
+
+    def renew(self) -> bool: ...
 
 
 class Lease:

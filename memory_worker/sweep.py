@@ -1,4 +1,4 @@
-"""The beat sweep's judgement: runs whose worker died (their lock lapsed), and the chats to
+"""The beat sweep's judgement: runs whose worker died (their heartbeat stopped), and the chats to
 queue (retries due, chats whose fold could not be queued, cooled chats with a fold due, chats
 marked pending whose run died)."""
 
@@ -6,7 +6,6 @@ import logging
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-import redis
 from django.conf import settings
 from django.core.cache import cache
 from django.db import transaction
@@ -15,7 +14,7 @@ from django.db.models.functions import Now
 
 from conversations.models import Brief, Consolidation, ConsolidationStatus, hold_chat
 from memory_worker import policy as engine
-from memory_worker.deadlines import longest_lock_hold
+from memory_worker.deadlines import fold_heartbeat_stale_after
 from memory_worker.dispatch import RequestTrigger
 from memory_worker.fold_ledger import DATABASE_ERROR, failed_fold_fields
 from memory_worker.folds import decide_for_chat
@@ -39,29 +38,29 @@ class Refold:
     trigger: RequestTrigger
 
 
-def recover_dead_runs(now: datetime, lock: ChatLock) -> list[Refold]:
+def recover_dead_runs(now: datetime) -> list[Refold]:
     """Ledger rows left ``running`` by a run whose process died (kill -9, out of memory, a node
-    drained): its chunk wrote nothing (each commits atomically). A background run takes its
-    chat's lock before it writes its row, and writes the row's outcome before it releases the
-    lock, so a row still running whose chat's lock is free is dead: its holder stopped renewing
-    it. A row older than any lock can be held is dead whatever the lock says (another run took
-    the chat since; a turn's fold, which may fold without the lock, died with its web process).
+    drained, a web process gone mid-turn): its chunk wrote nothing (each commits atomically). A
+    live fold stamps its row's heartbeat (database time) when it writes the row and before each
+    further summarizer call, so a row whose heartbeat is older than one slow call and then some
+    (deadlines.fold_heartbeat_stale_after) is dead. The chat's lock does not say: it can lapse
+    under a live fold (Redis restarted without persistence, a worker cut off from Redis past
+    the lock's TTL, a process stall), a later run may hold it, and a turn's fold may hold none.
 
     A dead run is marked interrupted, not counted as the chat's failure, and its chat returned
     to be folded at once; one that kills its worker every time (out of memory) is a crash on
     the chat's brief from the CRASH_AFTER_INTERRUPTIONS-th death in a row (backoff, then
     degraded), so it is not retried at once for ever."""
-    running = Consolidation.objects.filter(status=ConsolidationStatus.RUNNING)
     # Database time: the rows were stamped by many hosts, and this one's clock may differ.
-    too_old = Now() - timedelta(seconds=longest_lock_hold())
-    expired = set(running.filter(started_at__lt=too_old).values_list("pk", flat=True))
+    dead = Consolidation.objects.filter(status=ConsolidationStatus.RUNNING).filter(
+        stopped_beating()
+    )
     refolds = []
-    for ledger in running.order_by("pk"):  # a chat's earlier deaths are counted first
+    for ledger in dead.order_by("pk"):  # a chat's earlier deaths are counted first
         try:
-            if ledger.pk in expired or lock_lapsed(ledger, lock):
-                refold = interrupt_run(ledger, now)
-                if refold is not None:
-                    refolds.append(refold)
+            refold = interrupt_run(ledger, now)
+            if refold is not None:
+                refolds.append(refold)
         except Exception:  # one chat's error must not cancel the rest of the sweep
             log.exception(
                 "could not mark a dead run",
@@ -70,13 +69,13 @@ def recover_dead_runs(now: datetime, lock: ChatLock) -> list[Refold]:
     return refolds
 
 
-def lock_lapsed(ledger: Consolidation, lock: ChatLock) -> bool:
-    if ledger.synchronous:
-        return False  # a turn may fold without the lock: only its age tells (above)
-    try:
-        return not lock.is_held(ledger.chat_id)
-    except redis.RedisError:
-        return False  # unknown: left to the age rule
+def stopped_beating() -> Q:
+    """Running rows whose heartbeat is older than the bound, in database time (a row from before
+    heartbeats: its start)."""
+    stale_before = Now() - timedelta(seconds=fold_heartbeat_stale_after())
+    return Q(heartbeat_at__lt=stale_before) | Q(
+        heartbeat_at__isnull=True, started_at__lt=stale_before
+    )
 
 
 def interrupt_run(ledger: Consolidation, now: datetime) -> Refold | None:
@@ -92,11 +91,17 @@ def interrupt_run(ledger: Consolidation, now: datetime) -> Refold | None:
     with transaction.atomic():
         # The chat first, as a deletion takes it before the ledger and the brief.
         hold_chat(ledger.chat_id)
-        # Conditional: a row that finished meanwhile keeps its own outcome.
-        marked = Consolidation.objects.filter(
-            pk=ledger.pk, status=ConsolidationStatus.RUNNING
-        ).update(
-            status=status, error=error, error_kind=CRASH_KIND if crash else "", finished_at=now
+        # Conditional: a row that finished meanwhile keeps its own outcome, and one whose fold
+        # beat meanwhile (it was alive after all) stays running.
+        marked = (
+            Consolidation.objects.filter(pk=ledger.pk, status=ConsolidationStatus.RUNNING)
+            .filter(stopped_beating())
+            .update(
+                status=status,
+                error=error,
+                error_kind=CRASH_KIND if crash else "",
+                finished_at=now,
+            )
         )
         if marked and crash:
             fail_brief(ledger, ledger.base_version, ABANDONED, CRASH_KIND, now)

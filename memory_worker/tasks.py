@@ -125,7 +125,8 @@ def sweep(scheduled: bool = False) -> int:
 
 
 # Every MEMORY_RECOVERY_INTERVAL_SECONDS, on the sweep's queue: a run whose worker died is
-# found once its lock lapses (one MEMORY_LOCK_TTL_SECONDS at most), and its chat folded at once.
+# found once its heartbeat is stale (deadlines.fold_heartbeat_stale_after), and its chat folded
+# at once.
 @shared_task(
     name="chatmem.recover_runs", queue=settings.MEMORY_SWEEP_QUEUE, base=WorkerDeadlinesTask
 )
@@ -134,7 +135,7 @@ def recover_runs(scheduled: bool = False) -> int:
     interval = settings.MEMORY_RECOVERY_INTERVAL_SECONDS
     if scheduled and not beat_pass_due("recover_runs", interval, now):
         return 0
-    refolds = recover_dead_runs(now, chat_lock())
+    refolds = recover_dead_runs(now)
     for refold in refolds:  # after the rows' marking committed
         request_consolidation(refold.chat_id, refold.trigger)
     return len(refolds)

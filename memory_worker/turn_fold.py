@@ -7,7 +7,6 @@ right whatever the lock does: a turn that gives up waiting folds fenced, without
 import logging
 import time
 import uuid
-from collections.abc import Callable
 from enum import Enum
 
 import redis
@@ -20,7 +19,7 @@ from memory_worker.backends import offline_summarizer, summarizer_backend_name
 from memory_worker.chat_policy import policy_for_chat
 from memory_worker.dispatch import RequestTrigger, fold_queued
 from memory_worker.folds import execute_fold
-from memory_worker.lease import Lease
+from memory_worker.lease import Lease, Renewable
 from memory_worker.locks import ChatLock
 from memory_worker.outcomes import FoldOutcome, FoldResult
 from memory_worker.request_redis import breaker_open, trip_if_timeout
@@ -51,15 +50,19 @@ def fold_before_turn(
     prompt_tokens: int,
     *,
     wait_deadline: float,
-    before_fold: Callable[[], None],
+    deadline: float | None,
+    slot: Renewable,
     lock: ChatLock | None = None,
 ) -> FoldOutcome:
     """This turn's fold of ``decision`` under the chat's lock, or a WAITED outcome when another
     fold committed since ``snapshot`` or ended while the turn waited: the caller then
     re-reads and judges again. A fold in flight is waited for until ``wait_deadline``
-    (``time.monotonic()``). ``before_fold`` runs before the turn's own fold (the caller renews
-    its turn slot: a wait and a fold together can outlast it). ``prompt_tokens``: the prompt
-    over the bound, for the log."""
+    (``time.monotonic()``). The fold starts no chunk after its first that could not end by
+    ``deadline`` (deadlines.turn_fold_deadline), and renews the turn's ``slot`` before every
+    chunk: a wait and a backlog of chunks together can outlast the slot, which a retry of the
+    turn would then take over. A slot lost all the same (``slot.renew()`` false) starts no
+    further chunk; the caller then finds it taken. ``prompt_tokens``: the prompt over the
+    bound, for the log."""
     lock = lock or request_chat_lock()
     started = time.monotonic()
     token = uuid.uuid4().hex
@@ -67,8 +70,7 @@ def fold_before_turn(
     if waited is Wait.MOVED:
         return _waited(chat.pk, started)
     if waited is Wait.EXPIRED:
-        before_fold()
-        return _fold_or_fall_back(chat, snapshot, decision, prompt_tokens)
+        return _fold_or_fall_back(chat, snapshot, decision, prompt_tokens, deadline, slot)
     # Renewed while the turn folds (one summarizer call can outlast the TTL), for no longer
     # than a task could hold it: a web process that dies frees the chat within one TTL.
     lease = Lease(lock, chat.pk, token, until=time.monotonic() + settings.MEMORY_TASK_TIME_LIMIT)
@@ -76,8 +78,7 @@ def fold_before_turn(
         with lease:
             if brief_version(chat.pk) != snapshot.version:
                 return _waited(chat.pk, started)  # a fold committed since the last look
-            before_fold()
-            return _fold_or_fall_back(chat, snapshot, decision, prompt_tokens)
+            return _fold_or_fall_back(chat, snapshot, decision, prompt_tokens, deadline, slot)
     finally:
         release(chat.pk, token, lock)
 
@@ -157,12 +158,18 @@ def brief_version(chat_id: int) -> int | None:
 
 
 def _fold_or_fall_back(
-    chat: Chat, snapshot: MemorySnapshot, decision: engine.Decision, prompt_tokens: int
+    chat: Chat,
+    snapshot: MemorySnapshot,
+    decision: engine.Decision,
+    prompt_tokens: int,
+    deadline: float | None,
+    slot: Renewable,
 ) -> FoldOutcome:
-    """DESIGN §1.2: a failing summarizer never fails a turn. When the configured one fails the
-    turn's fold, what is left of its range is folded with the offline summarizer (its ledger
-    trigger says so); the next model fold rewrites that summary with the model."""
-    outcome = _fold(chat, snapshot, decision, prompt_tokens)
+    """A failing summarizer never fails a turn. When the configured one fails the turn's fold,
+    what is left of its range is folded with the offline summarizer (its ledger trigger says
+    so; no model call, so no deadline, and the slot still renewed per chunk); the next model
+    fold rewrites that summary with the model."""
+    outcome = _fold(chat, snapshot, decision, prompt_tokens, deadline, slot)
     if outcome.status != FoldResult.FAILED or summarizer_backend_name() == "offline":
         return outcome
     log.warning(
@@ -187,11 +194,17 @@ def _fold_or_fall_back(
         fallback_reason=outcome.error,
         # A summary must not carry what the model refused: the next model fold would be too.
         withhold=outcome.kind in REFUSAL_KINDS,
+        lease=slot,
     )
 
 
 def _fold(
-    chat: Chat, snapshot: MemorySnapshot, decision: engine.Decision, prompt_tokens: int
+    chat: Chat,
+    snapshot: MemorySnapshot,
+    decision: engine.Decision,
+    prompt_tokens: int,
+    deadline: float | None,
+    slot: Renewable,
 ) -> FoldOutcome:
     log.info(
         "synchronous fold before the model call",
@@ -203,7 +216,15 @@ def _fold(
             "prompt_tokens": prompt_tokens,
         },
     )
-    return execute_fold(chat, snapshot, decision, now=database_now(), synchronous=True)
+    return execute_fold(
+        chat,
+        snapshot,
+        decision,
+        now=database_now(),
+        synchronous=True,
+        deadline=deadline,
+        lease=slot,
+    )
 
 
 def _waited(chat_id: int, started: float) -> FoldOutcome:

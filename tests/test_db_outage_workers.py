@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 import typing
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ from django.utils import timezone
 from conversations import health
 from conversations.models import Brief, Consolidation
 from memory_worker import fold_commit, folds, retries, sweep, tasks
+from memory_worker.deadlines import fold_heartbeat_stale_after
 from memory_worker.runtime import chat_lock
 from tests.conftest import contract_chat_after_turns
 
@@ -272,6 +274,8 @@ def test_folds_interrupted_by_outages_are_not_counted_as_deaths(api: Any, ladder
             **row, status="interrupted", error="OperationalError (database error)"
         )
     dead = Consolidation.objects.create(**row)
+    stopped = timezone.now() - timedelta(seconds=fold_heartbeat_stale_after() + 1)
+    Consolidation.objects.filter(pk=dead.pk).update(heartbeat_at=stopped)  # its worker died
     assert sweep.deaths_in_a_row(dead) == 1
     refold = sweep.interrupt_run(dead, timezone.now())
     assert refold is not None and refold.chat_id == chat_id

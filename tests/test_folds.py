@@ -386,7 +386,14 @@ def test_flush_hooks_run_after_a_committed_fold(api, settings, transactional_db)
 
 def committed_rows(chat_id: int) -> tuple[dict[str, object], list[dict[str, object]]]:
     """The brief and the ledger rows a fold wrote, without ids and wall-clock times."""
-    clock = {"updated_at", "last_consolidated_at", "started_at", "finished_at", "duration_ms"}
+    clock = {
+        "updated_at",
+        "last_consolidated_at",
+        "started_at",
+        "heartbeat_at",
+        "finished_at",
+        "duration_ms",
+    }
     brief = {
         k: v
         for k, v in Brief.objects.filter(chat_id=chat_id).values().get().items()

@@ -8,6 +8,7 @@ import json
 import logging
 import re
 import shlex
+import time
 from collections.abc import Iterator
 from datetime import timedelta
 from types import SimpleNamespace
@@ -20,9 +21,21 @@ from django.utils import timezone
 
 from conversations.models import Brief, Chat, Consolidation
 from conversations.rows import database_now
-from memory_worker import fold_ledger, folds, request_redis, retries, runs, sweep, tasks
+from memory_worker import (
+    deadlines,
+    fold_ledger,
+    folds,
+    request_redis,
+    retries,
+    runs,
+    sweep,
+    tasks,
+)
 from memory_worker.dispatch import RequestTrigger
 from memory_worker.locks import LocalChatLock
+from memory_worker.summarizers import SummaryResult
+from tests.conftest import contract_chat_after_turns
+from tests.test_fold_guard import DROPS_CODE, KEPT, OLD
 from tests.test_folds import new_chat, turns
 from tests.workers import ROOT, Worker, point_celery_at, wait_until
 
@@ -153,13 +166,20 @@ def test_the_sweep_reaches_every_chat_however_many_have_nothing_due(api) -> None
 # --- Runs whose worker died --------------------------------------------------------------
 
 
-def running_row(chat_id: int, *, age: float = 0.0, **fields: Any) -> Consolidation:
-    """A ledger row left "running", started ``age`` seconds ago."""
+def running_row(
+    chat_id: int, *, age: float = 0.0, beating: bool = False, **fields: Any
+) -> Consolidation:
+    """A ledger row left "running", started ``age`` seconds ago; its heartbeat stopped then,
+    older than the bound (a dead fold's), unless ``beating`` (a live fold's, renewed just now)."""
     values = {"trigger": "turn", "from_seq": 1, "to_seq": 2, "base_version": 0, **fields}
     row = Consolidation.objects.create(chat_id=chat_id, **values)
-    if age:
-        started_at = timezone.now() - timedelta(seconds=age)
-        Consolidation.objects.filter(pk=row.pk).update(started_at=started_at)
+    started_at = timezone.now() - timedelta(seconds=age)
+    stopped = timezone.now() - timedelta(
+        seconds=max(age, deadlines.fold_heartbeat_stale_after() + 1)
+    )
+    Consolidation.objects.filter(pk=row.pk).update(
+        started_at=started_at, heartbeat_at=timezone.now() if beating else stopped
+    )
     return row
 
 
@@ -169,19 +189,19 @@ def status_of(row: Consolidation) -> str:
 
 
 @pytest.mark.django_db
-def test_a_running_row_whose_lock_lapsed_is_interrupted_and_refolded_at_once(api) -> None:  # type: ignore[no-untyped-def]
-    """A background run takes its chat's lock before it writes its row and finishes the row
-    before it releases the lock: a running row whose lock is free died with its worker,
-    however young. It is not the chat's failure: no count, no backoff, and the chat is
-    folded again at once (a manual fold stays manual)."""
+def test_a_running_row_whose_heartbeat_stopped_is_interrupted_and_refolded_at_once(api) -> None:  # type: ignore[no-untyped-def]
+    """A live fold renews its row's heartbeat before each summarizer call: a running row whose
+    heartbeat is older than the bound died with its worker, whether or not the chat's lock is
+    held (another run may have taken it since). It is not the chat's failure: no count, no
+    backoff, and the chat is folded again at once (a manual fold stays manual)."""
     lock = LocalChatLock(ttl_seconds=30)
     dead, live, manual = new_chat(api), new_chat(api), new_chat(api)
     dead_row = running_row(dead)
-    live_row = running_row(live)
-    assert lock.acquire_or_mark_pending(live, "its-run")
+    live_row = running_row(live, beating=True)
     manual_row = running_row(manual, trigger="manual")
+    assert lock.acquire_or_mark_pending(manual, "a-later-run")
     now = timezone.now()
-    refolds = sweep.recover_dead_runs(now, lock)
+    refolds = sweep.recover_dead_runs(now)
     assert refolds == [
         sweep.Refold(dead, RequestTrigger.SWEEP),
         sweep.Refold(manual, RequestTrigger.MANUAL),
@@ -195,32 +215,30 @@ def test_a_running_row_whose_lock_lapsed_is_interrupted_and_refolded_at_once(api
     brief = Brief.objects.get(chat_id=dead)
     assert (brief.consecutive_failures, brief.next_attempt_at, brief.degraded) == (0, None, False)
     assert brief.last_error == ""
-    # Once its lock is free (the run ended without finishing its row), the live row too.
-    assert lock.release(live, "its-run")
-    assert sweep.recover_dead_runs(timezone.now(), lock) == [
-        sweep.Refold(live, RequestTrigger.SWEEP)
-    ]
+    # Once its heartbeat stops (the run died without finishing its row), the live row too.
+    stopped = Now() - timedelta(seconds=deadlines.fold_heartbeat_stale_after() + 1)
+    Consolidation.objects.filter(pk=live_row.pk).update(heartbeat_at=stopped)
+    assert sweep.recover_dead_runs(timezone.now()) == [sweep.Refold(live, RequestTrigger.SWEEP)]
 
 
 @pytest.mark.django_db
-def test_a_row_older_than_any_lock_can_be_held_is_dead_whatever_the_lock_says(  # type: ignore[no-untyped-def]
-    api, settings
+def test_a_turns_fold_whose_heartbeat_stopped_is_interrupted_and_left_to_the_next_turn(  # type: ignore[no-untyped-def]
+    api,
 ):
-    """Another run holds the chat now (it took the lapsed lock), or the row is a turn's fold,
-    which may fold without the lock: only the row's age, in database time, tells. A turn's
-    fold that died with its web process is not the background's to redo."""
-    lock = LocalChatLock(ttl_seconds=30)
-    longest = settings.MEMORY_TASK_TIME_LIMIT + settings.MEMORY_LOCK_TTL_SECONDS
+    """A turn's fold, which may fold without the lock, is judged by its heartbeat too, in
+    database time; one that died with its web process is not the background's to redo. A row
+    from before heartbeats is judged by its start."""
+    bound = deadlines.fold_heartbeat_stale_after()
     chat_id = new_chat(api)
-    assert lock.acquire_or_mark_pending(chat_id, "a-later-run")
-    young_turn = running_row(chat_id, synchronous=True)
-    old_turn = running_row(chat_id, age=longest + 5, synchronous=True)
-    old_task = running_row(chat_id, age=longest + 5)
-    young_task = running_row(chat_id, age=longest - 5)
-    assert sweep.recover_dead_runs(timezone.now(), lock) == [
-        sweep.Refold(chat_id, RequestTrigger.SWEEP)
-    ]
-    assert [status_of(row) for row in (young_turn, old_turn, old_task, young_task)] == [
+    young_turn = running_row(chat_id, synchronous=True, beating=True)
+    old_turn = running_row(chat_id, age=bound + 5, synchronous=True)
+    old_unstamped = running_row(chat_id, age=bound + 5)
+    young_unstamped = running_row(chat_id, age=bound - 5)
+    Consolidation.objects.filter(pk__in=[old_unstamped.pk, young_unstamped.pk]).update(
+        heartbeat_at=None
+    )
+    assert sweep.recover_dead_runs(timezone.now()) == [sweep.Refold(chat_id, RequestTrigger.SWEEP)]
+    assert [status_of(row) for row in (young_turn, old_turn, old_unstamped, young_unstamped)] == [
         "running",
         "interrupted",
         "interrupted",
@@ -234,22 +252,21 @@ def test_a_fold_that_kills_its_worker_three_times_in_a_row_counts_as_a_crash(api
     """Out of memory on every attempt: retried at once twice, then counted on the brief like a
     crash (backoff, then degraded) instead of being retried at once for ever. A committed or
     failed fold between the deaths starts the count again."""
-    lock = LocalChatLock(ttl_seconds=30)
     chat_id = new_chat(api)
     for _ in range(retries.CRASH_AFTER_INTERRUPTIONS - 1):
         running_row(chat_id)
-        assert sweep.recover_dead_runs(timezone.now(), lock) == [
+        assert sweep.recover_dead_runs(timezone.now()) == [
             sweep.Refold(chat_id, RequestTrigger.SWEEP)
         ]
     third = running_row(chat_id)
     now = timezone.now()
-    assert sweep.recover_dead_runs(now, lock) == []
+    assert sweep.recover_dead_runs(now) == []
     assert (status_of(third), third.error) == ("failed", "abandoned: worker died")
     brief = Brief.objects.get(chat_id=chat_id)
     assert (brief.consecutive_failures, brief.last_error) == (1, third.error)
     assert brief.next_attempt_at is not None and brief.next_attempt_at > now
     fourth = running_row(chat_id)  # still dying: still counted
-    assert sweep.recover_dead_runs(timezone.now(), lock) == []
+    assert sweep.recover_dead_runs(timezone.now()) == []
     assert status_of(fourth) == "failed"
     assert Brief.objects.get(chat_id=chat_id).consecutive_failures == 2
     # A fold that finished (here: failed on the model) ends the streak; a turn's fold that
@@ -259,28 +276,31 @@ def test_a_fold_that_kills_its_worker_three_times_in_a_row_counts_as_a_crash(api
     )
     running_row(chat_id, age=10_000, synchronous=True)
     fifth = running_row(chat_id)
-    assert sweep.recover_dead_runs(timezone.now(), lock) == [
-        sweep.Refold(chat_id, RequestTrigger.SWEEP)
-    ]
+    assert sweep.recover_dead_runs(timezone.now()) == [sweep.Refold(chat_id, RequestTrigger.SWEEP)]
     assert status_of(fifth) == "interrupted"
 
 
 @pytest.mark.django_db
-def test_a_run_that_finishes_while_the_recovery_looks_keeps_its_outcome(api, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    """The recovery reads the running rows, then the lock: a run that commits and releases in
-    between is seen with its lock free, and its row, no longer running, is left as it is."""
-    lock = LocalChatLock(ttl_seconds=30)
-    chat_id = new_chat(api)
-    row = running_row(chat_id)
-    real = sweep.lock_lapsed
+def test_a_run_that_finishes_or_beats_while_the_recovery_looks_keeps_its_outcome(  # type: ignore[no-untyped-def]
+    api, monkeypatch
+):
+    """The recovery reads the stale rows, then marks each with a conditional UPDATE: a run that
+    commits in between keeps its outcome, and one that renews its heartbeat in between (alive
+    after all) stays running."""
+    finished, beat = new_chat(api), new_chat(api)
+    finished_row, beat_row = running_row(finished), running_row(beat)
+    real = sweep.interrupt_run
 
-    def commit_then_look(ledger, chat_lock):  # type: ignore[no-untyped-def]
-        Consolidation.objects.filter(pk=ledger.pk).update(status="succeeded")
-        return real(ledger, chat_lock)
+    def meanwhile(ledger, now):  # type: ignore[no-untyped-def]
+        if ledger.pk == finished_row.pk:
+            Consolidation.objects.filter(pk=ledger.pk).update(status="succeeded")
+        else:
+            assert fold_ledger.beat(ledger)
+        return real(ledger, now)
 
-    monkeypatch.setattr(sweep, "lock_lapsed", commit_then_look)
-    assert sweep.recover_dead_runs(timezone.now(), lock) == []
-    assert status_of(row) == "succeeded"
+    monkeypatch.setattr(sweep, "interrupt_run", meanwhile)
+    assert sweep.recover_dead_runs(timezone.now()) == []
+    assert (status_of(finished_row), status_of(beat_row)) == ("succeeded", "running")
 
 
 @pytest.mark.django_db
@@ -651,8 +671,9 @@ def test_a_live_fold_stamped_by_a_slow_clock_is_not_abandoned_by_a_fast_one(  # 
     api, settings, monkeypatch
 ):
     """A turn's fold on a host 5 minutes slow, judged by a sweep on a host 5 minutes fast: the
-    row's start and the sweep's now are both the database's, so the live row stays running."""
-    settings.MEMORY_TASK_TIME_LIMIT, settings.MEMORY_LOCK_TTL_SECONDS = 6, 3
+    row's start and heartbeat and the sweep's now are all the database's, so the live row
+    stays running."""
+    settings.MEMORY_LLM_TIMEOUT_SECONDS, settings.MEMORY_LOCK_TTL_SECONDS = 3, 3
     chat_id = new_chat(api)
     skew_clock(monkeypatch, -300)
     ledger = Consolidation(
@@ -660,9 +681,10 @@ def test_a_live_fold_stamped_by_a_slow_clock_is_not_abandoned_by_a_fast_one(  # 
     )
     fold_ledger.record_running(ledger)
     skew_clock(monkeypatch, +300)
-    assert sweep.recover_dead_runs(database_now(), LocalChatLock(ttl_seconds=3)) == []
+    assert sweep.recover_dead_runs(database_now()) == []
     assert status_of(ledger) == "running"
     assert abs((ledger.started_at - database_now()).total_seconds()) < 5
+    assert abs((ledger.heartbeat_at - database_now()).total_seconds()) < 5
 
 
 @pytest.mark.django_db
@@ -684,3 +706,70 @@ def test_backoff_counts_from_the_database_clock_whatever_the_hosts(  # type: ign
     assert chat_id not in sweep.sweep_candidates(database_now(), lock, 100)
     Brief.objects.filter(chat_id=chat_id).update(next_attempt_at=Now() - timedelta(seconds=1))
     assert chat_id in sweep.sweep_candidates(database_now(), lock, 100)
+
+
+# --- A live fold is told from a dead one by its heartbeat ---------------------------------
+
+
+@pytest.mark.django_db
+def test_a_live_fold_whose_lock_lapsed_is_not_interrupted_while_its_heartbeat_is_fresh(  # type: ignore[no-untyped-def]
+    api,
+):
+    """Redis restarted without persistence, a worker cut off from it past the lock TTL, a
+    process stall: the chat's lock is gone under a fold that is still alive. The recovery tells
+    a live fold from a dead one by the heartbeat its ledger row carries (database time, stamped
+    at its start and renewed before each summarizer call), not by the lock: sweep after sweep
+    it neither interrupts the fold nor counts a death against the chat. A row whose heartbeat
+    is older than the staleness bound is dead, whatever the lock says."""
+    lock = LocalChatLock(ttl_seconds=30)  # holds nothing: every lock lapsed
+    chat_id = new_chat(api)
+    live = running_row(chat_id, beating=True)
+    for _ in range(retries.CRASH_AFTER_INTERRUPTIONS):
+        assert sweep.recover_dead_runs(database_now()) == []
+    assert status_of(live) == "running"
+    brief = Brief.objects.get(chat_id=chat_id)
+    assert (brief.consecutive_failures, brief.next_attempt_at, brief.last_error) == (0, None, "")
+    # Its heartbeat stops (the process died): dead once older than the bound, lock or none.
+    assert lock.acquire_or_mark_pending(chat_id, "a-later-run")
+    stopped = deadlines.fold_heartbeat_stale_after() + 1
+    Consolidation.objects.filter(pk=live.pk).update(heartbeat_at=Now() - timedelta(seconds=stopped))
+    assert sweep.recover_dead_runs(database_now()) == [sweep.Refold(chat_id, RequestTrigger.SWEEP)]
+    assert (status_of(live), live.error) == ("interrupted", sweep.INTERRUPTED)
+
+
+@pytest.mark.django_db
+def test_a_fold_renews_its_heartbeat_before_each_summarizer_call(api, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """One chunk, two summarizer calls (the fold guard asks for a repair of a summary that
+    dropped a value): the row's heartbeat is stamped when the fold starts and renewed before
+    the second call, in database time, so a fold of several slow calls never looks dead."""
+    chat_id = contract_chat_after_turns(api, 6)
+    Brief.objects.filter(chat_id=chat_id).update(summary=OLD)
+    beats: list[Any] = []
+
+    class SlowRepairing:
+        name = "slow-repairing"
+
+        def __init__(self, cap_tokens: int | None = None) -> None:
+            self.texts = [DROPS_CODE, KEPT]
+
+        def _call(self) -> SummaryResult:
+            beats.append(
+                Consolidation.objects.filter(chat_id=chat_id, status="running")
+                .values_list("started_at", "heartbeat_at")
+                .get()
+            )
+            time.sleep(0.3)
+            return SummaryResult(self.texts.pop(0), 100, 10, self.name)
+
+        def summarize(self, current_summary, messages):  # type: ignore[no-untyped-def]
+            return self._call()
+
+        def repair(self, current_summary, messages, draft, keep):  # type: ignore[no-untyped-def]
+            return self._call()
+
+    monkeypatch.setattr(folds, "get_summarizer", SlowRepairing)
+    outcome = folds.consolidate_once(chat_id, RequestTrigger.MANUAL)
+    assert outcome.status == "succeeded", outcome
+    [(started, first), (_, second)] = beats
+    assert first == started
+    assert (second - first).total_seconds() >= 0.3

@@ -3,6 +3,7 @@ worker, PostgreSQL and Redis: one fold per range on every path. A turn over its 
 waits for the fold in flight instead of summarizing the same range; with none in flight it
 folds under the chat's lock and hands on a trigger that arrived meanwhile."""
 
+import itertools
 import logging
 import threading
 import time
@@ -11,7 +12,8 @@ from typing import Any
 import pytest
 from django.db import connection
 
-from conversations.models import Brief, Consolidation, Message
+from conversations.models import Brief, Chat, Consolidation, Message
+from memory_worker import folds as folds_module
 from memory_worker import runs
 from memory_worker.dispatch import RequestTrigger, mark_queued
 from memory_worker.folds import consolidate_once
@@ -322,4 +324,59 @@ def test_a_stalled_redis_holds_a_turns_synchronous_fold_for_one_request_timeout_
     assert Consolidation.objects.filter(
         chat_id=chat_id, synchronous=True, status="succeeded"
     ).exists()
+    assert chat_violations(chat_id) == []
+
+
+def test_a_turns_fold_longer_than_its_slot_keeps_the_slot_and_no_retry_folds_it_again(
+    require_postgres, broker, settings, user, use_fake_openai, monkeypatch
+) -> None:  # type: ignore[no-untyped-def]
+    """A backlog of nine summarizer chunks (0.4 s each) before a turn whose slot goes stale
+    after 2 s. The turn's fold has a deadline within the slot's lifetime (no chunk starts that
+    could not end by then) and renews the slot before every chunk, so the client's retry, sent
+    once the slot would have gone stale, cannot take it over: the turn answers 201 for the work
+    it did, and no range is summarized twice."""
+    settings.MEMORY_DISPATCH = "off"  # build the backlog without triggering anything
+    api = client_for(user)
+    body = {"policy": "sliding-window", "policy_overrides": {"tail_messages": 2, "window": 4}}
+    chat_id = api.post("/api/v1/chats/", body, format="json").json()["id"]
+    for number in range(10):  # 20 messages, none folded
+        assert post_turn(user, chat_id, f"fact {number}").status_code == 201
+    # Over the bound now: the next turn folds down to the 2-message tail, a turn per chunk.
+    overrides = {"tail_messages": 2, "window": 4, "hard_limit": 8, "context_size": 18}
+    Chat.objects.filter(pk=chat_id).update(policy_overrides=overrides)
+    settings.MEMORY_DISPATCH = "celery"
+    settings.MEMORY_SUMMARIZER_INPUT_BUDGET = 1
+    settings.MEMORY_LLM_TIMEOUT_SECONDS = 1.0
+    settings.TURN_SLOT_STALE_SECONDS = 2.0
+    use_fake_openai.summarize_latency = 0.4
+    slot_at_chunk: list[Any] = []
+    fold_chunk = folds_module.fold_chunk
+
+    def chunk_seeing_the_slot(*args, **kwargs):  # type: ignore[no-untyped-def]
+        slot_at_chunk.append(
+            Chat.objects.filter(pk=chat_id).values_list("turn_started_at", flat=True).get()
+        )
+        return fold_chunk(*args, **kwargs)
+
+    monkeypatch.setattr(folds_module, "fold_chunk", chunk_seeing_the_slot)
+    responses: list[Any] = []
+
+    def send() -> None:
+        try:
+            responses.append(post_turn(user, chat_id, "over the bound"))
+        finally:
+            connection.close()
+
+    sender = threading.Thread(target=send)
+    sender.start()
+    time.sleep(settings.TURN_SLOT_STALE_SECONDS + 0.3)
+    retry = post_turn(user, chat_id, "over the bound")  # the client gave up waiting
+    sender.join(timeout=30)
+    assert responses and responses[0].status_code == 201, responses[0].content
+    assert retry.status_code in (201, 409), retry.content
+    assert len(slot_at_chunk) >= 2
+    assert all(later > earlier for earlier, later in itertools.pairwise(slot_at_chunk))
+    ledger = Consolidation.objects.filter(chat_id=chat_id)
+    assert set(ledger.values_list("status", flat=True)) == {"succeeded"}
+    assert ledger.count() == len(use_fake_openai.summarize_requests())
     assert chat_violations(chat_id) == []

@@ -4,15 +4,15 @@ fold of its chat already in flight. The message list itself: services.context.""
 
 import time
 import uuid
-from functools import partial
 
 from django.conf import settings
 
 from conversations.models import Brief, Chat
-from conversations.services.turn_slot import raise_if_deleted, renew_turn_slot
+from conversations.services.turn_slot import TurnSlotLease, raise_if_deleted, renew_turn_slot
 from conversations.variants import ModelVariant
 from memory_worker import policy as engine
 from memory_worker.chat_policy import policy_for_chat
+from memory_worker.deadlines import time_for_a_chunk, turn_fold_deadline
 from memory_worker.engine_state import prompt_tokens
 from memory_worker.outcomes import FoldResult
 from memory_worker.state import MemorySnapshot, engine_state, load_snapshot
@@ -46,7 +46,12 @@ def bounded_snapshot(
     policy = policy_for_chat(chat)
     # Waiting for folds in flight (each commit is re-read) is bounded in time, not in count: a
     # background fold may free less than this turn needs, and the next one is waited for too.
-    wait_deadline = time.monotonic() + settings.MEMORY_LLM_TIMEOUT_SECONDS
+    started = time.monotonic()
+    wait_deadline = started + settings.MEMORY_LLM_TIMEOUT_SECONDS
+    # The turn's own folding is bounded too, within its slot's lifetime: no summarizer chunk
+    # starts that could not end by then, and the slot is renewed before each one.
+    fold_deadline = turn_fold_deadline(started)
+    slot = TurnSlotLease(chat, token)
     folds = 0
     snapshot = first if first is not None else snapshot_of_live_chat(chat)
     while folds < SYNC_FOLD_ATTEMPTS:
@@ -56,13 +61,21 @@ def bounded_snapshot(
             raise ContextOverBound(too_big_message(opens_turn), retryable=False)
         if pre_turn.fold is None:
             return snapshot
+        if folds and not time_for_a_chunk(fold_deadline):
+            # The turn folded what its deadline allowed, and that is not enough: what it folded
+            # stays, and a retry (or the chat's background fold) goes on from there.
+            raise ContextOverBound(
+                "The memory fold needed before this turn is longer than a turn may wait; what "
+                "was folded is kept and nothing was stored: retry to continue."
+            )
         outcome = fold_before_turn(
             chat,
             snapshot,
             pre_turn.fold,
             prompt_tokens(state, user_tokens),
             wait_deadline=wait_deadline,
-            before_fold=partial(renew_turn_slot, chat, token),
+            deadline=fold_deadline,
+            slot=slot,
         )
         if outcome.status == FoldResult.FAILED:
             raise ContextOverBound(

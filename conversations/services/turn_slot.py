@@ -155,8 +155,7 @@ def renew_turn_slot(chat: Chat, token: uuid.UUID) -> None:
     """After a synchronous fold: the slot's age counts from now again, since summarizer calls
     can outlast TURN_SLOT_STALE_SECONDS before the model is even called. Raises TurnInProgress
     when another request has taken the slot over: this turn stops, having stored nothing."""
-    renewed = Chat.objects.filter(pk=chat.pk, turn_token=token).update(turn_started_at=Now())
-    if not renewed:
+    if not TurnSlotLease(chat, token).renew():
         raise_if_deleted(chat)
         raise TurnInProgress(
             "The memory fold before this turn took so long that another turn of this chat "
@@ -167,3 +166,21 @@ def renew_turn_slot(chat: Chat, token: uuid.UUID) -> None:
 def raise_if_deleted(chat: Chat) -> None:
     if not Chat.objects.filter(pk=chat.pk).exists():
         raise Chat.DoesNotExist(f"chat {chat.pk} was deleted during its turn")
+
+
+@dataclass(frozen=True)
+class TurnSlotLease:
+    """The turn's slot as its synchronous fold keeps it (memory_worker.folds.execute_fold's
+    ``lease``): renewed before every summarizer chunk, so a backlog of chunks longer than
+    TURN_SLOT_STALE_SECONDS never leaves a live turn's slot looking abandoned to a retry."""
+
+    chat: Chat
+    token: uuid.UUID
+
+    def renew(self) -> bool:
+        """The slot's age counts from now (database time: other hosts judge it), if the slot is
+        still this turn's; whether it was."""
+        renewed = Chat.objects.filter(pk=self.chat.pk, turn_token=self.token).update(
+            turn_started_at=Now()
+        )
+        return bool(renewed)
