@@ -35,7 +35,7 @@ from memory_worker.dispatch import RequestTrigger
 from memory_worker.locks import LocalChatLock
 from memory_worker.summarizers import SummaryResult
 from tests.conftest import contract_chat_after_turns
-from tests.test_fold_guard import DROPS_CODE, KEPT, OLD
+from tests.test_fold_guard import room_for_one_more, rules_only
 from tests.test_folds import new_chat, turns
 from tests.workers import ROOT, Worker, point_celery_at, wait_until
 
@@ -739,18 +739,23 @@ def test_a_live_fold_whose_lock_lapsed_is_not_interrupted_while_its_heartbeat_is
 
 @pytest.mark.django_db
 def test_a_fold_renews_its_heartbeat_before_each_summarizer_call(api, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    """One chunk, two summarizer calls (the fold guard asks for a repair of a summary that
-    dropped a value): the row's heartbeat is stamped when the fold starts and renewed before
-    the second call, in database time, so a fold of several slow calls never looks dead."""
+    """One chunk, two summarizer calls (the fold guard asks for a repair: two rules the draft
+    dropped do not both fit the cap): the row's heartbeat is stamped when the fold starts and
+    renewed before the second call, in database time, so a fold of several slow calls never
+    looks dead."""
     chat_id = contract_chat_after_turns(api, 6)
-    Brief.objects.filter(chat_id=chat_id).update(summary=OLD)
+    old, zulu = rules_only(5), "Never use zulu on 1025."
+    draft = rules_only(5, start=2) + f"\n- {zulu}"
+    cap = room_for_one_more(draft, "Never use bravo on 1001.")
+    Brief.objects.filter(chat_id=chat_id).update(summary=old)
+    Chat.objects.filter(pk=chat_id).update(policy_overrides={"summary_token_cap": cap})
     beats: list[Any] = []
 
     class SlowRepairing:
         name = "slow-repairing"
 
         def __init__(self, cap_tokens: int | None = None) -> None:
-            self.texts = [DROPS_CODE, KEPT]
+            self.texts = [draft, draft]  # the repair ignores the request
 
         def _call(self) -> SummaryResult:
             beats.append(
