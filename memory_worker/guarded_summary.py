@@ -153,11 +153,29 @@ def losses_of(text: str, context: GuardContext) -> list[fold_guard.Loss]:
     )
 
 
+# Evicting whole lines can free more than a restored line takes: what then has room is spliced
+# in the next round. Each round only fills room, so a few are enough.
+SPLICE_ROUNDS = 4
+
+
 def splice_in(text: str, lost: Sequence[fold_guard.Loss], context: GuardContext) -> Splice:
     cap = context.cap_tokens
     fits = Fits(cap, None if cap is None else fold_guard.usable_tokens(cap), context.model)
-    restore = [Restore(loss.heading, loss.line) for loss in lost]
-    return splice(text, restore, fits, context.user_lines)
+    done = Splice(text, (), (), ())
+    for _ in range(SPLICE_ROUNDS):
+        tried = {*done.restored, *done.left_out, *done.evicted}
+        todo = [Restore(loss.heading, loss.line) for loss in lost if loss.line not in tried]
+        if not todo:
+            break
+        step = splice(done.text, todo, fits, context.user_lines)
+        done = Splice(
+            step.text,
+            (*done.restored, *step.restored),
+            (*done.left_out, *step.left_out),
+            (*done.evicted, *step.evicted),
+        )
+        lost = losses_of(done.text, context)
+    return done
 
 
 def must_ask(spliced: Splice, context: GuardContext) -> bool:
