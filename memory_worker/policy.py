@@ -295,6 +295,10 @@ def _token_fold_end(state: ChatState, policy: Policy, newest_allowed: int) -> in
     reserve = max(policy.max_summary_tokens, state.summary_tokens) + state.pinned_tokens
     end = newest_allowed
     for boundary, after in after_boundaries(state).items():
+        if boundary <= state.last_consolidated:
+            # The history may fit the target while the prompt (its overhead too) is over the
+            # trigger: a fold that fired takes at least the oldest turn.
+            continue
         if boundary > newest_allowed:
             break
         if reserve + after.tokens <= target:

@@ -527,3 +527,36 @@ def test_a_chat_under_its_thresholds_takes_a_turn_within_its_reserve_without_fol
     new_tokens = data.draw(st.integers(1, max(1, limits.prompt_reserve - 4)))
     assume(new_tokens + 4 <= limits.prompt_reserve)
     assert decide_before_turn(state, policy, new_tokens) == PreTurn(None, True)
+
+
+def test_a_token_fold_whose_history_fits_its_target_while_the_prompt_is_over_still_folds() -> None:
+    """Found by the state machine: a target a user set just under the trigger (2,435 against a
+    prompt trigger of 2,498) is met by the history alone while the prompt, with its overhead,
+    is over the trigger. The fold that fired takes the oldest turn instead of nothing."""
+    machine = Conversation()
+    machine.policy = resolve_policy("token-budget", {"fold_target_tokens": 2435})
+    machine.window = 4_000
+    for _ in range(4):
+        machine.background(fails=False, falls_back=False)
+    sizes = [(388, 1, 1, False), (1500, 403, 0, False)]
+    for user_tokens, reply_tokens, tool_calls, unanswered in sizes:
+        machine.turn(
+            fallback_fails=False,
+            fold_fails=False,
+            reply_tokens=reply_tokens,
+            tool_calls=tool_calls,
+            unanswered=unanswered,
+            user_tokens=user_tokens,
+        )
+    machine.background(fails=False, falls_back=False)
+    machine.turn(
+        fallback_fails=False,
+        fold_fails=False,
+        reply_tokens=1,
+        tool_calls=1,
+        unanswered=True,
+        user_tokens=196,
+    )
+    before = machine.w
+    machine.background(fails=False, falls_back=False)  # asserted a fold before the fix
+    assert machine.w > before
