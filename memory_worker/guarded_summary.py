@@ -135,15 +135,12 @@ def loss_report(context: GuardContext, summary: str, forced_out: Sequence[str]) 
     name (a rule in words; a line the draft wrote that the splice evicted for a rule), whole."""
     details = fold_guard.dropped_details(context.current_summary, context.messages, summary)
     named = {fold_guard.detail_key(detail) for detail in details}
-    return [
-        *details,
-        *(
-            line
-            for line in forced_out
-            if not {fold_guard.detail_key(d) for d in fold_guard.details_of(line)} <= named
-            or not fold_guard.details_of(line)
-        ),
-    ]
+
+    def said_already(line: str) -> bool:
+        keys = {fold_guard.detail_key(detail) for detail in fold_guard.details_of(line)}
+        return bool(keys) and keys <= named
+
+    return [*details, *(line for line in forced_out if not said_already(line))]
 
 
 def losses_of(text: str, context: GuardContext) -> list[fold_guard.Loss]:
