@@ -326,13 +326,14 @@ MEMORY_LLM_TIMEOUT_SECONDS = env_float("MEMORY_LLM_TIMEOUT_SECONDS", 60.0)
 MEMORY_TASK_SOFT_TIME_LIMIT = env_int("MEMORY_TASK_SOFT_TIME_LIMIT", 240)
 MEMORY_TASK_TIME_LIMIT = env_int("MEMORY_TASK_TIME_LIMIT", 300)
 # The per-chat lock's TTL, renewed by its holder every third of it (memory_worker.lease) until
-# the run ends or its hard time limit: a dead holder's chat is free again within this.
+# the run ends or its hard time limit: a dead holder's chat is free again within this. Also how
+# stale a running fold's heartbeat may grow before the recovery takes the fold for dead.
 MEMORY_LOCK_TTL_SECONDS = env_int("MEMORY_LOCK_TTL_SECONDS", 20)
 BROKER_VISIBILITY_TIMEOUT = env_int("BROKER_VISIBILITY_TIMEOUT", 3600)
 MEMORY_SWEEP_INTERVAL_SECONDS = env_float("MEMORY_SWEEP_INTERVAL_SECONDS", 60.0)
 # How often beat looks for runs whose worker died (a ledger row "running" whose heartbeat is
-# older than 2 x MEMORY_LLM_TIMEOUT_SECONDS + MEMORY_LOCK_TTL_SECONDS) and queues their chats'
-# folds: a dead worker's chat is refolded within that bound, this interval and one fold.
+# older than MEMORY_LOCK_TTL_SECONDS) and queues their chats' folds: a dead worker's chat is
+# refolded within that bound, this interval and one fold.
 MEMORY_RECOVERY_INTERVAL_SECONDS = env_float("MEMORY_RECOVERY_INTERVAL_SECONDS", 10.0)
 # A turn queues no consolidation task for a chat that has one queued and not started yet
 # (memory_worker.dispatch); a marker expires after this (0: no deduplication).

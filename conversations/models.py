@@ -180,7 +180,7 @@ class Consolidation(models.Model):
     due_at = models.DateTimeField(null=True, blank=True)
     started_at = models.DateTimeField(auto_now_add=True)
     # A running fold's sign of life, in database time: stamped when its row is written and
-    # renewed before each further summarizer call (memory_worker.fold_ledger.beat). The recovery
+    # renewed by a thread while the fold lives (memory_worker.fold_ledger.Heartbeat). The recovery
     # takes a running row whose heartbeat is older than deadlines.fold_heartbeat_stale_after()
     # for dead, whatever the chat's lock says (memory_worker.sweep). Empty on rows from before it.
     heartbeat_at = models.DateTimeField(auto_now_add=True, null=True)

@@ -27,11 +27,19 @@ def turn_fold_deadline(started: float) -> float:
 
 
 def fold_heartbeat_stale_after() -> float:
-    """How old a running fold's heartbeat (its ledger row's ``heartbeat_at``, renewed before
-    each summarizer call) may grow while the fold lives, in seconds: one summarizer call at its
-    slowest, which may hold a stricter retry after an over-cap summary (two model requests of
-    MEMORY_LLM_TIMEOUT_SECONDS each), and one MEMORY_LOCK_TTL_SECONDS more for the database work
-    around it. A row whose heartbeat is older is a dead fold's (memory_worker.sweep)."""
+    """How old a running fold's heartbeat (its ledger row's ``heartbeat_at``) may grow while
+    the fold lives, in seconds: MEMORY_LOCK_TTL_SECONDS, the time a dead holder keeps its chat's
+    lock. A thread renews it four times as often (fold_ledger.Heartbeat), so a database blink
+    or a short process stall is not a death. A row whose heartbeat is older is a dead fold's
+    (memory_worker.sweep)."""
+    return float(settings.MEMORY_LOCK_TTL_SECONDS)
+
+
+def call_lifetime() -> float:
+    """How long a fold's heartbeat thread goes on after a summarizer call started: that call at
+    its slowest, which may hold a stricter retry after an over-cap summary (two model requests
+    of MEMORY_LLM_TIMEOUT_SECONDS each), and MEMORY_LOCK_TTL_SECONDS more for the database work
+    around it."""
     return 2 * settings.MEMORY_LLM_TIMEOUT_SECONDS + settings.MEMORY_LOCK_TTL_SECONDS
 
 

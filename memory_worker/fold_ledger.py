@@ -1,9 +1,11 @@
 """The ledger rows of fold attempts (``Consolidation``): the "running" row a fold starts with and
-its heartbeat, the row of a fold a database error interrupted, the fields of every failed fold's
-log line, and the retention of old rows that prove nothing."""
+its heartbeat (renewed from a thread while the fold lives), the row of a fold a database error
+interrupted, the fields of every failed fold's log line, and the retention of old rows that
+prove nothing."""
 
 import logging
 import socket
+import threading
 import time
 import uuid
 from collections.abc import Sequence
@@ -17,6 +19,7 @@ from django.db.models.functions import Now
 from conversations import rows
 from conversations.models import PRUNABLE_STATUSES, Consolidation, ConsolidationStatus
 from conversations.rows import DATABASE_ERRORS
+from memory_worker.deadlines import call_lifetime, fold_heartbeat_stale_after
 from memory_worker.outcomes import FoldResult
 from memory_worker.summarizers import (
     FoldMessage,
@@ -65,21 +68,75 @@ def beat(ledger: Consolidation) -> bool | None:
     return bool(renewed)
 
 
+class Heartbeat:
+    """A running fold's heartbeat, renewed every quarter of the staleness bound
+    (deadlines.fold_heartbeat_stale_after) by a daemon thread, so a fold is judged dead within
+    that bound of its process dying, however long one summarizer call takes. The thread dies
+    with its process, and stops by itself once a summarizer call started (``beat``) should have
+    ended, at the slowest, for a while: a process alive but stuck in a call past its deadline
+    is then taken for dead like a killed one (its commit stays fenced)."""
+
+    def __init__(self, ledger: Consolidation) -> None:
+        self.ledger = ledger
+        self._interval = fold_heartbeat_stale_after() / 4
+        self._stopped = threading.Event()
+        self._until = time.monotonic() + call_lifetime()
+        self._thread = threading.Thread(
+            target=self._run, name=f"chatmem-heartbeat-{ledger.chat_id}", daemon=True
+        )
+
+    def __enter__(self) -> "Heartbeat":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._stopped.set()
+        # A renewal in flight waits at most for the commit's row lock; not waited for longer.
+        self._thread.join(timeout=1.0)
+
+    def beat(self) -> bool | None:
+        """Renewed now, before a summarizer call: the thread beats for that call's lifetime.
+        Whether the row is still running (fold_ledger.beat)."""
+        self._until = time.monotonic() + call_lifetime()
+        return beat(self.ledger)
+
+    def _run(self) -> None:
+        try:
+            while not self._stopped.wait(self._interval):
+                if time.monotonic() >= self._until or not self._renew():
+                    return
+        finally:
+            connection.close()  # the thread's own connection
+
+    def _renew(self) -> bool:
+        """Silent, unlike ``beat``: a row found finished here is most often the fold's own
+        commit, which the renewal waited for."""
+        try:
+            return bool(
+                Consolidation.objects.filter(
+                    pk=self.ledger.pk, status=ConsolidationStatus.RUNNING
+                ).update(heartbeat_at=Now())
+            )
+        except DATABASE_ERRORS:
+            connection.close_if_unusable_or_obsolete()
+            return True  # the database blinked: try again at the next beat
+
+
 class Beating:
     """``summarizer`` renewing its fold's heartbeat before each call but the first (the row was
-    stamped when it was written, just before): a fold of several slow calls (a repair, an
-    isolation's pieces) never looks dead while it works."""
+    stamped when it was written, just before), which tells the fold when the recovery took it
+    for dead and keeps the heartbeat's thread going for that call."""
 
-    def __init__(self, summarizer: Summarizer, ledger: Consolidation) -> None:
+    def __init__(self, summarizer: Summarizer, heartbeat: Heartbeat) -> None:
         self.summarizer = summarizer
-        self.ledger = ledger
+        self.heartbeat = heartbeat
         # (A plug-in's or a test's summarizer may do without the name until it is asked for.)
         self.name: str = getattr(summarizer, "name", type(summarizer).__name__)
         self._calls = 0
 
     def _beat(self) -> None:
         if self._calls:
-            beat(self.ledger)
+            self.heartbeat.beat()
         self._calls += 1
 
     def summarize(self, current_summary: str, messages: Sequence[FoldMessage]) -> SummaryResult:
@@ -103,10 +160,10 @@ class BeatingRepairing(Beating):
         return self.summarizer.repair(current_summary, messages, draft, keep)
 
 
-def beating(summarizer: Summarizer, ledger: Consolidation) -> Summarizer:
+def beating(summarizer: Summarizer, heartbeat: Heartbeat) -> Summarizer:
     if isinstance(summarizer, RepairingSummarizer):
-        return BeatingRepairing(summarizer, ledger)
-    return Beating(summarizer, ledger)
+        return BeatingRepairing(summarizer, heartbeat)
+    return Beating(summarizer, heartbeat)
 
 
 # The error of a row a database error interrupted: "<exception class> (database error)".

@@ -21,7 +21,13 @@ from memory_worker.deadlines import time_for_a_chunk
 from memory_worker.dispatch import RequestTrigger
 from memory_worker.engine_state import Msg
 from memory_worker.fold_commit import commit_fold
-from memory_worker.fold_ledger import WORKER_NAME, beating, record_interrupted, record_running
+from memory_worker.fold_ledger import (
+    WORKER_NAME,
+    Heartbeat,
+    beating,
+    record_interrupted,
+    record_running,
+)
 from memory_worker.fold_refusals import (
     commit_withheld,
     fold_after_error,
@@ -219,20 +225,21 @@ def fold_chunk(
         log.info("chat deleted before its fold started", extra={"chat_id": chat.pk})
         return FoldOutcome(FoldResult.NOTHING, chunk), snapshot
     try:
-        outcome, after = summarize_and_commit(
-            chat,
-            snapshot,
-            chunk,
-            batch,
-            summarizer,
-            ledger,
-            now=now,
-            started=started,
-            deadline=deadline,
-            fallback_reason=fallback_reason,
-            withhold=withhold,
-            cap_tokens=cap_tokens,
-        )
+        with Heartbeat(ledger) as heartbeat:
+            outcome, after = summarize_and_commit(
+                chat,
+                snapshot,
+                chunk,
+                batch,
+                summarizer,
+                heartbeat,
+                now=now,
+                started=started,
+                deadline=deadline,
+                fallback_reason=fallback_reason,
+                withhold=withhold,
+                cap_tokens=cap_tokens,
+            )
     except DATABASE_ERRORS as error:
         # The database failed under the fold (PostgreSQL restarting, the connection killed
         # while the summarizer answered): the attempt says nothing about the chat. Its row is
@@ -361,7 +368,7 @@ def summarize_and_commit(
     chunk: engine.Decision,
     batch: list[Message],
     summarizer: Summarizer,
-    ledger: Consolidation,
+    heartbeat: Heartbeat,
     *,
     now: datetime,
     started: float,
@@ -372,18 +379,19 @@ def summarize_and_commit(
 ) -> tuple[FoldOutcome, MemorySnapshot]:
     """The summarizer call (and the fold guard's repair, memory_worker.guarded_summary), with no
     transaction open, then the commit (or the failure's record) of the chunk whose ledger row
-    ``record_running`` wrote. A background fold whose range the
+    ``record_running`` wrote (``heartbeat``'s). A background fold whose range the
     summarizer has refused often enough (isolation_policy.isolation_due) is bisected in the
     same attempt (memory_worker.fold_isolation); a turn's fold is not: it falls back to the offline
     summarizer (memory_worker.turn_fold) and must not spend the turn's time on probes."""
+    ledger = heartbeat.ledger
     messages = [FoldMessage(m.seq, m.role, m.content) for m in batch]
     if withhold:
         return commit_withheld(
             chat, snapshot, chunk, messages, ledger, fallback_reason, now, started, cap_tokens
         )
     context = guard_context(chat, snapshot, messages, cap_tokens)
-    # Each call after the first renews the row's heartbeat (fold_ledger.beat).
-    summarizer = beating(told_of_pins(summarizer, context.pinned), ledger)
+    # Each call after the first renews the row's heartbeat and its thread's lifetime.
+    summarizer = beating(told_of_pins(summarizer, context.pinned), heartbeat)
     try:
         guarded = guard(summarizer.summarize(snapshot.summary, messages), context, summarizer)
     except SummarizerError as error:

@@ -8,6 +8,7 @@ import json
 import logging
 import re
 import shlex
+import threading
 import time
 from collections.abc import Iterator
 from datetime import timedelta
@@ -778,3 +779,69 @@ def test_a_fold_renews_its_heartbeat_before_each_summarizer_call(api, monkeypatc
     [(started, first), (_, second)] = beats
     assert first == started
     assert (second - first).total_seconds() >= 0.3
+
+
+class SleepingSummarizer:
+    """One summarizer call of ``seconds``, during which ``during`` runs (the recovery's pass,
+    as beat would run it on another host meanwhile)."""
+
+    name = "sleeping"
+
+    def __init__(self, seconds: float, during: Any) -> None:
+        self.seconds, self.during = seconds, during
+
+    def __call__(self, cap_tokens: int | None = None) -> "SleepingSummarizer":
+        return self
+
+    def summarize(self, current_summary, messages):  # type: ignore[no-untyped-def]
+        time.sleep(self.seconds)
+        self.during()
+        return SummaryResult("- Folded.", 100, 10, self.name)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_summarizer_call_longer_than_the_bound_keeps_its_folds_heartbeat_fresh(  # type: ignore[no-untyped-def]
+    api, settings, monkeypatch
+):
+    """One summarizer call outlasts the heartbeat's staleness bound: a thread of the fold's
+    process renews the row's heartbeat meanwhile, so the recovery leaves the live fold running
+    and it commits; once the fold ends, no thread beats for it."""
+    settings.MEMORY_LOCK_TTL_SECONDS = 1
+    chat_id = contract_chat_after_turns(api, 6)
+    seen: list[Any] = []
+
+    def recovery_pass() -> None:
+        seen.append(sweep.recover_dead_runs(database_now()))
+        row = Consolidation.objects.get(chat_id=chat_id, status="running")
+        seen.append((database_now() - row.heartbeat_at).total_seconds())
+
+    summarizer = SleepingSummarizer(deadlines.fold_heartbeat_stale_after() * 2, recovery_pass)
+    monkeypatch.setattr(folds, "get_summarizer", summarizer)
+    assert folds.consolidate_once(chat_id, RequestTrigger.MANUAL).status == "succeeded"
+    refolds, age = seen
+    assert refolds == [] and age < deadlines.fold_heartbeat_stale_after()
+    assert not [t for t in threading.enumerate() if t.name.startswith("chatmem-heartbeat")]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_fold_stuck_in_a_call_past_its_deadline_is_taken_for_dead(  # type: ignore[no-untyped-def]
+    api, settings, monkeypatch
+):
+    """The heartbeat's thread beats only for as long as the call in flight can last at its
+    slowest (deadlines.call_lifetime): a process alive but stuck in a call past that stops
+    beating, and the recovery marks its fold interrupted and refolds the chat, as for a killed
+    worker. The stuck fold's late commit still goes through the fence: nothing folded
+    meanwhile here, so it lands, once."""
+    settings.MEMORY_LOCK_TTL_SECONDS, settings.MEMORY_LLM_TIMEOUT_SECONDS = 1, 0.1
+    chat_id = contract_chat_after_turns(api, 6)
+    version = Brief.objects.get(chat_id=chat_id).version
+    seen: list[Any] = []
+
+    def recovery_pass() -> None:
+        seen.append(sweep.recover_dead_runs(database_now()))
+
+    stuck = deadlines.call_lifetime() + deadlines.fold_heartbeat_stale_after() + 0.5
+    monkeypatch.setattr(folds, "get_summarizer", SleepingSummarizer(stuck, recovery_pass))
+    assert folds.consolidate_once(chat_id, RequestTrigger.MANUAL).status == "succeeded"
+    assert seen == [[sweep.Refold(chat_id, RequestTrigger.MANUAL)]]
+    assert Brief.objects.get(chat_id=chat_id).version == version + 1
