@@ -217,15 +217,16 @@ def section_lines(lines: list[str], start: str, end: str) -> list[str]:
 
 def read_fold_input(source: str) -> tuple[str, list[tuple[str, str]]]:
     """A summarize request's existing summary ("" for NONE) and its new messages as (role,
-    content): the summary is one JSON string, each message line one JSON object."""
+    content): the summary is one JSON string, each message a "Role: <JSON string>" line among
+    "Turn n:" lines."""
     lines = source.splitlines()
     existing = "\n".join(section_lines(lines, SUMMARY_MARKER, END_SUMMARY_MARKER)).strip()
     summary = "" if existing in ("", "NONE") else str(json.loads(existing))
     messages = []
     for line in section_lines(lines, NEW_TURNS_MARKER, END_NEW_TURNS_MARKER):
-        if line.strip():
-            record = json.loads(line)
-            messages.append((str(record["role"]), str(record["content"])))
+        role, separator, text = line.partition(": ")
+        if separator and text.startswith('"'):
+            messages.append((role.lower(), str(json.loads(text))))
     return summary, messages
 
 

@@ -186,7 +186,7 @@ def test_summarize_request_is_classified_and_recorded(
     assert record.body["model"] == "fake-summarizer"
     assert record.headers["authorization"] == "Bearer test"
     assert record.fault is None and record.received_at <= time.monotonic()
-    assert '{"turn":2,"role":"user"' in record.text
+    assert "Turn 2:\nUser: " in record.text
     assert len(server.chat_requests()) == 1
     assert server.counters()["summarize"] == 1
 

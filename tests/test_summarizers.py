@@ -233,17 +233,19 @@ SUMMARY = """## Facts / Constraints
 - None"""
 
 
-def test_fold_input_is_seed_003_sections_with_one_json_message_per_line() -> None:
+def test_fold_input_is_seed_003_sections_and_turns_with_each_text_a_json_string() -> None:
     assert format_fold_input("", TWO_TURNS) == (
         "=== EXISTING_SUMMARY ===\n"
         "NONE\n"
         "=== END_EXISTING_SUMMARY ===\n"
         "\n"
         "=== NEW_TURNS ===\n"
-        '{"turn":1,"role":"user","content":"I practise scales daily."}\n'
-        '{"turn":1,"role":"assistant","content":"Noted: daily scales."}\n'
-        '{"turn":2,"role":"user","content":"My recital is on 12 May."}\n'
-        '{"turn":2,"role":"assistant","content":"Then we plan backwards from 12 May."}\n'
+        "Turn 1:\n"
+        'User: "I practise scales daily."\n'
+        'Assistant: "Noted: daily scales."\n'
+        "Turn 2:\n"
+        'User: "My recital is on 12 May."\n'
+        'Assistant: "Then we plan backwards from 12 May."\n'
         "=== END_NEW_TURNS ==="
     )
 
@@ -262,11 +264,13 @@ def test_fold_input_keeps_tool_traffic_in_its_turn_and_a_leading_reply_opens_a_t
         "=== END_EXISTING_SUMMARY ===\n"
         "\n"
         "=== NEW_TURNS ===\n"
-        '{"turn":1,"role":"assistant","content":"Welcome back."}\n'
-        '{"turn":2,"role":"user","content":"What\'s the weather?"}\n'
-        '{"turn":2,"role":"assistant","content":"(no text)"}\n'
-        '{"turn":2,"role":"tool","content":"{\\"temp\\": 21}"}\n'
-        '{"turn":2,"role":"assistant","content":"It is 21 degrees."}\n'
+        "Turn 1:\n"
+        'Assistant: "Welcome back."\n'
+        "Turn 2:\n"
+        'User: "What\'s the weather?"\n'
+        'Assistant: "(no text)"\n'
+        'Tool: "{\\"temp\\": 21}"\n'
+        'Assistant: "It is 21 degrees."\n'
         "=== END_NEW_TURNS ==="
     )
 
@@ -301,10 +305,12 @@ def test_no_message_or_summary_can_end_open_or_fake_a_section_or_turn(content: s
     for lines in (text.split("\n"), text.splitlines()):
         assert [line for line in lines if line in MARKERS] == MARKERS
         turns = lines[lines.index("=== NEW_TURNS ===") + 1 : lines.index("=== END_NEW_TURNS ===")]
-        assert [json.loads(line) for line in turns] == [
-            {"turn": 1, "role": "user", "content": content.strip()},
-            {"turn": 1, "role": "assistant", "content": content.strip()},
-            {"turn": 2, "role": "user", "content": "plain"},
+        assert turns[0] == "Turn 1:" and turns[3] == "Turn 2:" and len(turns) == 5
+        read = [line.split(": ", 1) for line in (turns[1], turns[2], turns[4])]
+        assert [(role, json.loads(text)) for role, text in read] == [
+            ("User", content.strip()),
+            ("Assistant", content.strip()),
+            ("User", "plain"),
         ]
         existing = lines[lines.index(MARKERS[0]) + 1 : lines.index(MARKERS[1])]
         assert [json.loads(line) for line in existing] == [content.strip()]
