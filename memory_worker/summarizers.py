@@ -5,8 +5,8 @@ input and instructions every backend is given.
 the previous one plus the messages being folded. Every backend gets the same input text
 (``format_fold_input``: seed 003's ``=== EXISTING_SUMMARY === ... === END_NEW_TURNS ===``
 sections and ``Turn n:`` / ``User:`` labels, every text inside them a JSON string), and every
-output is validated the same way (memory_worker.summary_validation): an empty, truncated, refused or over-cap summary is a
-``SummarizerError`` and nothing gets written.
+output is validated the same way (memory_worker.summary_validation): an empty, truncated,
+refused or over-cap summary is a ``SummarizerError`` and nothing gets written.
 
 Backends: ``ChatCompletionsSummarizer`` (memory_worker.chat_summarizer, the default),
 ``ResponsesSummarizer`` (memory_worker.responses_summarizer, a hosted prompt, seed 003) and
