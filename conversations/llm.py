@@ -13,7 +13,7 @@ finish reason, usage). A failure while iterating also raises ``ModelError``.
 """
 
 from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, Self
 
 from memory_worker.tokens import count_tokens
@@ -41,6 +41,32 @@ class ChatCompletion:
     tool_calls: tuple[dict[str, Any], ...] = ()
     # The reply was cut at this many characters, the message cap (CappedChatModel).
     capped_at_chars: int | None = None
+    # What the server reported of its prompt cache, under the names it used (CACHE_USAGE_KEYS):
+    # empty when it reported nothing.
+    cache: Mapping[str, int] = field(default_factory=dict)
+
+
+# OpenAI's count of prompt tokens served from its cache (in usage.prompt_tokens_details), and
+# the cache read and write counts Anthropic's API reports (in usage, as OpenAI-compatible
+# gateways pass them on).
+CACHED_TOKENS = "cached_tokens"
+CACHE_USAGE_KEYS = (CACHED_TOKENS, "cache_read_input_tokens", "cache_creation_input_tokens")
+
+
+def cache_usage(usage: Mapping[str, Any]) -> dict[str, int]:
+    """The prompt cache's counts in a Chat Completions ``usage`` object, those it holds."""
+    details = usage.get("prompt_tokens_details")
+    found = {**usage, **(details if isinstance(details, Mapping) else {})}
+    return {
+        key: found[key]
+        for key in CACHE_USAGE_KEYS
+        if isinstance(found.get(key), int) and not isinstance(found.get(key), bool)
+    }
+
+
+def cached_prompt_tokens(cache: Mapping[str, int]) -> int:
+    """How many prompt tokens the cache served, by whichever name the server said it."""
+    return cache.get(CACHED_TOKENS, cache.get("cache_read_input_tokens", 0))
 
 
 class ModelError(Exception):

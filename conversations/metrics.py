@@ -83,6 +83,12 @@ CONSOLIDATION_LAG_SECONDS = Histogram(
     "From the turn that found a fold due to the fold's commit (folds a turn asked for).",
     buckets=LATENCY_BUCKETS,
 )
+MODEL_INPUT_TOKENS = Counter(
+    "chatmem_model_input_tokens_total",
+    "Prompt tokens of the chat model's replies by model variant, as the server reported them: "
+    "cached (served from its prompt cache) and uncached.",
+    ["variant", "cache"],
+)
 SUMMARIZER_TOKENS = Counter(
     "chatmem_summarizer_tokens_total", "Tokens sent to and received from the summarizer.", ["kind"]
 )
@@ -193,8 +199,18 @@ class MetricsLogHandler(logging.Handler):
                 ENQUEUE_SKIPPED.inc()
             elif event == "throttle_skipped":
                 THROTTLE_SKIPPED.inc()
+            elif event == "model_usage":
+                self.model_usage(record)
         except Exception:  # metrics must never break the code that logs
             self.handleError(record)
+
+    @staticmethod
+    def model_usage(record: logging.LogRecord) -> None:
+        variant = str(getattr(record, "variant", "unknown"))
+        prompt, cached = getattr(record, "prompt_tokens", 0), getattr(record, "cached_tokens", 0)
+        if isinstance(prompt, int) and isinstance(cached, int):
+            MODEL_INPUT_TOKENS.labels(variant, "cached").inc(max(0, min(cached, prompt)))
+            MODEL_INPUT_TOKENS.labels(variant, "uncached").inc(max(0, prompt - cached))
 
     @staticmethod
     def fold(record: logging.LogRecord) -> None:

@@ -25,6 +25,7 @@ from conversations.llm import (
     ModelError,
     ModelMessages,
     ToolOptions,
+    cache_usage,
     count_messages,
     require_reply,
 )
@@ -187,6 +188,7 @@ class StreamState:
     finish_reason: str | None = None
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
+    cache: dict[str, int] = field(default_factory=dict)
     # Tool calls arrive in pieces keyed by index: the id and name first, then argument text.
     tool_calls: dict[int, dict[str, Any]] = field(default_factory=dict)
 
@@ -200,6 +202,7 @@ class StreamState:
         if chunk.usage:  # the last chunk, with include_usage, has usage and no choices
             self.prompt_tokens = chunk.usage.prompt_tokens
             self.completion_tokens = chunk.usage.completion_tokens
+            self.cache = cache_usage(chunk.usage.model_dump())
         if not chunk.choices:
             return ""
         choice = chunk.choices[0]
@@ -238,6 +241,7 @@ class StreamState:
                 else count_tokens(self.content, self.model)
             ),
             model=self.model,
+            cache=self.cache,
             tool_calls=tuple(self.tool_calls[index] for index in sorted(self.tool_calls)),
         )
 
@@ -391,6 +395,7 @@ def completion_from_json(data: Any, messages: ModelMessages, model: str) -> Chat
         ),
         model=storable(text_or_none(data.get("model")) or model),
         tool_calls=tuple(storable_json(without_none(call)) for call in tool_calls),
+        cache=cache_usage(usage),
     )
 
 

@@ -434,13 +434,65 @@ def completion_tokens(reply: Reply) -> int:
     return approx_tokens(reply.text or reply.refusal or "") + (1 if reply.tool_call else 0)
 
 
-def usage_body(body: dict[str, Any], reply: Reply) -> dict[str, int]:
+def usage_body(body: dict[str, Any], reply: Reply, cached: int = 0) -> dict[str, Any]:
     prompt, completion = prompt_tokens(body), completion_tokens(reply)
     return {
         "prompt_tokens": prompt,
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": cached},
     }
+
+
+# OpenAI's prompt caching: a prefix of at least 1,024 tokens is cached, in steps of 128.
+CACHE_MIN_TOKENS, CACHE_STEP_TOKENS = 1024, 128
+CACHE_PROMPTS_KEPT = 256
+
+
+def cacheable(prefix_tokens: int) -> int:
+    """How much of a ``prefix_tokens`` long common prefix OpenAI's rule serves from its cache."""
+    if prefix_tokens < CACHE_MIN_TOKENS:
+        return 0
+    steps = (prefix_tokens - CACHE_MIN_TOKENS) // CACHE_STEP_TOKENS
+    return CACHE_MIN_TOKENS + steps * CACHE_STEP_TOKENS
+
+
+def common_prefix_tokens(a: list[tuple[str, str]], b: list[tuple[str, str]]) -> int:
+    """The common prefix of two prompts (role, content), in this server's tokens (``prompt_tokens``:
+    4 a message, then its content): whole messages while they match, then the matching start
+    of the first that differs."""
+    tokens = 0
+    for (role_a, text_a), (role_b, text_b) in zip(a, b, strict=False):
+        if role_a != role_b:
+            break
+        if text_a == text_b:
+            tokens += 4 + approx_tokens(text_a)
+            continue
+        pairs = enumerate(zip(text_a, text_b, strict=False))
+        common = next((i for i, (x, y) in pairs if x != y), min(len(text_a), len(text_b)))
+        return tokens + 4 + approx_tokens(text_a[:common])
+    return tokens
+
+
+class PrefixCache:
+    """A prompt cache following OpenAI's rule, over the last prompts this server answered on
+    /chat/completions (per model): a prompt's cached tokens are its longest prefix in common
+    with one of them, rounded down to the rule's steps."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._prompts: deque[tuple[str, list[tuple[str, str]]]] = deque(maxlen=CACHE_PROMPTS_KEPT)
+
+    def cached_tokens(self, body: dict[str, Any]) -> int:
+        model = str(body.get("model") or "")
+        prompt = [
+            (str(m.get("role")), content_text(m.get("content"))) for m in body.get("messages") or []
+        ]
+        with self._lock:
+            seen = [earlier for name, earlier in self._prompts if name == model]
+            self._prompts.append((model, prompt))
+        longest = max((common_prefix_tokens(prompt, earlier) for earlier in seen), default=0)
+        return cacheable(longest)
 
 
 def tool_call_body(reply: Reply) -> dict[str, Any]:
@@ -450,7 +502,7 @@ def tool_call_body(reply: Reply) -> dict[str, Any]:
 
 
 def chat_completion_body(
-    completion_id: str, body: dict[str, Any], model: str, reply: Reply
+    completion_id: str, body: dict[str, Any], model: str, reply: Reply, cached: int = 0
 ) -> dict[str, Any]:
     message: dict[str, Any] = {
         "role": "assistant",
@@ -474,7 +526,7 @@ def chat_completion_body(
                 "finish_reason": reply.finish_reason,
             }
         ],
-        "usage": usage_body(body, reply),
+        "usage": usage_body(body, reply, cached),
     }
 
 
@@ -952,6 +1004,7 @@ class FakeOpenAI:
         self.prompt_sizes: list[int] = []  # chat prompts counted with prompt_counter
         self._faults = _FaultPlan()
         self._recorder = _Recorder()
+        self.cache = PrefixCache()  # reports cached prompt tokens by OpenAI's rule
         if fault_rate or faults:
             self.set_faults(fault_kind, fault_rate, list(faults), seed)
         self._stopping = threading.Event()  # wakes every latency/timeout wait at shutdown
@@ -1131,7 +1184,9 @@ class FakeOpenAI:
         elif body.get("stream"):
             self._stream_chat(handler, body, model, reply, record, fault)
         else:
-            completion = chat_completion_body(f"chatcmpl-fake-{record.number}", body, model, reply)
+            completion = chat_completion_body(
+                f"chatcmpl-fake-{record.number}", body, model, reply, self.cache.cached_tokens(body)
+            )
             if fault == "stream_cut":
                 handler._send_cut_json(completion)
             else:
@@ -1245,7 +1300,7 @@ class FakeOpenAI:
         if include_usage:
             usage_chunk = chunk_body(completion_id, model, {}, None, True)
             usage_chunk["choices"] = []
-            usage_chunk["usage"] = usage_body(body, reply)
+            usage_chunk["usage"] = usage_body(body, reply, self.cache.cached_tokens(body))
             handler._send_sse(json.dumps(usage_chunk))
         handler._end_sse()
 

@@ -22,7 +22,7 @@ from openai.types.chat import ChatCompletionMessageParam, ChatCompletionToolPara
 from openai.types.responses import ResponsePromptParam
 
 from memory_worker.summarizers import FoldMessage, format_fold_input, summary_instructions
-from tests.fake_openai import PADDING, SUMMARY_HEADINGS, FakeOpenAI, summary_text
+from tests.fake_openai import PADDING, SUMMARY_HEADINGS, FakeOpenAI, cacheable, summary_text
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -573,3 +573,33 @@ def test_a_summarizer_that_ignores_repairs_answers_them_with_its_draft() -> None
     body = fold_body(old, LONG_TALK, cap=300, follow_up=follow_up)
     assert "4821" in summary_text(body, 60)  # an obedient one keeps the named line
     assert "4821" not in summary_text(body, 60, ["ignores-repairs"])
+
+
+# -- the prompt cache ----------------------------------------------------------------------------
+
+
+def test_the_prompt_cache_serves_a_repeated_prefix_by_openais_rule(client: openai.OpenAI) -> None:
+    """A prompt's cached tokens are its longest prefix in common with an earlier prompt, in the
+    server's tokens (4 a message, then a token per 4 characters), served only from 1,024 tokens
+    up and in steps of 128; a prompt that changes near its start is a miss."""
+    stable = "The vault code is 4417. " * 200  # 4,800 characters: 1,200 tokens
+    first: list[ChatCompletionMessageParam] = [
+        {"role": "system", "content": stable},
+        {"role": "user", "content": "hello"},
+    ]
+    again: list[ChatCompletionMessageParam] = [*first, {"role": "user", "content": "more"}]
+    changed: list[ChatCompletionMessageParam] = [
+        {"role": "system", "content": "Now: " + stable},
+        {"role": "user", "content": "hello"},
+    ]
+
+    def cached(messages: list[ChatCompletionMessageParam]) -> int:
+        usage = client.chat.completions.create(model="fake-chat", messages=messages).usage
+        assert usage is not None and usage.prompt_tokens_details is not None
+        return usage.prompt_tokens_details.cached_tokens or 0
+
+    assert cached(first) == 0
+    # In common with the first: 4 + 1,200, then 4 + 1 for "hello": 1,209, served 1,152.
+    assert cached(again) == 1152
+    assert cached(changed) == 0
+    assert [cacheable(n) for n in (1023, 1024, 1151, 1152, 1300)] == [0, 1024, 1024, 1152, 1280]

@@ -13,6 +13,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from django.test import Client
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
@@ -20,6 +21,7 @@ from conversations.models import Brief, Chat, Message
 from conversations.services import exchanges
 from conversations.services.context import SUMMARY_HEADER
 from tests.fake_openai import FakeOpenAI
+from tests.test_metrics import scrape, value
 
 HELLO: Any = [{"role": "user", "content": "hello"}]
 TOOLS = [
@@ -334,6 +336,45 @@ def test_a_silent_model_keeps_the_stream_alive(
         reply = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
     stored = Message.objects.filter(chat__external_id="silent").order_by("-seq").first()
     assert stored is not None and reply == stored.content and reply
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+def test_the_models_cached_tokens_reach_the_message_the_metrics_and_the_usage(
+    client: openai.OpenAI, memory: FakeOpenAI, stream: bool
+) -> None:
+    """The model server's report of its prompt cache (OpenAI's rule, in the test server) is kept
+    in the reply's metadata, counted in /metrics by model variant, and passed through in /v1
+    usage, plain and streamed. The second turn repeats the first's long prompt as its prefix."""
+    before = scrape(Client())
+    long_fact = "The vault code is 4417. " * 220  # 5,280 characters: 1,320 of the server's tokens
+    usages = []
+    for content in (long_fact, "And the door code?"):
+        kwargs: dict[str, Any] = {
+            "model": "default",
+            "messages": [{"role": "user", "content": content}],
+            "extra_headers": {"X-Chatmem-Chat-Id": f"cached-{stream}"},
+        }
+        if stream:
+            chunks = list(
+                client.chat.completions.create(
+                    stream=True, stream_options={"include_usage": True}, **kwargs
+                )
+            )
+            usages.append(chunks[-1].usage)
+        else:
+            usages.append(client.chat.completions.create(**kwargs).usage)
+    cached = [usage.prompt_tokens_details.cached_tokens for usage in usages]
+    assert cached[0] == 0 and cached[1] >= 1024 and (cached[1] - 1024) % 128 == 0
+    replies = Message.objects.filter(chat__external_id=f"cached-{stream}", role="assistant")
+    assert [m.metadata["cached_tokens"] for m in replies.order_by("seq")] == cached
+    after = scrape(Client())
+    grown = {
+        cache: value(after, "chatmem_model_input_tokens_total", variant="default", cache=cache)
+        - value(before, "chatmem_model_input_tokens_total", variant="default", cache=cache)
+        for cache in ("cached", "uncached")
+    }
+    prompts = sum(usage.prompt_tokens for usage in usages)
+    assert grown == {"cached": cached[1], "uncached": prompts - cached[1]}
 
 
 def sse_chunks(live_server: Any, token: str, chat: str, include_usage: bool) -> list[Any]:

@@ -48,6 +48,7 @@ from conversations.api.openai_request import (
 )
 from conversations.api.streaming import KEEP_ALIVE
 from conversations.authentication import TokenAuthentication
+from conversations.llm import CACHED_TOKENS
 from conversations.services import chats as chat_service
 from conversations.services import exchanges
 from conversations.services.backends import answering_model
@@ -237,14 +238,19 @@ def completion_id(chat: Any, seq: int | str) -> str:
     return f"chatcmpl-chatmem-{chat.pk}-{seq}"
 
 
-def usage_of(result: exchanges.ExchangeResult) -> dict[str, int]:
-    """What the model really received and produced, as the upstream reported it (or counted)."""
+def usage_of(result: exchanges.ExchangeResult) -> dict[str, Any]:
+    """What the model really received and produced, as the upstream reported it (or counted),
+    with what it said of its prompt cache, under the names it used."""
     completion = result.completion
-    return {
+    usage: dict[str, Any] = {
         "prompt_tokens": completion.prompt_tokens,
         "completion_tokens": completion.completion_tokens,
         "total_tokens": completion.prompt_tokens + completion.completion_tokens,
     }
+    cache = dict(completion.cache)
+    if CACHED_TOKENS in cache:
+        usage["prompt_tokens_details"] = {CACHED_TOKENS: cache.pop(CACHED_TOKENS)}
+    return {**usage, **cache}
 
 
 def reply_message(result: exchanges.ExchangeResult) -> dict[str, Any]:

@@ -14,7 +14,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from conversations import rows
-from conversations.llm import ChatCompletion
+from conversations.llm import ChatCompletion, cached_prompt_tokens
 from conversations.models import Chat, Message, Role
 from conversations.services.agent_state import queue_agent_summary
 from conversations.variants import ModelVariant
@@ -85,6 +85,18 @@ def reply_row(chat: Chat, completion: ChatCompletion, variant: ModelVariant) -> 
     }
     if completion.capped_at_chars is not None:
         metadata["capped_at_chars"] = completion.capped_at_chars
+    metadata.update(completion.cache)
+    # Counted here, once per reply the model produced (chatmem_model_input_tokens_total).
+    log.info(
+        "model usage",
+        extra={
+            "event": "model_usage",
+            "chat_id": chat.pk,
+            "variant": variant.name,
+            "prompt_tokens": completion.prompt_tokens,
+            "cached_tokens": cached_prompt_tokens(completion.cache),
+        },
+    )
     tokens = count_tokens(completion.content, variant.model)
     if completion.tool_calls:
         metadata["tool_calls"] = list(completion.tool_calls)
