@@ -29,7 +29,7 @@ def test_readme_names_every_option_of_the_chat_command() -> None:
     options = {o for action in parser._actions for o in action.option_strings}
     own = {"--chat", "--policy", "--user"} & options
     assert own == {"--chat", "--policy", "--user"}
-    usage = re.search(r"`python manage\.py chat ([^`]*)`", README)
+    usage = re.search(r"`\.venv/bin/python manage\.py chat ([^`]*)`", README)
     assert usage is not None
     for option in own:
         assert option in usage.group(1), option
