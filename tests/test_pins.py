@@ -91,13 +91,15 @@ def test_a_pin_survives_fifty_folds_verbatim_and_a_pinned_message_appears_once(
         entries = pinned_entries(messages)
         assert entries[0] == CANARY, messages  # verbatim, first pinned
         assert times_present(messages, "user", first.content) == 1, messages
-        # The block sits after the summary and before the recent messages.
+        # The block sits after the system prompt and before the summary (it changes less
+        # often), the recent messages after both.
         roles = [m["role"] for m in messages]
         block = next(i for i, m in enumerate(messages) if pinned_entries([m]))
-        assert all(role == "system" for role in roles[:block])
-        assert "system" not in roles[block + 1 :]
         summaries = [i for i, m in enumerate(messages) if m["content"].startswith(SUMMARY_HEADER)]
-        assert all(index < block for index in summaries)
+        prefix = max([block, *summaries])
+        assert all(role == "system" for role in roles[:prefix])
+        assert "system" not in roles[prefix + 1 :]
+        assert all(index > block for index in summaries)
     # The pinned message folded as usual, and the block carried it from then on.
     assert Consolidation.objects.filter(chat_id=chat_id, status="succeeded", from_seq=1).exists()
     assert any(f"user: {first.content}" in pinned_entries(m) for m in contexts)

@@ -1,9 +1,12 @@
-"""The exact message list the model receives (DESIGN §3 step 3): the system prompt, the agent
-state (seed 004: session theme, active entities, pending clarification) as a system message when
-there is one, the summary as a system message when non-empty, the user's pins (a system message
-after the summary: memory_worker.pinned), every unfolded message verbatim in order, then the new
-user message."""
+"""The exact message list the model receives (DESIGN §3 step 3), laid out for a provider's prefix
+cache: what changes least comes first. The system prompt, the user's pins (a system message:
+memory_worker.pinned), the summary as a system message when non-empty, every unfolded message
+verbatim in order, then the new messages. The agent state (seed 004: session theme, active
+entities, pending clarification), which may change every turn, goes as a system message just
+before the turn's user message, so between two folds each prompt starts with the whole of the
+one before it but its last turn."""
 
+from collections.abc import Sequence
 from typing import Any
 
 from conversations.models import Chat, Message, Role
@@ -23,24 +26,35 @@ def model_message(message: Message) -> dict[str, object]:
 
 
 def build_model_messages(
-    chat: Chat, snapshot: MemorySnapshot, new_user_content: str | None = None
+    chat: Chat, snapshot: MemorySnapshot, new_messages: Sequence[dict[str, object]] = ()
 ) -> list[dict[str, object]]:
-    """The context built from the chat's memory ``snapshot``, ending with the new user message
-    when there is one."""
+    """The context built from the chat's memory ``snapshot``, ending with ``new_messages`` (the
+    new user message, or tool results continuing the newest turn)."""
     messages: list[dict[str, object]] = []
     if chat.system_prompt:
         messages.append({"role": Role.SYSTEM.value, "content": chat.system_prompt})
-    if snapshot.agent_context:  # counted in the bound by memory_worker.state.agent_context_tokens
-        messages.append({"role": Role.SYSTEM.value, "content": snapshot.agent_context})
-    if snapshot.summary:
-        messages.append({"role": Role.SYSTEM.value, "content": SUMMARY_HEADER + snapshot.summary})
     pinned = pinned_block(pin.text for pin in snapshot.pins_shown())
     if pinned:  # counted in the bound by memory_worker.state (MemorySnapshot.pinned_tokens)
         messages.append({"role": Role.SYSTEM.value, "content": pinned})
+    if snapshot.summary:
+        messages.append({"role": Role.SYSTEM.value, "content": SUMMARY_HEADER + snapshot.summary})
     messages.extend(model_message(message) for message in snapshot.unfolded)
-    if new_user_content is not None:
-        messages.append({"role": Role.USER.value, "content": new_user_content})
+    first_new = len(messages)
+    messages.extend(new_messages)
+    if snapshot.agent_context:  # counted in the bound by memory_worker.state.agent_context_tokens
+        agent: dict[str, object] = {"role": Role.SYSTEM.value, "content": snapshot.agent_context}
+        messages.insert(agent_state_index(messages, first_new), agent)
     return without_unanswered_tool_calls(messages)
+
+
+def agent_state_index(messages: list[dict[str, object]], first_new: int) -> int:
+    """Where the agent state goes: before the new user message; before the newest turn's user
+    message when tool results continue that turn (between a call and its results it would
+    break the pair); at the end when nothing new follows (the context a client inspects)."""
+    if first_new == len(messages) or messages[first_new].get("role") == Role.USER.value:
+        return first_new
+    users = [i for i, m in enumerate(messages[:first_new]) if m.get("role") == Role.USER.value]
+    return users[-1] if users else first_new
 
 
 # What an assistant message whose calls all went unanswered says instead, when it said nothing.

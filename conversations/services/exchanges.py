@@ -27,7 +27,7 @@ from conversations.models import Chat, Message, Role
 from conversations.services import chats as chat_service
 from conversations.services.backends import get_chat_model
 from conversations.services.bounded_context import bounded_snapshot
-from conversations.services.context import build_model_messages, without_unanswered_tool_calls
+from conversations.services.context import build_model_messages
 from conversations.services.turn_model import reply_options, turn_prompt_tokens
 from conversations.services.turn_slot import release_turn_slot, turn_slot
 from conversations.services.turn_store import (
@@ -215,9 +215,7 @@ def prepare(chat: Chat, incoming: list[Incoming], *, variant_name: str | None) -
         snapshot = bounded_snapshot(
             chat, token, variant, new_messages_tokens(tokens), opens_turn=opens_turn
         )
-        context = build_model_messages(chat, snapshot)
-        context.extend(model_entry(m) for m in incoming)
-        context = without_unanswered_tool_calls(context)
+        context = build_model_messages(chat, snapshot, [model_entry(m) for m in incoming])
         prompt = turn_prompt_tokens(chat, snapshot, variant, new_messages_tokens(tokens))
     return Prepared(chat, token, variant, snapshot, incoming, tokens, context, prompt)
 

@@ -16,7 +16,7 @@ from functools import partial
 from django.db import connections
 
 from conversations.llm import ModelError
-from conversations.models import Chat
+from conversations.models import Chat, Role
 from conversations.rows import database_unreachable
 from conversations.services.bounded_context import ContextOverBound, bounded_snapshot
 from conversations.services.context import build_model_messages
@@ -108,7 +108,9 @@ def complete_turn(
     snapshot = bounded_snapshot(
         chat, request.token, request.variant, request.user_tokens, first=snapshot
     )
-    messages = build_model_messages(chat, snapshot, request.content)
+    messages = build_model_messages(
+        chat, snapshot, [{"role": Role.USER.value, "content": request.content}]
+    )
     prompt = turn_prompt_tokens(chat, snapshot, request.variant, request.user_tokens)
     completion = call_model(messages, request.variant, reply_options(request.variant, prompt))
     return store_turn(request, snapshot, completion, on_stored=on_stored)
