@@ -20,6 +20,7 @@ from typing import Any
 
 from bench import cost
 from bench.common import ROOT
+from bench.prompt_cache import CacheFigures, cache_figures, pooled
 from bench.throughput import percentile
 from bench.topology_chats import DIGEST_LINE, REPLY_TAG, chat_ordinal, turn_request_number
 from tests.fake_openai import RecordedRequest, content_text, last_user_text
@@ -264,6 +265,7 @@ class ChatFigures:
     ledger: LedgerCounts
     prompt_tokens: list[int]
     verbatim_tokens: list[int]
+    cache: CacheFigures  # what a prefix cache could serve of its turn prompts
 
 
 def measure_chat(
@@ -289,6 +291,7 @@ def measure_chat(
         ledger=ledger_counts(chat.ledger),
         prompt_tokens=[cost.prompt_tokens(r) for r in turn_requests],
         verbatim_tokens=[cost.verbatim_history_tokens(r) for r in turn_requests],
+        cache=cache_figures([cost.body_messages(r) for r in turn_requests]),
     )
 
 
@@ -375,7 +378,13 @@ def token_figures(figures: Sequence[ChatFigures]) -> dict[str, Any]:
     sent = sum(f.metrics.summarizer_input_tokens for f in figures)
     content = sum(f.metrics.folded_content_share * f.metrics.conversation_tokens for f in figures)
     prompts = [tokens for f in figures for tokens in f.prompt_tokens]
+    cache = pooled([f.cache for f in figures])
     return {
+        "cached_share": round(cache.cached_share, 4),
+        "cached_share_exact": round(cache.exact_share, 4),
+        "cached_share_between_folds": round(cache.between_folds_share, 4),
+        "cache_miss_turns": cache.miss_turns,
+        "billed_input_per_turn": round(cache.billed_per_turn, 1),
         "amplification": round(ratio(sent, conversation), 3),
         "folded_content_share": round(ratio(content, conversation), 3),
         "overhead_share": round(ratio(sent - content, conversation), 3),
@@ -414,6 +423,7 @@ def chat_report(figures: ChatFigures) -> dict[str, Any]:
         "agent_model_calls_repeated": figures.agent_calls_repeated,
         "bound": asdict(figures.bound),
         "ledger": asdict(figures.ledger),
+        "cache": asdict(figures.cache),
         **{k: v for k, v in asdict(figures.metrics).items() if k not in ("config", "preset")},
     }
 
@@ -436,6 +446,9 @@ RESULT_HEADER = (
     "latency p50 / p99 ms",
     "over bound; max history msgs / tokens vs bound",
     "agent-state calls (repeated)",
+    "cached share: OpenAI rule / exact / between folds",
+    "turns losing the prefix (folds committed)",
+    "billed input per turn (cached at 0.1)",
     "wall s",
 )
 
@@ -469,6 +482,10 @@ def result_row(r: Mapping[str, Any]) -> list[str]:
         f"{r['latency_p50_ms']:,.1f} / {r['latency_p99_ms']:,.1f}",
         bound_cell(r),
         f"{r['agent_model_calls']} ({r['agent_model_calls_repeated']})",
+        f"{r.get('cached_share', 0.0):.1%} / {r.get('cached_share_exact', 0.0):.1%} / "
+        f"{r.get('cached_share_between_folds', 0.0):.1%}",
+        f"{r.get('cache_miss_turns', 0)} ({folds['succeeded']:,})",
+        f"{r.get('billed_input_per_turn', 0.0):,.0f}",
         f"{r['wall_seconds']:.1f}",
     ]
 
