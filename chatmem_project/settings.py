@@ -436,6 +436,10 @@ OPENAI_TOKEN_LIMIT_FIELD = env_text("OPENAI_TOKEN_LIMIT_FIELD", "auto")
 # A chat reply's output limit in tokens; 0 = a quarter of the variant's context window, at most
 # 4096. Never more than the window has left after the prompt.
 CHAT_MAX_REPLY_TOKENS = env_int("CHAT_MAX_REPLY_TOKENS", 0)
+# The model variants a chat's prompt_cache_key is sent to ("*": every one; "": none): OpenAI
+# routes a chat's requests by it to where its prompt prefix is cached. An endpoint that refuses
+# the parameter is asked again without it and not sent it again.
+PROMPT_CACHE_KEY_VARIANTS = env("PROMPT_CACHE_KEY_VARIANTS", default="*")
 
 # --- Memory ---------------------------------------------------------------------------------
 MEMORY_POLICY = env_text("MEMORY_POLICY", "sliding-window")

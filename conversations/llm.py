@@ -46,6 +46,9 @@ class ChatCompletion:
     cache: Mapping[str, int] = field(default_factory=dict)
 
 
+# OpenAI's routing hint for its prompt cache, sent in a turn's options (services.turn_model).
+PROMPT_CACHE_KEY = "prompt_cache_key"
+
 # OpenAI's count of prompt tokens served from its cache (in usage.prompt_tokens_details), and
 # the cache read and write counts Anthropic's API reports (in usage, as OpenAI-compatible
 # gateways pass them on).

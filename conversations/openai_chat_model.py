@@ -19,6 +19,7 @@ from typing import Any
 import openai
 
 from conversations.llm import (
+    PROMPT_CACHE_KEY,
     UPSTREAM_TIMEOUT,
     ChatCompletion,
     CompletionStream,
@@ -72,17 +73,37 @@ class OpenAIChatModel:
         self.timeout = timeout
         self.direct = direct_client(client, timeout) if direct else None
         self.token_limit_field = token_limit_field
+        # Until the endpoint refuses it (an unknown parameter to vLLM, an older gateway): then
+        # never again from this process, and the refused request is sent once more without it.
+        self.sends_cache_key = True
 
     def complete(
         self, messages: ModelMessages, model: str, tools: ToolOptions | None = None
     ) -> ChatCompletion:
         body = {"model": model, "messages": list(messages), **self._options(tools)}
-        direct = self.direct
-        data = self._post_direct(direct, body, model) if direct else self._post_sdk(body, model)
+        try:
+            data = self._post(body, model)
+        except CacheKeyRefused:
+            data = self._post(without_cache_key(body), model)
         return completion_from_json(data, messages, model)
 
+    def _post(self, body: dict[str, Any], model: str) -> Any:
+        direct = self.direct
+        return self._post_direct(direct, body, model) if direct else self._post_sdk(body, model)
+
     def _options(self, tools: ToolOptions | None) -> dict[str, Any]:
-        return with_token_limit(tool_kwargs(tools), self.token_limit_field)
+        options = with_token_limit(tool_kwargs(tools), self.token_limit_field)
+        return options if self.sends_cache_key else without_cache_key(options)
+
+    def _check_cache_key(self, body: Mapping[str, Any], status: int | None, text: str) -> None:
+        """CacheKeyRefused when ``body``'s prompt_cache_key is what the endpoint refused."""
+        if PROMPT_CACHE_KEY in body and status == 400 and PROMPT_CACHE_KEY in text:
+            self.sends_cache_key = False
+            log.warning(
+                "the model endpoint refused prompt_cache_key; not sending it again",
+                extra={"event": "prompt_cache_key_refused", "model": body.get("model")},
+            )
+            raise CacheKeyRefused
 
     def _post_direct(
         self, direct: DirectChatCompletions, body: Mapping[str, Any], model: str
@@ -94,6 +115,7 @@ class OpenAIChatModel:
         except DirectConnectionError as error:
             raise self._failed(error, model, connection_error()) from error
         except DirectStatusError as error:
+            self._check_cache_key(body, error.status, str(error))
             refusal = status_error(error.status, error.code, error.message)
             raise self._failed(error, model, refusal) from error
         except DirectInvalidResponse as error:
@@ -102,6 +124,9 @@ class OpenAIChatModel:
     def _post_sdk(self, body: Mapping[str, Any], model: str) -> Any:
         try:
             return chat_completion_json(self.client, body, self.timeout)
+        except openai.APIStatusError as error:
+            self._check_cache_key(body, error.status_code, str(error))
+            raise self._model_error(error, model) from error
         except openai.OpenAIError as error:
             raise self._model_error(error, model) from error
         except ValueError as error:  # a JSON content type with a body that is not JSON
@@ -117,22 +142,28 @@ class OpenAIChatModel:
         # From before the request: waiting for the first byte is part of the reply's time (a
         # deadline taken after the headers let a slow first token double it).
         deadline = time.monotonic() + self.timeout
+        body = {
+            "model": model,
+            "messages": list(messages),
+            "stream_options": {"include_usage": True},
+            **self._options(tools),
+        }
         try:
-            chunks = stream_chat_completion(
-                self.client,
-                {
-                    "model": model,
-                    "messages": list(messages),
-                    "stream_options": {"include_usage": True},
-                    **self._options(tools),
-                },
-                self.timeout,
-            )
-        except openai.OpenAIError as error:
-            raise self._model_error(error, model) from error
+            chunks = self._open_stream(body, model)
+        except CacheKeyRefused:
+            chunks = self._open_stream(without_cache_key(body), model)
         return CompletionStream(
             self._deltas(chunks, messages, model, deadline), release=chunks.close
         )
+
+    def _open_stream(self, body: dict[str, Any], model: str) -> Any:
+        try:
+            return stream_chat_completion(self.client, body, self.timeout)
+        except openai.APIStatusError as error:
+            self._check_cache_key(body, error.status_code, str(error))
+            raise self._model_error(error, model) from error
+        except openai.OpenAIError as error:
+            raise self._model_error(error, model) from error
 
     def _deltas(
         self, chunks: Any, messages: ModelMessages, model: str, deadline: float
@@ -244,6 +275,14 @@ class StreamState:
             cache=self.cache,
             tool_calls=tuple(self.tool_calls[index] for index in sorted(self.tool_calls)),
         )
+
+
+class CacheKeyRefused(Exception):
+    """The endpoint refused the request's prompt_cache_key: send it again without."""
+
+
+def without_cache_key(options: Mapping[str, Any]) -> dict[str, Any]:
+    return {key: value for key, value in options.items() if key != PROMPT_CACHE_KEY}
 
 
 def tool_kwargs(tools: ToolOptions | None) -> dict[str, Any]:

@@ -1005,6 +1005,8 @@ class FakeOpenAI:
         self._faults = _FaultPlan()
         self._recorder = _Recorder()
         self.cache = PrefixCache()  # reports cached prompt tokens by OpenAI's rule
+        # Request parameters answered with a 400, as a server that does not know them does.
+        self.refused_params: tuple[str, ...] = ()
         if fault_rate or faults:
             self.set_faults(fault_kind, fault_rate, list(faults), seed)
         self._stopping = threading.Event()  # wakes every latency/timeout wait at shutdown
@@ -1170,6 +1172,11 @@ class FakeOpenAI:
             return
         if fault in HTTP_FAULTS:
             self._send_http_fault(handler, fault)
+            return
+        refused = sorted(key for key in self.refused_params if key in body)
+        if refused:  # as OpenAI answers a parameter it does not know
+            message = f"Unrecognized request argument supplied: {', '.join(refused)}"
+            handler._send_error(400, "invalid_request_error", message, None)
             return
         if refuses_both_limits(body, self.limit_mode):
             handler._send_error(400, "invalid_request_error", BOTH_LIMITS_MESSAGE, None)

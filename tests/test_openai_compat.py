@@ -18,7 +18,7 @@ from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
 from conversations.models import Brief, Chat, Message
-from conversations.services import exchanges
+from conversations.services import backends, exchanges
 from conversations.services.context import SUMMARY_HEADER
 from tests.fake_openai import FakeOpenAI
 from tests.test_metrics import scrape, value
@@ -375,6 +375,48 @@ def test_the_models_cached_tokens_reach_the_message_the_metrics_and_the_usage(
     }
     prompts = sum(usage.prompt_tokens for usage in usages)
     assert grown == {"cached": cached[1], "uncached": prompts - cached[1]}
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+def test_a_chats_prompt_cache_key_is_sent_and_a_refused_one_is_dropped_once_for_good(
+    client: openai.OpenAI, memory: FakeOpenAI, token: str, stream: bool
+) -> None:
+    """Every model request of a chat carries its prompt_cache_key (OpenAI routes by it to the
+    machines holding the chat's cached prefix). An endpoint that refuses the parameter gets
+    the same request again without it, the turn succeeds, and it is never sent it again: the
+    REST API's turns included."""
+    backends._chat_model.cache_clear()  # a model that has not met a refusal yet
+
+    def ask(chat: str) -> None:
+        kwargs: dict[str, Any] = {
+            "model": "default",
+            "messages": [{"role": "user", "content": "hello"}],
+            "extra_headers": {"X-Chatmem-Chat-Id": chat},
+        }
+        if stream:
+            assert list(client.chat.completions.create(stream=True, **kwargs))
+        else:
+            assert client.chat.completions.create(**kwargs).choices[0].message.content
+
+    ask(f"keyed-{stream}")
+    chat_id = Chat.objects.get(external_id=f"keyed-{stream}").pk
+    assert chat_requests(memory)[-1].body["prompt_cache_key"] == f"chatmem-chat-{chat_id}"
+    memory.refused_params = ("prompt_cache_key",)
+    ask(f"keyed-{stream}")
+    first, second = chat_requests(memory)[-2:]
+    assert "prompt_cache_key" in first.body and "prompt_cache_key" not in second.body
+    assert first.body["messages"] == second.body["messages"]
+    ask(f"keyed-{stream}")
+    response = rest(token).post(f"/api/v1/chats/{chat_id}/turns/", {"content": "hi"}, "json")
+    assert response.status_code == 201
+    assert [("prompt_cache_key" in r.body) for r in chat_requests(memory)] == [
+        True,
+        True,
+        False,
+        False,
+        False,
+    ]
+    backends._chat_model.cache_clear()
 
 
 def sse_chunks(live_server: Any, token: str, chat: str, include_usage: bool) -> list[Any]:

@@ -230,7 +230,7 @@ def test_the_reply_limit(
 ) -> None:
     settings.CHAT_MAX_REPLY_TOKENS = setting
     variant = ModelVariant("default", "gpt-4o", window)
-    sent = reply_options(variant, prompt, options)
+    sent = reply_options(variant, prompt, options, chat_id=7)
     assert "max_tokens" not in sent
     if limit:
         assert sent["max_completion_tokens"] == limit

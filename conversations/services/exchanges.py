@@ -201,7 +201,7 @@ class Prepared:
 
     def options(self, tools: ToolOptions | None) -> dict[str, object]:
         """The client's options with the reply's output limit (turn_model.reply_options)."""
-        return reply_options(self.variant, self.prompt_tokens, tools)
+        return reply_options(self.variant, self.prompt_tokens, tools, chat_id=self.chat.pk)
 
 
 def prepare(chat: Chat, incoming: list[Incoming], *, variant_name: str | None) -> Prepared:

@@ -7,7 +7,13 @@ from collections.abc import Callable
 from django.conf import settings
 from django.db import connections
 
-from conversations.llm import ChatCompletion, ModelError, ModelMessages, ToolOptions
+from conversations.llm import (
+    PROMPT_CACHE_KEY,
+    ChatCompletion,
+    ModelError,
+    ModelMessages,
+    ToolOptions,
+)
 from conversations.models import Chat
 from conversations.services.backends import get_chat_model
 from conversations.variants import ModelVariant
@@ -65,12 +71,13 @@ def turn_prompt_tokens(
 
 
 def reply_options(
-    variant: ModelVariant, prompt: int, options: ToolOptions | None = None
+    variant: ModelVariant, prompt: int, options: ToolOptions | None = None, *, chat_id: int
 ) -> dict[str, object]:
     """The request's ``options`` (a /v1 client's) with the reply's output limit in
     REPLY_LIMIT_KEY alone: CHAT_MAX_REPLY_TOKENS (0: its default for the variant's window), or
     the client's own ``max_tokens`` / ``max_completion_tokens`` when smaller, and never more
-    than the window has left after the ``prompt`` and the tools offered."""
+    than the window has left after the ``prompt`` and the tools offered; and the chat's
+    ``prompt_cache_key`` for a variant it is sent to (``cache_routing``)."""
     given = dict(options or {})
     limits = [reply_tokens_setting(variant)]
     limits += [value for key in LIMIT_KEYS if isinstance(value := given.get(key), int)]
@@ -79,7 +86,18 @@ def reply_options(
     limits.append(variant.context_tokens - prompt - offered)
     limited = {key: value for key, value in given.items() if key not in LIMIT_KEYS}
     limited[REPLY_LIMIT_KEY] = max(1, min(limits))
-    return limited
+    return {**limited, **cache_routing(chat_id, variant)}
+
+
+def cache_routing(chat_id: int, variant: ModelVariant) -> dict[str, object]:
+    """OpenAI's ``prompt_cache_key``, one per chat: the provider routes a chat's requests to
+    the machines that hold its prefix cached (PROMPT_CACHE_KEY_VARIANTS: the variants it is
+    sent to, ``*`` every one). An endpoint that refuses the parameter is asked again without
+    it and never sent it again (conversations.openai_chat_model)."""
+    wanted = {name.strip() for name in settings.PROMPT_CACHE_KEY_VARIANTS.split(",")}
+    if "*" in wanted or variant.name in wanted:
+        return {PROMPT_CACHE_KEY: f"chatmem-chat-{chat_id}"}
+    return {}
 
 
 def reply_tokens_setting(variant: ModelVariant) -> int:

@@ -112,7 +112,8 @@ def complete_turn(
         chat, snapshot, [{"role": Role.USER.value, "content": request.content}]
     )
     prompt = turn_prompt_tokens(chat, snapshot, request.variant, request.user_tokens)
-    completion = call_model(messages, request.variant, reply_options(request.variant, prompt))
+    options = reply_options(request.variant, prompt, chat_id=chat.pk)
+    completion = call_model(messages, request.variant, options)
     return store_turn(request, snapshot, completion, on_stored=on_stored)
 
 
