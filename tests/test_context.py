@@ -77,7 +77,7 @@ def test_a_tool_result_follows_its_call_with_the_agent_state_before_the_turns_us
     Chat.objects.filter(pk=chat_id).update(last_seq=2)
     chat = Chat.objects.get(pk=chat_id)
     snapshot = dataclasses.replace(load_snapshot(chat_id), agent_context="Agent state: x")
-    result = {"role": "tool", "tool_call_id": "c1", "content": "42"}
+    result: dict[str, object] = {"role": "tool", "tool_call_id": "c1", "content": "42"}
     messages = build_model_messages(chat, snapshot, [result])
     roles = [m["role"] for m in messages]
     assert roles[-4:] == ["system", "user", "assistant", "tool"]

@@ -813,6 +813,7 @@ def test_a_summarizer_call_longer_than_the_bound_keeps_its_folds_heartbeat_fresh
     def recovery_pass() -> None:
         seen.append(sweep.recover_dead_runs(database_now()))
         row = Consolidation.objects.get(chat_id=chat_id, status="running")
+        assert row.heartbeat_at is not None
         seen.append((database_now() - row.heartbeat_at).total_seconds())
 
     summarizer = SleepingSummarizer(deadlines.fold_heartbeat_stale_after() * 2, recovery_pass)
