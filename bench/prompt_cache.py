@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from bench.cost import MESSAGE_OVERHEAD_TOKENS, tokens
-from tests.fake_openai import cacheable, content_text
+from tests.fake_openai import cacheable, common_start, content_text
 
 # The price of a cached input token, as a share of an uncached one: OpenAI's current small models
 # and Anthropic's cache reads (a cache write, 1.25x on Anthropic, is not counted).
@@ -35,8 +35,7 @@ def common_prefix_tokens(earlier: Prompt, later: Prompt) -> int:
         if old.get("role") != new.get("role"):
             break
         a, b = content_text(old.get("content")), content_text(new.get("content"))
-        pairs = enumerate(zip(a, b, strict=False))
-        same = next((i for i, (x, y) in pairs if x != y), min(len(a), len(b)))
+        same = common_start(a, b)
         return total + MESSAGE_OVERHEAD_TOKENS + (tokens(a[:same]) if same else 0)
     return total
 

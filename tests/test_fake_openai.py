@@ -18,11 +18,20 @@ from typing import Any
 
 import openai
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from openai.types.chat import ChatCompletionMessageParam, ChatCompletionToolParam
 from openai.types.responses import ResponsePromptParam
 
 from memory_worker.summarizers import FoldMessage, format_fold_input, summary_instructions
-from tests.fake_openai import PADDING, SUMMARY_HEADINGS, FakeOpenAI, cacheable, summary_text
+from tests.fake_openai import (
+    PADDING,
+    SUMMARY_HEADINGS,
+    FakeOpenAI,
+    cacheable,
+    common_start,
+    summary_text,
+)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -603,3 +612,9 @@ def test_the_prompt_cache_serves_a_repeated_prefix_by_openais_rule(client: opena
     assert cached(again) == 1152
     assert cached(changed) == 0
     assert [cacheable(n) for n in (1023, 1024, 1151, 1152, 1300)] == [0, 1024, 1024, 1152, 1280]
+
+
+@given(st.text(alphabet="ab", max_size=12), st.text(alphabet="ab", max_size=12))
+def test_common_start_is_the_longest_common_start(a: str, b: str) -> None:
+    n = common_start(a, b)
+    assert a[:n] == b[:n] and (n == min(len(a), len(b)) or a[n] != b[n])
