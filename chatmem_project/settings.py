@@ -245,10 +245,8 @@ WHITENOISE_USE_FINDERS = not Path(STATIC_ROOT).is_dir()
 # --- REST API -------------------------------------------------------------------------------
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        # Token first: its WWW-Authenticate header makes unauthenticated requests a 401. The
-        # same tokens as "Bearer <key>", the scheme /v1/ takes and HTTP clients default to.
+        # Token first: its WWW-Authenticate header makes unauthenticated requests a 401.
         "conversations.authentication.TokenAuthentication",
-        "conversations.authentication.BearerTokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],

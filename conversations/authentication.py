@@ -44,10 +44,3 @@ class TokenAuthentication(authentication.TokenAuthentication):
             raise exceptions.AuthenticationFailed(_("User inactive or deleted."))
         token.user = user
         return (user, token)
-
-
-class BearerTokenAuthentication(TokenAuthentication):
-    """chatmem API tokens, sent the way the OpenAI SDKs (and most HTTP clients) send an API key:
-    the only scheme of /v1/, and the REST API's second beside DRF's ``Token``."""
-
-    keyword = "Bearer"

@@ -35,7 +35,7 @@ OPENAI_UNAUTHENTICATED = openai_error("No valid token: `Authorization: Bearer <c
 class BearerTokenScheme(OpenApiAuthenticationExtension):
     """The /v1/ views take chatmem tokens the way the OpenAI SDKs send an API key."""
 
-    target_class = "conversations.authentication.BearerTokenAuthentication"
+    target_class = "conversations.api.openai_compat.BearerTokenAuthentication"
     name = "bearerAuth"
     priority = 1  # before spectacular's own scheme for DRF's TokenAuthentication subclasses
 
