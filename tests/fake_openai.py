@@ -474,7 +474,7 @@ def common_prefix_tokens(a: list[tuple[str, str]], b: list[tuple[str, str]]) -> 
 
 def common_start(a: str, b: str) -> int:
     """The length of the longest common start of ``a`` and ``b``: a binary search of slice
-    comparisons (in C), not a character loop, which made a busy server slow to answer."""
+    comparisons, which run in C, so a busy server keeps answering at its pace."""
     low, high = 0, min(len(a), len(b))
     while low < high:
         middle = (low + high + 1) // 2

@@ -1,4 +1,4 @@
-"""The exact message list the model receives (DESIGN §3 step 3), laid out for a provider's prefix
+"""The exact message list the model receives, laid out for a provider's prefix
 cache: what changes least comes first. The system prompt, the user's pins (a system message:
 memory_worker.pinned), the summary as a system message when non-empty, every unfolded message
 verbatim in order, then the new messages. The agent state (seed 004: session theme, active
