@@ -124,11 +124,8 @@ class OpenAIChatModel:
     def _post_sdk(self, body: Mapping[str, Any], model: str) -> Any:
         try:
             return chat_completion_json(self.client, body, self.timeout)
-        except openai.APIStatusError as error:
-            self._check_cache_key(body, error.status_code, str(error))
-            raise self._model_error(error, model) from error
         except openai.OpenAIError as error:
-            raise self._model_error(error, model) from error
+            raise self._sdk_failure(error, body, model) from error
         except ValueError as error:  # a JSON content type with a body that is not JSON
             raise self._failed(error, model, invalid_response_error()) from error
 
@@ -159,11 +156,16 @@ class OpenAIChatModel:
     def _open_stream(self, body: dict[str, Any], model: str) -> Any:
         try:
             return stream_chat_completion(self.client, body, self.timeout)
-        except openai.APIStatusError as error:
-            self._check_cache_key(body, error.status_code, str(error))
-            raise self._model_error(error, model) from error
         except openai.OpenAIError as error:
-            raise self._model_error(error, model) from error
+            raise self._sdk_failure(error, body, model) from error
+
+    def _sdk_failure(
+        self, error: openai.OpenAIError, body: Mapping[str, Any], model: str
+    ) -> ModelError:
+        """The SDK's error as the turn's (CacheKeyRefused when it refused the cache key)."""
+        if isinstance(error, openai.APIStatusError):
+            self._check_cache_key(body, error.status_code, str(error))
+        return self._model_error(error, model)
 
     def _deltas(
         self, chunks: Any, messages: ModelMessages, model: str, deadline: float

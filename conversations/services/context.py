@@ -1,8 +1,8 @@
 """The exact message list the model receives, laid out for a provider's prefix
 cache: what changes least comes first. The system prompt, the user's pins (a system message:
 memory_worker.pinned), the summary as a system message when non-empty, every unfolded message
-verbatim in order, then the new messages. The agent state (seed 004: session theme, active
-entities, pending clarification), which may change every turn, goes as a system message just
+verbatim in order, then the new messages. The agent state (docs/agent-state.md: session theme,
+active entities, pending clarification), which may change every turn, goes as a system message just
 before the turn's user message, so between two folds each prompt starts with the whole of the
 one before it but its last turn."""
 
