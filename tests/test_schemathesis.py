@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 from rest_framework.authtoken.models import Token
 
+from conversations.services import chats as chat_service
 from tests.conftest import require
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -37,7 +38,9 @@ def schemathesis_command() -> str:
     return str(found)
 
 
-def start_run(url: str, token: str, seed: int, report: Path) -> subprocess.Popen[bytes]:
+def start_run(
+    url: str, token: str, chat_id: int, seed: int, report: Path
+) -> subprocess.Popen[bytes]:
     command = [
         schemathesis_command(),
         "run",
@@ -57,8 +60,13 @@ def start_run(url: str, token: str, seed: int, report: Path) -> subprocess.Popen
         "--suppress-health-check",
         "too_slow",
     ]
-    # The /v1/ operations' Bearer header (schemathesis.toml).
-    env = {**os.environ, "CHATMEM_SCHEMATHESIS_TOKEN": token}
+    # The /v1/ operations' Bearer header and the user's own chat for "consolidate now"
+    # (schemathesis.toml).
+    env = {
+        **os.environ,
+        "CHATMEM_SCHEMATHESIS_TOKEN": token,
+        "CHATMEM_SCHEMATHESIS_CHAT": str(chat_id),
+    }
     with report.open("wb") as out:  # a file: what a run that times out did is still there
         return subprocess.Popen(command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env=env)
 
@@ -79,12 +87,14 @@ def test_schemathesis_finds_nothing_with_two_users_at_once(
     # The manual-fold throttle out of the way, as conftest does the turns' (each has its own
     # test): at 12 a minute schemathesis met mostly 429s there and left the endpoint untested.
     settings.MEMORY_MANUAL_FOLD_RATE_LIMIT = ""
-    tokens = [Token.objects.create(user=owner).key for owner in (user, other_user)]
+    owners = (user, other_user)
+    tokens = [Token.objects.create(user=owner).key for owner in owners]
+    chats = [chat_service.create_chat(owner).pk for owner in owners]
     files = [tmp_path / f"user-{i}.txt" for i in range(len(tokens))]
     started = time.monotonic()
     runs = [
-        start_run(live_server.url, token, SEED + i, file)
-        for i, (token, file) in enumerate(zip(tokens, files, strict=True))
+        start_run(live_server.url, token, chat, SEED + i, file)
+        for i, (token, chat, file) in enumerate(zip(tokens, chats, files, strict=True))
     ]
     try:
         for run, file in zip(runs, files, strict=True):
