@@ -101,12 +101,9 @@ class Heartbeat:
         return beat(self.ledger)
 
     def _run(self) -> None:
-        try:
-            while not self._stopped.wait(self._interval):
-                if time.monotonic() >= self._until or not self._renew():
-                    return
-        finally:
-            connection.close()  # the thread's own connection
+        while not self._stopped.wait(self._interval):
+            if time.monotonic() >= self._until or not self._renew():
+                return
 
     def _renew(self) -> bool:
         """Silent, unlike ``beat``: a row found finished here is most often the fold's own
@@ -118,8 +115,11 @@ class Heartbeat:
                 ).update(heartbeat_at=Now())
             )
         except DATABASE_ERRORS:
-            connection.close_if_unusable_or_obsolete()
             return True  # the database blinked: try again at the next beat
+        finally:
+            # The thread's own connection, closed between beats minutes apart: held, it would
+            # double a fold's share of the database's (or the pooler's) connections.
+            connection.close()
 
 
 class Beating:

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 from django.core.cache import cache
+from django.db import connection
 from django.db.models.functions import Now
 from django.utils import timezone
 
@@ -781,6 +782,13 @@ def test_a_fold_renews_its_heartbeat_before_each_summarizer_call(api, monkeypatc
     assert (second - first).total_seconds() >= 0.3
 
 
+def database_connections() -> int:
+    """Connections to the test database now, the asking one included."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()")
+        return int(cursor.fetchone()[0])
+
+
 class SleepingSummarizer:
     """One summarizer call of ``seconds``, during which ``during`` runs (the recovery's pass,
     as beat would run it on another host meanwhile)."""
@@ -801,20 +809,26 @@ class SleepingSummarizer:
 
 @pytest.mark.django_db(transaction=True)
 def test_a_summarizer_call_longer_than_the_bound_keeps_its_folds_heartbeat_fresh(  # type: ignore[no-untyped-def]
-    api, settings, monkeypatch
+    require_postgres, api, settings, monkeypatch
 ):
     """One summarizer call outlasts the heartbeat's staleness bound: a thread of the fold's
     process renews the row's heartbeat meanwhile, so the recovery leaves the live fold running
-    and it commits; once the fold ends, no thread beats for it."""
+    and it commits; between beats the thread holds no database connection (it would double a
+    fold's share of the pool); once the fold ends, no thread beats for it."""
     settings.MEMORY_LOCK_TTL_SECONDS = 1
     chat_id = contract_chat_after_turns(api, 6)
     seen: list[Any] = []
+    before = database_connections()
 
     def recovery_pass() -> None:
         seen.append(sweep.recover_dead_runs(database_now()))
         row = Consolidation.objects.get(chat_id=chat_id, status="running")
         assert row.heartbeat_at is not None
         seen.append((database_now() - row.heartbeat_at).total_seconds())
+        deadline = time.monotonic() + deadlines.fold_heartbeat_stale_after()
+        while database_connections() > before:
+            assert time.monotonic() < deadline, "the heartbeat's thread kept its connection"
+            time.sleep(0.01)
 
     summarizer = SleepingSummarizer(deadlines.fold_heartbeat_stale_after() * 2, recovery_pass)
     monkeypatch.setattr(folds, "get_summarizer", summarizer)
