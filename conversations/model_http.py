@@ -55,6 +55,7 @@ class DirectStatusError(Exception):
         self.status = status
         self.code = error_code(data)
         self.message = error_field(data, "message")
+        self.body = data.decode("utf-8", errors="replace")  # whole, to read (never logged)
 
 
 class DirectInvalidResponse(Exception):

@@ -73,37 +73,43 @@ class OpenAIChatModel:
         self.timeout = timeout
         self.direct = direct_client(client, timeout) if direct else None
         self.token_limit_field = token_limit_field
-        # Until the endpoint refuses it (an unknown parameter to vLLM, an older gateway): then
-        # never again from this process, and the refused request is sent once more without it.
-        self.sends_cache_key = True
+        # Models whose endpoint refused prompt_cache_key (an unknown parameter to vLLM, an older
+        # gateway) and then took the same request without it: never sent it again from here.
+        self.keyless_models: set[str] = set()
 
     def complete(
         self, messages: ModelMessages, model: str, tools: ToolOptions | None = None
     ) -> ChatCompletion:
-        body = {"model": model, "messages": list(messages), **self._options(tools)}
+        body = {"model": model, "messages": list(messages), **self._options(tools, model)}
         try:
             data = self._post(body, model)
         except CacheKeyRefused:
             data = self._post(without_cache_key(body), model)
+            self._drop_cache_key(model)
         return completion_from_json(data, messages, model)
 
     def _post(self, body: dict[str, Any], model: str) -> Any:
         direct = self.direct
         return self._post_direct(direct, body, model) if direct else self._post_sdk(body, model)
 
-    def _options(self, tools: ToolOptions | None) -> dict[str, Any]:
+    def _options(self, tools: ToolOptions | None, model: str) -> dict[str, Any]:
         options = with_token_limit(tool_kwargs(tools), self.token_limit_field)
-        return options if self.sends_cache_key else without_cache_key(options)
+        return without_cache_key(options) if model in self.keyless_models else options
 
     def _check_cache_key(self, body: Mapping[str, Any], status: int | None, text: str) -> None:
-        """CacheKeyRefused when ``body``'s prompt_cache_key is what the endpoint refused."""
-        if PROMPT_CACHE_KEY in body and status == 400 and PROMPT_CACHE_KEY in text:
-            self.sends_cache_key = False
-            log.warning(
-                "the model endpoint refused prompt_cache_key; not sending it again",
-                extra={"event": "prompt_cache_key_refused", "model": body.get("model")},
-            )
+        """CacheKeyRefused when the endpoint may have refused ``body``'s prompt_cache_key: a
+        400 (OpenAI, vLLM) or 422 (FastAPI's validation) whose whole error body names it.
+        Only the same request taken without it proves it (``_drop_cache_key``): an error that
+        merely echoes the request's parameters fails again and keeps the key."""
+        if PROMPT_CACHE_KEY in body and status in (400, 422) and PROMPT_CACHE_KEY in text:
             raise CacheKeyRefused
+
+    def _drop_cache_key(self, model: str) -> None:
+        self.keyless_models.add(model)
+        log.warning(
+            "the model endpoint refused prompt_cache_key; not sending it again",
+            extra={"event": "prompt_cache_key_refused", "model": model},
+        )
 
     def _post_direct(
         self, direct: DirectChatCompletions, body: Mapping[str, Any], model: str
@@ -115,7 +121,7 @@ class OpenAIChatModel:
         except DirectConnectionError as error:
             raise self._failed(error, model, connection_error()) from error
         except DirectStatusError as error:
-            self._check_cache_key(body, error.status, str(error))
+            self._check_cache_key(body, error.status, error.body)
             refusal = status_error(error.status, error.code, error.message)
             raise self._failed(error, model, refusal) from error
         except DirectInvalidResponse as error:
@@ -143,12 +149,13 @@ class OpenAIChatModel:
             "model": model,
             "messages": list(messages),
             "stream_options": {"include_usage": True},
-            **self._options(tools),
+            **self._options(tools, model),
         }
         try:
             chunks = self._open_stream(body, model)
         except CacheKeyRefused:
             chunks = self._open_stream(without_cache_key(body), model)
+            self._drop_cache_key(model)
         return CompletionStream(
             self._deltas(chunks, messages, model, deadline), release=chunks.close
         )
@@ -164,7 +171,7 @@ class OpenAIChatModel:
     ) -> ModelError:
         """The SDK's error as the turn's (CacheKeyRefused when it refused the cache key)."""
         if isinstance(error, openai.APIStatusError):
-            self._check_cache_key(body, error.status_code, str(error))
+            self._check_cache_key(body, error.status_code, error.response.text)
         return self._model_error(error, model)
 
     def _deltas(

@@ -224,6 +224,79 @@ def test_requests_are_what_the_sdks_create_sends(server: ScriptedServer, streame
     assert ours.headers["content-type"] == sdk.headers["content-type"]
 
 
+# prompt_cache_key refused: how vLLM/FastAPI (422, the field in ``loc``) and OpenAI (400, the
+# field in the message) answer a parameter they do not take.
+KEY_REFUSED_422 = Reply(
+    status=422,
+    body={
+        "detail": [
+            {
+                "type": "extra_forbidden",
+                "loc": ["body", "prompt_cache_key"],
+                "msg": "Extra inputs are not permitted",
+            }
+        ]
+    },
+)
+# A 400 for something else that echoes the request's parameters, the key among them.
+ECHOING_400 = error_reply(
+    400,
+    "Invalid 'temperature' for this model; request: {'prompt_cache_key': 'k', 'temperature': 3}",
+    "invalid_request_error",
+)
+CACHE_KEY = {"prompt_cache_key": "chatmem-chat-1"}
+
+
+def call_with_key(server: ScriptedServer, model: OpenAIChatModel, how: str, name: str = "m") -> str:
+    server.script(Reply(events=HELLO_EVENTS) if how == "stream" else chat_reply("Hello world"))
+    return call_scripted(model, how, name)
+
+
+def call_scripted(model: OpenAIChatModel, how: str, name: str = "m") -> str:
+    if how == "stream":
+        stream = model.stream(MESSAGES, name, CACHE_KEY)
+        return "".join(stream)
+    return model.complete(MESSAGES, name, CACHE_KEY).content
+
+
+def keyed(server: ScriptedServer) -> list[bool]:
+    return ["prompt_cache_key" in request.body for request in server.requests]
+
+
+@pytest.mark.parametrize("how", ["direct", "sdk", "stream"])
+def test_a_refused_cache_key_is_dropped_for_that_model_once_the_request_passes_without_it(
+    server: ScriptedServer, how: str
+) -> None:
+    """The same request is sent again without the key; once that one is answered, the model
+    is never sent the key again; another model of the endpoint still is."""
+    client = make_openai_client(base_url=server.base_url, api_key=API_KEY, timeout=5.0)
+    model = OpenAIChatModel(client=client, timeout=5.0, direct=how == "direct")
+    server.script(KEY_REFUSED_422)
+    assert call_with_key(server, model, how) == "Hello world"
+    assert keyed(server) == [True, False]
+    assert server.requests[0].body["messages"] == server.requests[1].body["messages"]
+    assert call_with_key(server, model, how) == "Hello world"
+    assert call_with_key(server, model, how, name="other") == "Hello world"
+    assert keyed(server) == [True, False, False, True]
+
+
+@pytest.mark.parametrize("how", ["direct", "sdk", "stream"])
+def test_an_error_that_only_echoes_the_cache_key_fails_the_call_and_keeps_the_key(
+    server: ScriptedServer, how: str
+) -> None:
+    """A 400 naming the key among the request's parameters, for something else: the request
+    without the key fails the same way, the call fails with that error, and the key is still
+    sent next time."""
+    client = make_openai_client(base_url=server.base_url, api_key=API_KEY, timeout=5.0)
+    model = OpenAIChatModel(client=client, timeout=5.0, direct=how == "direct")
+    server.script(ECHOING_400, ECHOING_400)
+    with pytest.raises(ModelError) as caught:
+        call_scripted(model, how)
+    assert "HTTP 400" in str(caught.value)
+    assert call_with_key(server, model, how) == "Hello world"
+    assert keyed(server) == [True, False, True]
+
+
 # ---------------------------------------------------------------------------------------------
 # stream()
 
