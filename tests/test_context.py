@@ -82,5 +82,53 @@ def test_a_tool_result_follows_its_call_with_the_agent_state_before_the_turns_us
     roles = [m["role"] for m in messages]
     assert roles[-4:] == ["system", "user", "assistant", "tool"]
     assert messages[-4]["content"] == "Agent state: x" and messages[-2]["tool_calls"] == [call]
-    # With nothing new, as the context endpoint shows it: the agent state last.
-    assert build_model_messages(chat, snapshot)[-1]["content"] == "Agent state: x"
+    # With nothing new after the call, as the context endpoint shows it: the same place, and
+    # the call is not taken for unanswered.
+    shown = build_model_messages(chat, snapshot)
+    assert [m["role"] for m in shown][-3:] == ["system", "user", "assistant"]
+    assert shown[-3]["content"] == "Agent state: x" and shown[-1]["tool_calls"] == [call]
+    # After a finished turn, nothing new: the agent state last.
+    finished = [*messages[:-4], *messages[-3:], {"role": "assistant", "content": "It is 42."}]
+    Message.objects.create(
+        chat_id=chat_id,
+        seq=3,
+        role="tool",
+        content="42",
+        token_count=2,
+        metadata={"tool_call_id": "c1"},
+    )
+    Message.objects.create(
+        chat_id=chat_id, seq=4, role="assistant", content="It is 42.", token_count=4
+    )
+    Chat.objects.filter(pk=chat_id).update(last_seq=4)
+    snapshot = dataclasses.replace(load_snapshot(chat_id), agent_context="Agent state: x")
+    shown = build_model_messages(chat, snapshot)
+    assert shown[:-1] == finished and shown[-1]["content"] == "Agent state: x"
+
+
+def test_with_the_turns_user_message_folded_the_agent_state_stays_off_the_tool_pair(  # type: ignore[no-untyped-def]
+    api,
+) -> None:
+    """The newest turn's user message already folded, its call verbatim and its results new:
+    the agent state goes before the verbatim messages, not between the call and its results."""
+    chat_id = new_chat(api)
+    call: Any = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    Message.objects.create(
+        chat_id=chat_id,
+        seq=1,
+        role="assistant",
+        content="",
+        token_count=9,
+        metadata={"tool_calls": [call]},
+    )
+    Chat.objects.filter(pk=chat_id).update(last_seq=1)
+    chat = Chat.objects.get(pk=chat_id)
+    snapshot = dataclasses.replace(
+        load_snapshot(chat_id), summary="- Asked to look it up.", agent_context="Agent state: x"
+    )
+    result: dict[str, object] = {"role": "tool", "tool_call_id": "c1", "content": "42"}
+    messages = build_model_messages(chat, snapshot, [result])
+    assert [m["role"] for m in messages][-4:] == ["system", "system", "assistant", "tool"]
+    assert messages[-3]["content"] == "Agent state: x"
+    assert str(messages[-4]["content"]).startswith(SUMMARY_HEADER)
+    assert messages[-2]["tool_calls"] == [call]

@@ -38,23 +38,35 @@ def build_model_messages(
         messages.append({"role": Role.SYSTEM.value, "content": pinned})
     if snapshot.summary:
         messages.append({"role": Role.SYSTEM.value, "content": SUMMARY_HEADER + snapshot.summary})
+    first_verbatim = len(messages)
     messages.extend(model_message(message) for message in snapshot.unfolded)
     first_new = len(messages)
     messages.extend(new_messages)
     if snapshot.agent_context:  # counted in the bound by memory_worker.state.agent_context_tokens
         agent: dict[str, object] = {"role": Role.SYSTEM.value, "content": snapshot.agent_context}
-        messages.insert(agent_state_index(messages, first_new), agent)
+        messages.insert(agent_state_index(messages, first_verbatim, first_new), agent)
     return without_unanswered_tool_calls(messages)
 
 
-def agent_state_index(messages: list[dict[str, object]], first_new: int) -> int:
-    """Where the agent state goes: before the new user message; before the newest turn's user
-    message when tool results continue that turn (between a call and its results it would
-    break the pair); at the end when nothing new follows (the context a client inspects)."""
-    if first_new == len(messages) or messages[first_new].get("role") == Role.USER.value:
+def agent_state_index(
+    messages: list[dict[str, object]], first_verbatim: int, first_new: int
+) -> int:
+    """Where the agent state goes: as late as the turn's tool traffic allows, since everything
+    after it misses the cache. Before the new user message; at the end when nothing new follows
+    a finished turn (the context a client inspects). Between a call and its results it would
+    break the pair (and a call with nothing after it reads as unanswered), so when tool results
+    continue the newest turn, or nothing new follows a call, it goes before that turn's user
+    message, or before the verbatim messages when that one is folded."""
+    if first_new < len(messages) and messages[first_new].get("role") == Role.USER.value:
         return first_new
-    users = [i for i, m in enumerate(messages[:first_new]) if m.get("role") == Role.USER.value]
-    return users[-1] if users else first_new
+    if first_new == len(messages) and not (messages and messages[-1].get("tool_calls")):
+        return first_new
+    users = [
+        index
+        for index in range(first_verbatim, first_new)
+        if messages[index].get("role") == Role.USER.value
+    ]
+    return users[-1] if users else first_verbatim
 
 
 # What an assistant message whose calls all went unanswered says instead, when it said nothing.
