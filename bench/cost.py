@@ -639,14 +639,15 @@ class Metrics:
     folded_content_share: float
     overhead_share: float
     overhead_tokens_per_call: float
-    # The overhead per call in three parts: the instructions (system messages), the existing
-    # summary every fold rewrites, and the rest (seed 003's section markers and turn labels, and
-    # a stricter retry's extra messages).
+    # The overhead per call in three parts: the instructions (system messages), the existing summary
+    # every fold rewrites, and the rest (the input's section markers and turn labels, and a stricter
+    # retry's extra messages).
     instructions_tokens_per_call: float
     existing_summary_tokens_per_call: float
     format_tokens_per_call: float
-    # What amplification would be with no instructions at all: the floor of any summarizer
-    # that takes seed 003's input and rewrites the summary on every fold (DESIGN §5).
+    # What amplification would be with no instructions at all: the floor of any summarizer that
+    # takes the fold's input and rewrites the summary on every fold (docs/design.md, the
+    # summarizer).
     amplification_without_instructions: float
     prompt_tokens_mean: float
     prompt_tokens_p95: int

@@ -4,7 +4,7 @@ through ``bench.settings_proxy``.
 
 - ``/bench/proxy``: a minimal stateless view that only forwards the message to the model and
   returns its reply.
-- ``/bench/floor/<chat id>``: a turn that keeps DESIGN's storage promises (§2-3) and does
+- ``/bench/floor/<chat id>``: a turn that keeps the storage promises (docs/design.md) and does
   nothing else, what storing a turn costs on this stack before any memory work: claim the chat's
   turn slot and read its tail in one statement, call the model with that tail, then store both
   messages with adjacent seq from the counter and free the slot in one statement. No memory

@@ -29,7 +29,7 @@ against ``/bench/proxy`` (``bench/proxy_urls.py``): a stateless view that only f
 message to the model. It is what this stack does on this machine with no memory at all, the
 ceiling any memory service on it is measured against. Then (unless ``--no-floor``) the same
 against ``/bench/floor/<chat id>`` on chats of its own as long as chatmem's: a turn that stores
-its messages as DESIGN §2-3 asks and does nothing else, what storing a turn costs before any
+its messages as docs/design.md asks and does nothing else, what storing a turn costs before any
 memory work.
 """
 
@@ -274,7 +274,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "errors": phase.errors,
         "cpu": phase.cpu,
         "stateless_proxy": proxy_figures(proxy, args) if proxy else None,
-        # Storing turns as DESIGN §2-3 asks and nothing else (bench/proxy_urls.py): what the
+        # Storing turns as docs/design.md asks and nothing else (bench/proxy_urls.py): what the
         # memory's cost is measured against.
         "floor": proxy_figures(floor, args) if floor else None,
         "ratio_to_proxy": (

@@ -1,6 +1,7 @@
-"""Throughput against a stateless proxy: chatmem's turns per second at concurrency 16
-beside a minimal stateless view on the same stack that only forwards the message to the model,
-and beside the floor: a turn that stores its messages as DESIGN §2-3 asks and does nothing else.
+"""Throughput against a stateless proxy: chatmem's turns per second at concurrency 16 beside a
+minimal stateless view on the same stack that only forwards the message to the model, and beside the
+floor: a turn that stores its messages as docs/design.md asks (data model, the turn) and does
+nothing else.
 
     python -m bench.throughput [--concurrency 16] [--seconds 10] [--rounds 3]
                                [--model offline|fake-server] [--worker-class gthread|gevent]
@@ -293,8 +294,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def synchronous_folds(database_url: str, chat_ids: Sequence[int]) -> int | None:
-    """Folds the turns ran themselves: with no worker consuming, a chat's unfolded tail reaches
-    the policy's hard bound and the next turn folds before calling the model (DESIGN §3.4)."""
+    """Folds the turns ran themselves: with no worker consuming, a chat's unfolded tail reaches the
+    policy's hard bound and the next turn folds before calling the model (docs/design.md, the turn,
+    step 4)."""
     if not database_url.startswith("postgres"):
         return None
     import psycopg
@@ -364,7 +366,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "chatmem": chatmem,
         "floor": floor,
         "ratio_chatmem_to_proxy": round(ratio, 3),
-        # A turn that stores its messages as DESIGN §2-3 asks and does nothing else, against the
+        # A turn that stores its messages as docs/design.md asks and does nothing else, against the
         # proxy: what the 0.5 goal leaves the memory room for (bench/proxy_urls.py).
         "ratio_floor_to_proxy": round(floor_ratio, 3),
         "ratio_chatmem_to_floor": round(ratio / floor_ratio, 3),

@@ -147,7 +147,7 @@ def history_of(record: RecordedRequest) -> tuple[int, int]:
 
 
 def token_bound(policy: Mapping[str, Any]) -> int | None:
-    """The chat's bound on history tokens: max_memory_tokens, and seed 002's max_tokens (summary
+    """The chat's bound on history tokens: max_memory_tokens, and token-budget's max_tokens (summary
     and messages within it), the smaller when both are set."""
     bounds = [policy.get(k) for k in ("max_memory_tokens", "max_tokens")]
     present = [int(b) for b in bounds if b is not None]

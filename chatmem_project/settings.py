@@ -321,8 +321,8 @@ LLM_TIMEOUT_SECONDS = env_float("LLM_TIMEOUT_SECONDS", 60.0)
 # HTTP(S) proxy in the environment the SDK always sends it.
 CHAT_DIRECT_HTTP = env_bool("CHAT_DIRECT_HTTP", True)
 MEMORY_LLM_TIMEOUT_SECONDS = env_float("MEMORY_LLM_TIMEOUT_SECONDS", 60.0)
-# Ordered deadlines (DESIGN §6): LLM < soft < hard < the lock's last expiry (hard + one lock
-# TTL) < broker visibility timeout.
+# Ordered deadlines (docs/design.md, the fold): LLM < soft < hard < the lock's last expiry (hard +
+# one lock TTL) < broker visibility timeout.
 MEMORY_TASK_SOFT_TIME_LIMIT = env_int("MEMORY_TASK_SOFT_TIME_LIMIT", 240)
 MEMORY_TASK_TIME_LIMIT = env_int("MEMORY_TASK_TIME_LIMIT", 300)
 # The per-chat lock's TTL, renewed by its holder every third of it (memory_worker.lease) until
@@ -414,7 +414,7 @@ OPENAI_BASE_URL = env("OPENAI_BASE_URL", default="") or None
 OPENAI_API_KEY = env("OPENAI_API_KEY", default="")
 CHAT_MODEL = env_text("CHAT_MODEL", "gpt-4o-mini")
 CHAT_MODEL_CONTEXT_TOKENS = env_int("CHAT_MODEL_CONTEXT_TOKENS", 128000)
-# Extra variants a turn may pick: "name=model:context_tokens,..." (seed 003 §6).
+# Extra variants a turn may pick: "name=model:context_tokens,..." (conversations.variants).
 MODEL_VARIANTS = env("MODEL_VARIANTS", default="")
 # Each model's tokenizer: "model=encoding_or_tokenizer.json,..." (a tiktoken encoding name, or
 # the path of a Hugging Face tokenizer.json, read offline); docs/operations.md.
@@ -442,7 +442,7 @@ PROMPT_CACHE_KEY_VARIANTS = env("PROMPT_CACHE_KEY_VARIANTS", default="*")
 # --- Memory ---------------------------------------------------------------------------------
 MEMORY_POLICY = env_text("MEMORY_POLICY", "sliding-window")
 MEMORY_SUMMARIZER_MODEL = env_text("MEMORY_SUMMARIZER_MODEL", "gpt-4o-mini")
-# "chat" (Chat Completions), "responses" (hosted prompt, seed 003), "offline";
+# "chat" (Chat Completions), "responses" (a hosted prompt id and version), "offline";
 # empty = chat when OPENAI_BASE_URL or OPENAI_API_KEY is set, else offline.
 MEMORY_SUMMARIZER_BACKEND = env("MEMORY_SUMMARIZER_BACKEND", default="")
 MEMORY_SUMMARY_TOKEN_CAP = env_int("MEMORY_SUMMARY_TOKEN_CAP", 500)
@@ -514,17 +514,17 @@ MEMORY_SWEEP_BATCH = env_int("MEMORY_SWEEP_BATCH", 500)
 # Failed, superseded, interrupted and nothing-to-fold ledger rows older than this are deleted by
 # the sweep (0 = keep them all); succeeded rows stay: they prove coverage of 1..W.
 MEMORY_LEDGER_RETENTION_DAYS = env_int("MEMORY_LEDGER_RETENTION_DAYS", 30)
-# Seed 002's flush hooks: dotted paths of callables hook(chat_id, messages, version), each run
-# as its own task after a fold commits.
+# Flush hooks (docs/policies.md, token-budget): dotted paths of callables hook(chat_id, messages,
+# version), each run as its own task after a fold commits.
 MEMORY_FLUSH_HOOKS = env.list("MEMORY_FLUSH_HOOKS", default=[])
-# Seed 002's daily tier: a built-in flush hook that extracts durable facts from folded messages
+# The daily tier: a built-in flush hook that extracts durable facts from folded messages
 # into one note per chat and day ("offline": deterministic rules; "chat": one model call).
 MEMORY_DAILY_NOTES = env_bool("MEMORY_DAILY_NOTES", True)
 MEMORY_DAILY_NOTES_BACKEND = env_text("MEMORY_DAILY_NOTES_BACKEND", "offline")
 if MEMORY_DAILY_NOTES and "memory_worker.daily_notes.extract_daily_notes" not in MEMORY_FLUSH_HOOKS:
     MEMORY_FLUSH_HOOKS.append("memory_worker.daily_notes.extract_daily_notes")
 
-# --- Agent state (seed 004's Summarize node, docs/agent-state.md) ---------------------------
+# --- Agent state (the Summarize step after replies, docs/agent-state.md) --------------------
 # The seed's constants, under the seed's names. FULL_DETAIL_TURNS is the turn-digest preset's
 # tail_turns: memory_worker.env_knobs applies it (a chat's effective_policy shows it); this copy
 # is the seed's constant under its name, not among the state endpoint's limits.
@@ -544,8 +544,9 @@ AGENT_CONTEXT_MAX_TOKENS = env_int("AGENT_CONTEXT_MAX_TOKENS", 1000)
 AGENT_SUMMARY_BACKEND = env("AGENT_SUMMARY_BACKEND", default="")
 AGENT_SUMMARY_MODEL = env("AGENT_SUMMARY_MODEL", default="")  # empty = CHAT_MODEL
 
-# Operator defaults per preset, from the environment (seed 003 §10 and seed 001 knobs); a chat's
-# own policy_overrides win over these. Filled in by memory_worker.env_knobs.
+# Operator defaults per preset, from the environment (the sliding-window and chunked knobs,
+# docs/policies.md); a chat's own policy_overrides win over these. Filled in by
+# memory_worker.env_knobs.
 from memory_worker.env_knobs import preset_env_overrides  # noqa: E402
 
 MEMORY_PRESET_ENV_OVERRIDES = preset_env_overrides(env)

@@ -310,7 +310,7 @@ class ChatAdmin(admin.ModelAdmin):
 
     @admin.display(description=f"latest {RECENT_NOTES} daily notes")
     def daily_notes(self, chat: Chat) -> str:
-        """Seed 002's daily tier, read-only (written only by the flush hook), newest first."""
+        """The daily tier, read-only (written only by the flush hook), newest first."""
         latest = chat.daily_notes.order_by("-day")[:RECENT_NOTES]
         rows = [
             [

@@ -1,5 +1,5 @@
-"""Seed 004's agent state on the Chat admin page (docs/agent-state.md): read-only, since it is
-written only by the Summarize step after replies."""
+"""The agent state on the Chat admin page (docs/agent-state.md): read-only, since it is written only
+by the Summarize step after replies."""
 
 import json
 from typing import Any

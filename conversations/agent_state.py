@@ -1,6 +1,7 @@
-"""Seed 004's Summarize node, as pure functions (no Django, no I/O): the rules that turn one
-agent turn into the chat's agent state. The worker (``memory_worker.agent_summaries``)
-loads the state, calls these, makes the LLM calls, and commits the result.
+"""The agent state's Summarize step (docs/agent-state.md), as pure functions (no Django, no I/O):
+the rules that turn one agent turn into the chat's agent state. The worker
+(``memory_worker.agent_summaries``) loads the state, calls these, makes the LLM calls, and commits
+the result.
 
 docs/agent-state.md describes the behaviour against the seed; the constants below are its
 vocabulary. An agent turn is the validated ``agent`` object of a turn request (see
@@ -22,7 +23,8 @@ DECISIONS = (PLAN_DIRECT, PROPOSE, CLARIFY)
 COMPLEXITIES = ("low", "medium", "high")
 ENTITY_STATES = ("PENDING", "ACTIVE")
 ENTITY_SOURCES = ("db_read", "db_write", "generate", "analyze")
-# Only these sources prove the entity exists in the database (seed 004 "Why Filtering Matters").
+# Only these sources prove the entity exists in the database: a generated id may not exist, and a
+# later turn using it as a reference would fail (docs/agent-state.md, "Entities").
 DB_SOURCES = frozenset({"db_read", "db_write"})
 
 # Registry statuses: promoted to active_entities, recorded only, or garbage-collected.
@@ -81,8 +83,8 @@ def first_sentence(text: str) -> str:
 
 
 def labels_in_text(text: str, labels: Iterable[str]) -> list[str]:
-    """The labels that occur verbatim in ``text``, in order of first occurrence (seed 004: exact
-    entity names from the text, never paraphrased)."""
+    """The labels that occur verbatim in ``text``, in order of first occurrence (exact entity
+    names from the text, never paraphrased)."""
     found = {label: text.find(label) for label in dict.fromkeys(labels) if label}
     return sorted((label for label, at in found.items() if at >= 0), key=lambda label: found[label])
 
@@ -132,7 +134,7 @@ def offline_response_summary(reply: str, labels: Iterable[str]) -> str:
 
 
 def deterministic_summary(agent: Mapping[str, Any]) -> str:
-    """Seed 004's V3 safeguard: a propose/clarify reply is never summarised by a model, so a
+    """The propose/clarify safeguard: a propose/clarify reply is never summarised by a model, so a
     proposal can never be remembered as done."""
     goal = agent.get("goal") or ""
     if agent.get("decision") == PROPOSE:
@@ -165,7 +167,7 @@ def uses_llm_summary(agent: Mapping[str, Any], reply: str, limits: Limits) -> bo
 
 
 def needs_theme_update(agent: Mapping[str, Any]) -> bool:
-    """Seed 004: only a significant action (high complexity or multi-step) moves the theme."""
+    """Only a significant action (high complexity or multi-step) moves the theme."""
     return agent.get("complexity") == "high" or len(agent.get("step_results") or []) > 1
 
 
@@ -276,7 +278,7 @@ def active_entities(registry: Mapping[str, Mapping[str, Any]], cap: int) -> list
 def pending_after(
     current: Mapping[str, Any] | None, agent: Mapping[str, Any], seq: int
 ) -> dict[str, Any] | None:
-    """Seed 004 Decision Context Tracking: propose stores the proposal, clarify the questions,
+    """Decision context tracking: propose stores the proposal, clarify the questions,
     plan_direct clears it (execution complete)."""
     decision = agent.get("decision")
     keys: tuple[str, ...]

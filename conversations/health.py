@@ -1,9 +1,9 @@
 """Liveness and readiness probes (no authentication).
 
-Ready means turns can be served: the database answers and has every migration applied. The
-broker is reported but does not decide: turns never wait on memory work (DESIGN §1.5), a publish
-that fails is logged and the sweep catches up, so a Redis outage must not take every web
-replica out of service."""
+Ready means turns can be served: the database answers and has every migration applied. The broker is
+reported but does not decide: turns never wait on memory work (promise 5, docs/design.md), a publish
+that fails is logged and the sweep catches up, so a Redis outage must not take every web replica out
+of service."""
 
 import logging
 import threading

@@ -1,5 +1,5 @@
-"""What answers a user's turn (DESIGN §3 step 5): the ``ChatModel`` contract, its reply and its
-failure. Plain Python, no Django.
+"""What answers a user's turn (docs/design.md, the turn, step 5): the ``ChatModel`` contract, its
+reply and its failure. Plain Python, no Django.
 
 Two implementations: ``OpenAIChatModel`` (conversations.openai_chat_model), any
 OpenAI-compatible Chat Completions endpoint, and ``OfflineChatModel``

@@ -1,4 +1,5 @@
-"""Chats, their append-only messages, the memory brief and the consolidation ledger (DESIGN §2).
+"""Chats, their append-only messages, the memory brief and the consolidation ledger
+(docs/design.md, data model).
 
 Invariants kept here:
 - ``Message.seq`` is 1, 2, 3… per chat, allocated from ``Chat.last_seq`` under the chat's row
@@ -35,7 +36,8 @@ class Chat(models.Model):
     external_id = models.CharField(max_length=200, blank=True, default="")
     last_seq = models.PositiveBigIntegerField(default=0)
     # The owner paused background folds (API PATCH, /v1 "chatmem": {"fold": "pause"}): dispatch
-    # and the sweep skip the chat; a turn over its hard bound still folds (DESIGN §1 promise 2).
+    # and the sweep skip the chat; a turn over its hard bound still folds (promise 2,
+    # docs/design.md).
     folds_paused = models.BooleanField(default=False)
     # The turn slot: one turn at a time per chat, claimed by a conditional UPDATE.
     turn_token = models.UUIDField(null=True, blank=True)
@@ -97,7 +99,7 @@ class Brief(models.Model):
     last_consolidated_at = models.DateTimeField(null=True, blank=True)
     version = models.PositiveBigIntegerField(default=0)
     # chat.last_seq when the last fold was decided: later user messages count for the safety
-    # trigger (seed 000 counts user turns since the last summarization).
+    # trigger (it counts user turns since the last fold, docs/policies.md, contract).
     turns_mark = models.PositiveBigIntegerField(default=0)
     consecutive_failures = models.PositiveIntegerField(default=0)
     degraded = models.BooleanField(default=False)
@@ -223,8 +225,8 @@ class Consolidation(models.Model):
 
 
 class DailyNote(models.Model):
-    """Seed 002's daily tier: durable facts extracted from folded messages, one note per chat and
-    day (the day the messages were written). Filled off the fold path by a flush hook."""
+    """The daily tier: durable facts extracted from folded messages, one note per chat and day (the
+    day the messages were written). Filled off the fold path by a flush hook."""
 
     chat = models.ForeignKey(Chat, on_delete=models.CASCADE, related_name="daily_notes")
     day = models.DateField()
@@ -246,9 +248,9 @@ class DailyNote(models.Model):
 
 
 class AgentState(models.Model):
-    """Seed 004's Summarize-node state of a chat (docs/agent-state.md), written off the request
-    path after replies. ``processed_seq`` is the watermark of turns already applied, so a task
-    that runs twice or late never applies a turn twice."""
+    """A chat's agent state (docs/agent-state.md), written off the request path after replies.
+    ``processed_seq`` is the watermark of turns already applied, so a task that runs twice or late
+    never applies a turn twice."""
 
     chat = models.OneToOneField(
         Chat, on_delete=models.CASCADE, primary_key=True, related_name="agent_state"
@@ -272,8 +274,9 @@ class AgentState(models.Model):
 
 
 class ResponseSummary(models.Model):
-    """Seed 004's AssistantResponseSummary: one sentence per assistant reply (long replies, and
-    every propose/clarify reply). The turn-digest fold sends it instead of the full reply."""
+    """A response summary (AssistantResponseSummary, docs/agent-state.md): one sentence per
+    assistant reply (long replies, and every propose/clarify reply). The turn-digest fold sends it
+    instead of the full reply."""
 
     chat = models.ForeignKey(Chat, on_delete=models.CASCADE, related_name="response_summaries")
     seq = models.PositiveBigIntegerField()  # the assistant message's seq

@@ -1,5 +1,5 @@
-"""Model variants a turn may choose (seed 003 §6). Memory is model-agnostic; a variant's context
-window only feeds the token-budget trigger."""
+"""Model variants a turn may choose (a deep-dive model beside the everyday one). Memory is
+model-agnostic; a variant's context window only feeds the token-budget trigger."""
 
 import logging
 from dataclasses import dataclass

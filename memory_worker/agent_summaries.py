@@ -1,12 +1,12 @@
-"""Seed 004's Summarize node off the request path (docs/agent-state.md): after every reply,
+"""The agent state's Summarize step off the request path (docs/agent-state.md): after every reply,
 apply the turn to the chat's agent state, handed on through the same mechanism as consolidation
 (MEMORY_DISPATCH: celery / inline / off).
 
-How a run stays correct without a lock (the same pattern as the fold, DESIGN §6): read the state
-and its watermark ``processed_seq``, compute every new turn with no transaction open (this is
+How a run stays correct without a lock (the same fencing as the fold, docs/design.md): read the
+state and its watermark ``processed_seq``, compute every new turn with no transaction open (this is
 where LLM calls happen), then commit with ONE conditional UPDATE ``WHERE processed_seq = read``.
-Zero rows means another run applied these turns first: nothing is written, and the loop looks
-again. So a task delivered twice, late, or in parallel applies each turn exactly once."""
+Zero rows means another run applied these turns first: nothing is written, and the loop looks again.
+So a task delivered twice, late, or in parallel applies each turn exactly once."""
 
 import logging
 import time

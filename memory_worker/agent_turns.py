@@ -1,6 +1,6 @@
-"""What one turn applies to the agent state (seed 004, docs/agent-state.md), computed in memory
-with no transaction open: entities, pending clarification, compressed steps, the session theme
-and the response summary, asking the model where the seed does (with deterministic stand-ins)."""
+"""What one turn applies to the agent state (docs/agent-state.md), computed in memory with no
+transaction open: entities, pending clarification, compressed steps, the session theme and the
+response summary, asking the model where the doc says so (with deterministic stand-ins)."""
 
 import logging
 from collections.abc import Mapping

@@ -1,5 +1,5 @@
-"""Which summarizer folds messages: Chat Completions (default with an API key), the Responses
-API with a hosted prompt (seed 003), or the offline extractive summarizer (embedded default)."""
+"""Which summarizer folds messages: Chat Completions (default with an API key), the Responses API
+with a hosted prompt id and version, or the offline extractive summarizer (embedded default)."""
 
 from functools import lru_cache
 
@@ -62,8 +62,8 @@ def _summarizer(
 
 
 def offline_summarizer(cap_tokens: int) -> Summarizer:
-    """The fallback of a turn whose fold the configured summarizer failed (DESIGN §1.2), and of
-    a background fold with MEMORY_SUMMARIZER_FALLBACK=offline."""
+    """The fallback of a turn whose fold the configured summarizer failed (promise 2,
+    docs/design.md), and of a background fold with MEMORY_SUMMARIZER_FALLBACK=offline."""
     return OfflineSummarizer(cap_tokens=cap_tokens)
 
 

@@ -1,5 +1,5 @@
-"""Seed 002's daily tier: a flush hook that extracts durable facts from messages about to be folded
-into one note per chat and day.
+"""The daily tier: a flush hook that extracts durable facts from messages about to be folded into
+one note per chat and day.
 
 It runs as its own task after the fold has committed (memory_worker.hooks), so neither the fold
 nor a turn waits for it. Extraction is offline and deterministic by default

@@ -1,7 +1,7 @@
 """How memory work is handed on, as MEMORY_DISPATCH says: a Celery task published by name
 (celery), the in-process runner (inline), or not at all (off); and the queued marker that keeps
 one consolidation task per chat in the broker. Never raises: a broker that is down is logged,
-and the beat sweep finds the chat later (DESIGN §3 step 7)."""
+and the beat sweep finds the chat later (docs/design.md, the turn, step 7)."""
 
 import contextvars
 import logging
@@ -97,16 +97,15 @@ def hand_off(
     return True
 
 
-# One queued task per chat is enough. A task reads the chat's state when it starts, so while one
-# is queued and not started, a turn that finds a fold due adds nothing by queuing another:
-# without this marker every turn of a chat whose fold stays due (workers behind, or down)
-# would queue one more task, a pile in the broker (DESIGN §1.3) and a broker write on every turn.
-# Ordering: a turn commits, then takes the marker (SET NX); the task deletes the marker before
-# it reads anything (tasks.consolidate_chat). A turn that finds the marker taken committed
-# before the task's read, so the task sees it; a turn after the delete queues a new task. Only
-# turn triggers are deduplicated: manual runs skip the failure backoff and the sweep and reruns
-# are rare. The marker's TTL bounds how long a lost task message could keep turns from queuing
-# (the sweep finds such a chat anyway).
+# One queued task per chat is enough. A task reads the chat's state when it starts, so while one is
+# queued and not started, a turn that finds a fold due adds nothing by queuing another: without this
+# marker every turn of a chat whose fold stays due (workers behind, or down) would queue one more
+# task, a pile in the broker and a broker write on every turn. Ordering: a turn commits, then takes
+# the marker (SET NX); the task deletes the marker before it reads anything
+# (tasks.consolidate_chat). A turn that finds the marker taken committed before the task's read, so
+# the task sees it; a turn after the delete queues a new task. Only turn triggers are deduplicated:
+# manual runs skip the failure backoff and the sweep and reruns are rare. The marker's TTL bounds
+# how long a lost task message could keep turns from queuing (the sweep finds such a chat anyway).
 QUEUED_KEY = "chatmem:queued:{}"
 
 

@@ -1,5 +1,6 @@
-"""Operator-level defaults for the presets' knobs, from the environment: every knob of seed 003
-§10 and of seed 001, named as the seeds name them. Unset variables leave the seed's default.
+"""Operator-level defaults for the presets' knobs, from the environment: the knobs of
+sliding-window and chunked (and turn-digest's FULL_DETAIL_TURNS), under the names their
+requirements give them (docs/policies.md). Unset variables leave the preset's default.
 
 Read once at settings load; the result is validated with ``resolve_policy`` there, so a bad value
 stops start-up with the reason instead of failing the first turn."""
@@ -11,20 +12,20 @@ from memory_worker.presets import PRESETS, PolicyError, resolve_policy
 
 # environment variable -> (preset, knob)
 ENV_KNOBS: dict[str, tuple[str, str]] = {
-    # seed 001 — sliding-window
+    # sliding-window
     "MEMORY_CONTEXT_SIZE": ("sliding-window", "context_size"),
     "MEMORY_TAIL_KEEP_SIZE": ("sliding-window", "tail_messages"),
     "MEMORY_COMPRESSION_WINDOW_SIZE": ("sliding-window", "window"),
     "MEMORY_COMPRESSION_COOLDOWN_SEC": ("sliding-window", "cooldown_seconds"),
     "MEMORY_COMPRESSION_HARD_LIMIT": ("sliding-window", "hard_limit"),
-    # seed 003 §10 — chunked
+    # chunked
     "MEMORY_K_RAW_TURNS": ("chunked", "tail_turns"),
     "MEMORY_CHUNK_SUMMARIZE_THRESHOLD": ("chunked", "chunk_threshold"),
-    # seed 004 — turn-digest
+    # turn-digest
     "FULL_DETAIL_TURNS": ("turn-digest", "tail_turns"),
 }
 FLOAT_KNOBS = {"cooldown_seconds"}
-# seed 003's prompt memory budget is the headroom above the chunk threshold (docs/policies.md)
+# chunked's prompt memory budget is the headroom above the chunk threshold (docs/policies.md)
 PROMPT_BUDGET_VARIABLE = "MEMORY_PROMPT_TOKEN_BUDGET"
 DEFAULT_PROMPT_BUDGET = 3000
 # the summarizer's cap is every preset's summary cap

@@ -1,7 +1,7 @@
-"""Executing a fold (DESIGN §6): read a snapshot (brief and unfolded messages), let the pure
-engine decide, call the summarizer with no transaction open, then commit chunk by chunk
-(memory_worker.fold_commit). Called by the run loop (memory_worker.runs) and the turn's
-synchronous fold (memory_worker.turn_fold)."""
+"""Executing a fold (docs/design.md, the fold): read a snapshot (brief and unfolded messages), let
+the pure engine decide, call the summarizer with no transaction open, then commit chunk by chunk
+(memory_worker.fold_commit). Called by the run loop (memory_worker.runs) and the turn's synchronous
+fold (memory_worker.turn_fold)."""
 
 import logging
 import time
@@ -69,9 +69,9 @@ def consolidate_once(
     deadline: float | None = None,
     lease: Lease | None = None,
 ) -> FoldOutcome:
-    """One policy evaluation and at most one fold (seed 000 §7: one summarization per cycle).
-    ``due_at``: when the turn that asked for this run found a fold due (for the lag figure);
-    ``deadline`` and ``lease``: see ``execute_fold``."""
+    """One policy evaluation and at most one fold (one summarization per cycle: the highest-priority
+    trigger names it). ``due_at``: when the turn that asked for this run found a fold due (for the
+    lag figure); ``deadline`` and ``lease``: see ``execute_fold``."""
     now = now or database_now()
     found = read_chat_and_snapshot(chat_id)
     if found is None:  # deleted while queued
@@ -109,10 +109,10 @@ def execute_fold(
     lease: Renewable | None = None,
 ) -> FoldOutcome:
     """The decided range, summarized and committed chunk by chunk. A range larger than the
-    summarizer's input budget is split at turn boundaries (DESIGN §5: chunks, never trimming),
-    and each chunk is a fold of its own: one summarizer call, its own fencing step, summary
-    version and ledger row. A later chunk's failure, the task's time limit or the worker's death
-    keeps the chunks already committed, so the next attempt starts where they left off, and a
+    summarizer's input budget is split at turn boundaries (chunks, never trimming: docs/design.md,
+    the summarizer), and each chunk is a fold of its own: one summarizer call, its own fencing step,
+    summary version and ledger row. A later chunk's failure, the task's time limit or the worker's
+    death keeps the chunks already committed, so the next attempt starts where they left off, and a
     backlog longer than one task's time limit still gets folded.
 
     ``deadline`` (``time.monotonic()``): no chunk after the first starts unless it can finish

@@ -1,4 +1,5 @@
-"""Seed 002's ``SummarizationNode`` for LangGraph graphs, on chatmem's pure policy engine.
+"""A ``SummarizationNode`` for LangGraph graphs (docs/policies.md, token-budget), on chatmem's pure
+policy engine.
 
 Optional extra: ``pip install chatmem[langgraph]``. No Django here: the node works in any graph.
 
@@ -8,7 +9,7 @@ Optional extra: ``pip install chatmem[langgraph]``. No Django here: the node wor
 
 The node reads ``state[input_messages_key]`` (default ``"messages"``), asks the policy engine
 whether and what to fold (the same ``decide`` the Celery workers use: whole turns only, oldest
-first), folds with one model call per fold in seed 003's input format, and writes
+first), folds with one model call per fold in the service's input format, and writes
 ``state[output_messages_key]`` (default ``"summarized_messages"``): the leading system messages,
 the running summary as a system message, then every unfolded message verbatim. The running
 summary is kept in ``state["context"]["running_summary"]``. When the two keys are equal the node
@@ -18,14 +19,14 @@ A state without a ``context`` key (LangGraph's ``MessagesState``) cannot keep it
 equal-keys mode the node then takes the running summary back from its own summary message.
 Messages need ids (``add_messages`` gives them), except in equal-keys mode; ids must be unique.
 
-The node runs before the model call, and keeps the service's bound (DESIGN promise 2) the way a
-turn does (§3 step 4). Its "new messages" are what a turn would send: the newest human message
-(and anything after it), or, inside a tool loop, the tool results after the last assistant
-message. After the background folds, ``decide_before_turn`` checks the history with them; when it
-is over the policy's hard bound, the node folds synchronously at a turn boundary first (a human
-message opens a turn, so everything before it may be folded; tool results continue the newest
-turn, which is kept whole), and when even that cannot fit it raises ``ContextOverBound`` (the
-service's 503 ``context_over_bound``) rather than return a history over the bound.
+The node runs before the model call, and keeps the service's bound (promise 2) the way a turn does
+(docs/design.md, the turn, step 4). Its "new messages" are what a turn would send: the newest human
+message (and anything after it), or, inside a tool loop, the tool results after the last assistant
+message. After the background folds, ``decide_before_turn`` checks the history with them; when it is
+over the policy's hard bound, the node folds synchronously at a turn boundary first (a human message
+opens a turn, so everything before it may be folded; tool results continue the newest turn, which is
+kept whole), and when even that cannot fit it raises ``ContextOverBound`` (the service's 503
+``context_over_bound``) rather than return a history over the bound.
 """
 
 from __future__ import annotations
@@ -94,7 +95,7 @@ class ContextOverBound(RuntimeError):
 
 @dataclass
 class RunningSummary:
-    """Seed 002's RunningSummary: the summary text, which messages it covers, and when it was
+    """The RunningSummary: the summary text, which messages it covers, and when it was
     last rewritten (ISO 8601: policies with a cooldown count from it)."""
 
     summary: str
@@ -251,9 +252,9 @@ class SummarizationNode(RunnableLambda):  # type: ignore[type-arg]
         *,
         fold: bool = True,
     ) -> tuple[RunningSummary | None, int]:
-        """DESIGN §3 step 4, as a turn does it: the history before the new messages, with them,
-        within the policy's hard bound, folding synchronously first when it is not (``fold``;
-        without it, only the check that some fold could); else ContextOverBound."""
+        """The turn's step 4 (docs/design.md), as a turn does it: the history before the new
+        messages, with them, within the policy's hard bound, folding synchronously first when it is
+        not (``fold``; without it, only the check that some fold could); else ContextOverBound."""
         start, opens_turn = new_messages_start(history, folded)
         new = tokens[start:]
         new_tokens = sum(new) + ROLE_OVERHEAD_TOKENS * (len(new) - 1) if new else 0
@@ -343,7 +344,7 @@ class SummarizationNode(RunnableLambda):  # type: ignore[type-arg]
         )
 
     def _summarize(self, summary: str, messages: Sequence[FoldMessage]) -> str:
-        """Seed 000 §8-9: a full rewrite under the cap; one stricter retry when over it."""
+        """The summarizer contract: a full rewrite under the cap; one stricter retry if over."""
         prompt: list[BaseMessage] = [
             SystemMessage(summary_instructions(self.cap)),
             HumanMessage(format_fold_input(summary, messages)),

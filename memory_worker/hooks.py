@@ -1,5 +1,5 @@
-"""Seed 002's memory flush hook: after a fold commits, each dotted path in MEMORY_FLUSH_HOOKS
-runs as its own task with the folded range, so extraction never blocks a turn or a fold.
+"""The memory flush hook: after a fold commits, each dotted path in MEMORY_FLUSH_HOOKS runs as its
+own task with the folded range, so extraction never blocks a turn or a fold.
 
 A hook is a callable ``hook(chat_id, messages, version)`` where ``messages`` are the folded
 Message rows in seq order."""

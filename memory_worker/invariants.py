@@ -1,6 +1,7 @@
-"""The ledger's invariants, checked from the database alone (DESIGN §2): the succeeded folds of a
-chat cover 1..W exactly once, in order; messages are numbered 1..last_seq without gaps; the
-brief's version counts the succeeded folds and edits. Used by tests and the chaos script."""
+"""The ledger's invariants, checked from the database alone (docs/design.md, data model): the
+succeeded folds of a chat cover 1..W exactly once, in order; messages are numbered 1..last_seq
+without gaps; the brief's version counts the succeeded folds and edits. Used by tests and the chaos
+script."""
 
 from conversations.models import Brief, Chat, Consolidation, ConsolidationStatus, Message
 from memory_worker.policy import Trigger

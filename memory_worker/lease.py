@@ -1,5 +1,5 @@
-"""A held chat lock kept alive by its holder (DESIGN §6): the lock's TTL is short, so a holder
-that dies (kill -9, out of memory, a node drained) frees its chat within one TTL.
+"""A held chat lock kept alive by its holder (docs/design.md, the fold): the lock's TTL is short, so
+a holder that dies (kill -9, out of memory, a node drained) frees its chat within one TTL.
 
 The holder renews at its natural points (``renew``, before each summarizer call) and, because
 one summarizer call can outlast the TTL, a daemon thread renews every third of the TTL in

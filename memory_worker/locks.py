@@ -1,4 +1,5 @@
-"""One consolidation per chat at a time, and no lost trigger (DESIGN §6, seed 001).
+"""One consolidation per chat at a time, and no lost trigger (promise 3; docs/design.md, the fold):
+a trigger during a run marks the chat pending, and the run re-judges once more.
 
 "Acquire, or else mark pending" and "release, or else clear pending and keep the lock for one
 more run" are each a single atomic step (a Lua script in Redis, a mutex in-process): a trigger

@@ -107,10 +107,10 @@ ACKNOWLEDGEMENT = re.compile(
     r"okay|ok|thanks|thank you|sounds good|perfect|great|all set|makes sense|continuing"
     r"(?: with the plan)?)(?: |$))+$"
 )
-# What the cap keeps first (DESIGN §5): rules, limits and exact values
-# (memory_worker.retention_rules), then decisions, open items and preferences, then other facts;
-# an assistant's sentence that is none of these (explanation, chatter) goes first. Within a
-# weight, the oldest goes first.
+# What the cap keeps first (docs/policies.md, "What the summary keeps first"): rules, limits and
+# exact values (memory_worker.retention_rules), then decisions, open items and preferences, then
+# other facts; an assistant's sentence that is none of these (explanation, chatter) goes first.
+# Within a weight, the oldest goes first.
 RULE_OR_VALUE, PRIORITY, FACT, CHATTER = 3, 2, 1, 0
 MUST_KEEP = 4  # a line the fold guard's repair names: never dropped for another
 PRIORITY_CATEGORIES = frozenset({DECISIONS, OPEN_ITEMS, GOALS, ARTIFACTS})

@@ -1,5 +1,5 @@
-"""The pure memory policy engine (DESIGN §4): given a chat's state, a policy and ``now``, decide
-whether to fold and which range. Standard library only, no I/O, deterministic.
+"""The pure memory policy engine (docs/design.md, policies): given a chat's state, a policy and
+``now``, decide whether to fold and which range. Standard library only, no I/O, deterministic.
 
 Vocabulary (W, unfolded, turn boundary: memory_worker.engine_state):
 - ``compress_end``: the last boundary that keeps the policy's verbatim tail (in messages and in
@@ -29,8 +29,8 @@ from memory_worker.engine_state import (
 # A model needs room to answer: the prompt may use at most this share of its context window.
 PROMPT_WINDOW_SHARE = 0.9
 
-# Headroom (DESIGN §4): every background threshold sits below its hard bound by a reserve for
-# the growth expected while a fold runs, ``headroom_turns`` turns of the chat's recent size
+# Headroom (docs/policies.md): every background threshold sits below its hard bound by a reserve
+# for the growth expected while a fold runs, ``headroom_turns`` turns of the chat's recent size
 # (engine_state.ChatState.turn_size).
 # The floor of a turn's size, as a share of the bound: a chat with few or small turns still
 # leaves a few turns' worth of room.
@@ -88,26 +88,27 @@ class Policy:
     clients pass as ``policy_overrides``."""
 
     name: str
+    # Each knob's name in the presets' requirements (docs/policies.md) follows its preset's name.
     # Verbatim tail that background folds never touch.
-    tail_messages: int = 0  # seed 000 K, seed 001 tail_keep_size
-    tail_turns: int = 1  # seed 003 K, seed 004 FULL_DETAIL_TURNS; at least the newest turn
+    tail_messages: int = 0  # contract K, sliding-window tail_keep_size
+    tail_turns: int = 1  # chunked K, turn-digest FULL_DETAIL_TURNS; at least the newest turn
     # Triggers.
-    token_budget_fraction: float | None = None  # seed 000: prompt > 70% of the model window
-    max_tokens: int | None = None  # seed 002: history tokens; also its hard bound
-    max_summary_tokens: int = 256  # seed 002: reserved for the summary
+    token_budget_fraction: float | None = None  # contract: prompt > 70% of the model window
+    max_tokens: int | None = None  # token-budget: history tokens; also its hard bound
+    max_summary_tokens: int = 256  # token-budget: reserved for the summary
     fold_target_tokens: int | None = None  # token folds cut history down to this (low water)
-    overflow_buffer: int | None = None  # seed 000 B: fold when unfolded > tail_messages + B
-    hard_limit: int | None = None  # seed 001 compression_hard_limit (backlog)
-    window: int | None = None  # seed 001 compression_window_size (backlog)
-    safety_user_turns: int | None = None  # seed 000: every N user turns
-    chunk_threshold: int | None = None  # seed 003: summary + unfolded tokens
-    cooldown_seconds: float | None = None  # seed 001 compression_cooldown_sec
-    max_fold_turns: int | None = None  # seed 004: fold one turn at a time
+    overflow_buffer: int | None = None  # contract B: fold when unfolded > tail_messages + B
+    hard_limit: int | None = None  # sliding-window compression_hard_limit (backlog)
+    window: int | None = None  # sliding-window compression_window_size (backlog)
+    safety_user_turns: int | None = None  # contract: every N user turns
+    chunk_threshold: int | None = None  # chunked: summary + unfolded tokens
+    cooldown_seconds: float | None = None  # sliding-window compression_cooldown_sec
+    max_fold_turns: int | None = None  # turn-digest: fold one turn at a time
     # Hard bounds (promise 2), enforced before the model call.
-    context_size: int | None = None  # history messages (seed 001 context_size, seed 000 K + B)
+    context_size: int | None = None  # history messages (sliding-window context_size, contract K+B)
     max_memory_tokens: int | None = None  # history tokens; max_tokens bounds them too
     summary_token_cap: int = 500
-    # Turns of growth every background threshold leaves below its hard bound (DESIGN §4): the
+    # Turns of growth every background threshold leaves below its hard bound (headroom): the
     # turn that crosses a threshold and the next one's message fit while the fold runs.
     headroom_turns: int = 1
 
@@ -176,7 +177,7 @@ class Thresholds:
 
 
 def token_bound(policy: Policy) -> int | None:
-    """The hard bound on history tokens: ``max_memory_tokens``, and seed 002's ``max_tokens``
+    """The hard bound on history tokens: ``max_memory_tokens``, and token-budget's ``max_tokens``
     (summary and messages within it), the smaller when both are set."""
     bounds = [b for b in (policy.max_memory_tokens, policy.max_tokens) if b is not None]
     return min(bounds) if bounds else None
@@ -195,8 +196,8 @@ def thresholds(
     turn_messages: float = 0.0,
 ) -> Thresholds:
     """The background thresholds for a chat whose turns are typically ``turn_tokens`` tokens and
-    ``turn_messages`` messages (0: unknown, the floors apply). Each is at most its hard bound
-    minus its reserve; a seed's own trigger knob, when lower, stays the threshold. Seed 002's
+    ``turn_messages`` messages (0: unknown, the floors apply). Each is at most its hard bound minus
+    its reserve; a preset's own trigger knob, when lower, stays the threshold. token-budget's
     ``max_tokens - max_summary_tokens`` is not one: the reserve replaces that fixed offset."""
     turns = policy.headroom_turns
     bound = token_bound(policy)
@@ -290,7 +291,7 @@ def _token_budget_exceeded(state: ChatState, limits: Thresholds) -> bool:
 def _token_fold_end(state: ChatState, policy: Policy, newest_allowed: int) -> int:
     """Fold the oldest turns until the rest (with a summary at its reserve) fits the low-water
     target, never past ``newest_allowed``. A policy with a verbatim message tail folds down to
-    that tail, as seed 000 §5 keeps only the most recent K after a fold."""
+    that tail, as the contract preset keeps only the most recent K after a fold."""
     target = chat_thresholds(state, policy).fold_target
     reserve = max(policy.max_summary_tokens, state.summary_tokens) + state.pinned_tokens
     end = newest_allowed
@@ -384,9 +385,9 @@ def _triggered(state: ChatState, policy: Policy, now: datetime) -> Trigger | Non
     return None
 
 
-# The triggers that guard a hard bound: max_fold_turns (seed 004's one turn at a time) paces the
-# others, but a chat that fell behind near its bound would only fall further behind by a turn
-# per fold, and its turns would fold synchronously.
+# The triggers that guard a hard bound: max_fold_turns (turn-digest's one turn at a time) paces the
+# others, but a chat that fell behind near its bound would only fall further behind by a turn per
+# fold, and its turns would fold synchronously.
 BOUND_TRIGGERS = frozenset({Trigger.TOKEN_BUDGET, Trigger.OVERFLOW})
 
 
@@ -442,9 +443,9 @@ def _within_bound(
 def decide_before_turn(
     state: ChatState, policy: Policy, new_message_tokens: int, *, opens_turn: bool = True
 ) -> PreTurn:
-    """DESIGN §3 step 4: if the context with the new message is over the hard bound, the fold to
-    run synchronously first. ``fits`` is False when even folding everything foldable would not
-    fit.
+    """The turn, step 4 (docs/design.md): if the context with the new message is over the hard
+    bound, the fold to run synchronously first. ``fits`` is False when even folding everything
+    foldable would not fit.
 
     ``opens_turn``: the new messages start a turn (a user message), so every stored message is
     foldable. When they continue the newest stored turn instead (tool results answering its
@@ -467,10 +468,10 @@ def decide_before_turn(
 
 
 def _pre_turn_fold_end(state: ChatState, policy: Policy, opens_turn: bool) -> int:
-    """How far a synchronous fold goes once the context fits: down to the policy's verbatim
-    tail (seed 000 §5 keeps exactly K) or, for a policy with a token budget and no tail (seed
-    002), to the same low-water target as its background folds. Folding down to the newest turn
-    instead left one turn of verbatim history."""
+    """How far a synchronous fold goes once the context fits: down to the policy's verbatim tail
+    (the contract preset keeps exactly K) or, for a policy with a token budget and no tail
+    (token-budget), to the same low-water target as its background folds. Folding down to the newest
+    turn instead left one turn of verbatim history."""
     if policy.tail_messages == 0 and policy.tail_turns <= 1 and _has_token_target(policy):
         return _token_fold_end(state, policy, _newest_turn_boundary(state))
     return compress_end(state, policy, keep_newest_turn=not opens_turn)

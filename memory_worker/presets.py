@@ -13,7 +13,8 @@ DEFAULT_PRESET = "sliding-window"
 
 PRESETS: Mapping[str, Policy] = MappingProxyType(
     {
-        # seed 000 v2.2: K = 6, B = 4, token trigger 70 %, safety every 10 user turns.
+        # The presets and the requirement each follows: docs/policies.md.
+        # K = 6, B = 4, token trigger 70 %, safety every 10 user turns.
         "contract": Policy(
             name="contract",
             tail_messages=6,
@@ -22,7 +23,7 @@ PRESETS: Mapping[str, Policy] = MappingProxyType(
             safety_user_turns=10,
             context_size=10,
         ),
-        # seed 001: context 75, tail 40, window 12, cooldown 900 s, hard limit 30.
+        # Context 75, tail 40, window 12, cooldown 900 s, hard limit 30.
         "sliding-window": Policy(
             name="sliding-window",
             tail_messages=40,
@@ -31,14 +32,14 @@ PRESETS: Mapping[str, Policy] = MappingProxyType(
             cooldown_seconds=900.0,
             context_size=75,
         ),
-        # seed 002: summary and messages within max_tokens (the hard bound); folds start below
+        # Summary and messages within max_tokens (the hard bound); folds start below
         # it by the headroom and go down to the fold target (docs/policies.md).
         "token-budget": Policy(
             name="token-budget",
             max_tokens=4000,
             max_summary_tokens=256,
         ),
-        # seed 003: K = 3 turns, chunk threshold 6000, prompt memory budget 3000 (adapted: the
+        # K = 3 turns, chunk threshold 6000, prompt memory budget 3000 (adapted: the
         # whole unfolded buffer is shown, so the bound is threshold + budget, see docs).
         "chunked": Policy(
             name="chunked",
@@ -46,7 +47,7 @@ PRESETS: Mapping[str, Policy] = MappingProxyType(
             chunk_threshold=6000,
             max_memory_tokens=9000,
         ),
-        # seed 004: 3 full-detail turns; older turns folded one at a time.
+        # 3 full-detail turns; older turns folded one at a time.
         "turn-digest": Policy(
             name="turn-digest",
             tail_turns=3,
@@ -70,7 +71,7 @@ MAX_KNOB = 10**9
 # Five headings with "- None" under each need about 30 tokens; below this, a cap leaves no room
 # (the offline summarizer refuses it).
 MIN_SUMMARY_TOKEN_CAP = 64
-# A summary is a few hundred tokens (seed 003: 400-500, hard cap 500). Far above this, the
+# A summary is a few hundred tokens (chunked: 400-500, hard cap 500). Far above this, the
 # summarizer's output limit (1.5 x the cap) passes what models accept (16,384 for gpt-4o-mini),
 # and every fold is refused.
 MAX_SUMMARY_TOKEN_CAP = 8000

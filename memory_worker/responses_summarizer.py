@@ -1,5 +1,5 @@
-"""The Responses API summarizer: a hosted prompt id and version (seed 003), which holds the
-model, its settings and the instructions. Plain Python (no Django)."""
+"""The Responses API summarizer: a hosted prompt id and version, which holds the model, its settings
+and the instructions. Plain Python (no Django)."""
 
 import logging
 from collections.abc import Sequence
@@ -24,7 +24,8 @@ log = logging.getLogger(__name__)
 
 
 class ResponsesSummarizer:
-    """Summaries from the Responses API with a hosted prompt (seed 003 §5.2 step 4).
+    """Summaries from the Responses API with a hosted prompt, given the fold's input as one
+    ``input`` string (no model name: the prompt names it).
 
     The hosted prompt holds the model, its settings and the instructions, so no model name is
     sent, and there is no stricter retry: the instructions cannot be tightened from here without

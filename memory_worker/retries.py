@@ -1,6 +1,6 @@
-"""How a failed fold is retried (DESIGN §6): its failure class, backoff and degraded state on
-the brief, the worker's own fast retry, a manual request's wait for a held lock, and the end of
-the failure state once nothing is due."""
+"""How a failed fold is retried (docs/design.md, the fold): its failure class, backoff and degraded
+state on the brief, the worker's own fast retry, a manual request's wait for a held lock, and the
+end of the failure state once nothing is due."""
 
 import logging
 import random
@@ -34,10 +34,10 @@ def _jittered(seconds: float) -> timedelta:
     return timedelta(seconds=seconds * random.uniform(0.8, 1.2))
 
 
-# What retrying can achieve decides how a failure is retried (DESIGN §6: backoff retries only
-# for transient errors). Anything not raised by the summarizer (a crash, the soft time limit)
-# counts as transient: it says nothing about the request itself. Database errors never get here:
-# the task retries them (tasks.consolidate_chat).
+# What retrying can achieve decides how a failure is retried (backoff retries only for transient
+# errors; docs/operations.md, "Failures and the degraded state"). Anything not raised by the
+# summarizer (a crash, the soft time limit) counts as transient: it says nothing about the request
+# itself. Database errors never get here: the task retries them (tasks.consolidate_chat).
 CRASH_KIND = "crash"
 
 # A run whose worker died (memory_worker.sweep) is retried at once and not counted, until the

@@ -87,9 +87,9 @@ def consolidate_with_lock(
     due_at: datetime | None = None,
     started: float | None = None,
 ) -> list[FoldOutcome]:
-    """Seed 001's is_consolidating / pending_consolidation, made atomic: acquire or mark pending;
-    after each run release, or (pending was set) clear it and re-judge once more. Bounded by
-    ``max_runs``; past it the lock is released and a fresh task takes over.
+    """sliding-window's is_consolidating / pending_consolidation, made atomic: acquire or mark
+    pending; after each run release, or (pending was set) clear it and re-judge once more. Bounded
+    by ``max_runs``; past it the lock is released and a fresh task takes over.
 
     ``due_at`` stays with every fold of this task, reruns included: a rerun's fold was due at
     the latest since then, so its lag is an upper bound. A request that only marked pending

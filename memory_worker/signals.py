@@ -1,4 +1,5 @@
-"""Seed 002's memory flush hook: sent after a fold commits, never before."""
+"""The memory flush hook (docs/policies.md, token-budget): sent after a fold commits, never
+before."""
 
 from django.dispatch import Signal
 

@@ -46,7 +46,7 @@ class MemorySnapshot:
     # the offline summarizer's fallback (None: the model's).
     failure_kind: str = ""
     fallback_since: datetime | None = None
-    # Seed 004's agent state as the model receives it (a system message after the prompt) and
+    # The agent state as the model receives it (a system message after the prompt) and
     # its stored token count: part of the prompt, so part of the bound.
     agent_context: str = ""
     agent_context_tokens: int = 0
@@ -186,8 +186,8 @@ def fetch_chat_with_snapshot(
 
 
 def read_brief(chat_id: int) -> tuple[Brief, tuple[Any, ...]]:
-    """The brief, and the chat's agent state (seed 004) alongside as (context block, its
-    tokens, whether the chat has one): one query."""
+    """The brief, and the chat's agent state alongside as (context block, its tokens, whether the
+    chat has one): one query."""
     fields = rows.selected_fields(Brief)
     found = rows.fetch_instances(Brief, fields, _brief_query("%s", ""), [chat_id])
     if not found:
@@ -295,7 +295,7 @@ def engine_state(chat: Chat, snapshot: MemorySnapshot, context_tokens: int) -> C
         summary_tokens=snapshot.summary_tokens,
         system_tokens=chat.system_prompt_tokens + agent_context_tokens(chat, snapshot),
         turns_mark=snapshot.turns_mark,
-        # Seed 001's cooldown counts from the last fold; before the first one, from the chat's
+        # The cooldown counts from the last fold; before the first one, from the chat's
         # creation (otherwise any new chat past its tail would fold at once).
         last_consolidated_at=snapshot.last_consolidated_at or chat.created_at,  # type: ignore[arg-type]
         model_context_tokens=context_tokens,

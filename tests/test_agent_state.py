@@ -1,8 +1,8 @@
-"""Seed 004's Summarize node (docs/agent-state.md), replayed through the API: the seed's own
-examples for response summaries, entity promotion and garbage collection, decision context
-tracking, strict validation, the context the model receives and the token bound of its
-agent-state block, the turn-digest fold, and where the state is shown. The run that applies the
-turns off the request path has its own file, tests/test_agent_summaries.py.
+"""The agent state (docs/agent-state.md), replayed through the API: its requirement's own examples
+for response summaries, entity promotion and garbage collection, decision context tracking, strict
+validation, the context the model receives and the token bound of its agent-state block, the
+turn-digest fold, and where the state is shown. The run that applies the turns off the request path
+has its own file, tests/test_agent_summaries.py.
 
 The off-request step is run the way a worker runs it (``summarize_turns``), like the
 consolidation tests call ``consolidate_once``: dispatch is off in unit tests."""
@@ -603,8 +603,8 @@ def test_a_stored_block_over_the_bound_is_cut_when_the_context_is_built(api, set
 def test_turn_digest_fold_sends_the_full_reply_not_its_response_summary(  # type: ignore[no-untyped-def]
     api, use_fake_openai, settings
 ) -> None:
-    """Seed 004's TurnSummary takes the oldest turn's user and assistant text: a reply folded
-    from its one-sentence response summary left the context without its content ever reaching
+    """A turn-digest fold (TurnSummary) takes the oldest turn's user and assistant text: a reply
+    folded from its one-sentence response summary left the context without its content ever reaching
     the summarizer (promise 1)."""
     settings.AGENT_SUMMARY_BACKEND = "offline"
     chat_id = new_chat(api, policy="turn-digest")

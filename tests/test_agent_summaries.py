@@ -1,9 +1,9 @@
-"""Seed 004's agent state off the request path (memory_worker/agent_summaries.py, the run;
-memory_worker/agent_turns.py, what one turn applies; docs/agent-state.md): a turn hands the work
-to the dispatcher after commit, each turn is applied once and in order (a stale run is
-superseded, a later turn's task may run first, a turn may span batches), a /v1 tool loop is one
-turn summarised by its final reply whenever the worker runs and however long the loop, and a
-backlog is committed turn by turn under the task's time limit, the rest handed on.
+"""The agent state off the request path (memory_worker/agent_summaries.py, the run;
+memory_worker/agent_turns.py, what one turn applies; docs/agent-state.md): a turn hands the work to
+the dispatcher after commit, each turn is applied once and in order (a stale run is superseded, a
+later turn's task may run first, a turn may span batches), a /v1 tool loop is one turn summarised by
+its final reply whenever the worker runs and however long the loop, and a backlog is committed turn
+by turn under the task's time limit, the rest handed on.
 
 The run is called the way a worker calls it (``summarize_turns``): dispatch is off in unit tests."""
 

@@ -391,7 +391,7 @@ def test_defaults_with_no_room_are_the_operators_warning_not_every_chats_400(api
 
 
 def test_effective_policy_shows_the_thresholds_derived_below_each_bound(api) -> None:  # type: ignore[no-untyped-def]
-    """Seed 002's two knobs alone: the bound is max_tokens, the fold is due a turn's worth (the
+    """token-budget's two knobs alone: the bound is max_tokens, the fold is due a turn's worth (the
     floor, 1/16 of the bound, for a chat with no turns yet) below it, and folds go down to the
     summary's reserve and an eighth of the rest."""
     chat = api.post(

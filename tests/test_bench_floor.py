@@ -1,7 +1,7 @@
 """The throughput benchmark's floor (bench/proxy_urls.py) does what its figure claims: a turn's
-storage as DESIGN §2-3 asks (the slot claimed, the tail read and sent to the model, both messages
-stored with adjacent seq from the counter, the slot freed), so that "what storing a turn costs"
-is measured on real work, not on a view that skips it."""
+storage as docs/design.md's data model and turn ask (the slot claimed, the tail read and sent to the
+model, both messages stored with adjacent seq from the counter, the slot freed), so that "what
+storing a turn costs" is measured on real work, not on a view that skips it."""
 
 import uuid
 

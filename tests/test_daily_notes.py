@@ -1,5 +1,5 @@
-"""Seed 002's daily tier (a flush hook filling one note per chat and day) and its RunningSummary
-view on the brief."""
+"""The daily tier (a flush hook filling one note per chat and day) and its RunningSummary view on
+the brief."""
 
 from __future__ import annotations
 

@@ -406,7 +406,7 @@ def test_after_boundaries_is_the_recount_at_every_boundary(state: ChatState) -> 
         assert after.tokens == sum(m.tokens for m in later)
 
 
-# --- headroom (DESIGN §4) ------------------------------------------------------------------
+# --- headroom (docs/policies.md) -------------------------------------------------------------
 
 HEADROOM_OVERRIDES: dict[str, st.SearchStrategy[dict[str, object]]] = {
     **OVERRIDES,

@@ -1,4 +1,5 @@
-"""Table tests for the pure policy engine, replaying each requirement seed's own examples."""
+"""Table tests for the pure policy engine, replaying the examples of the requirement each preset
+follows (docs/policies.md)."""
 
 from datetime import UTC, datetime, timedelta
 
@@ -64,7 +65,7 @@ def replay(policy: Policy, total: int, tokens: int = 10) -> list[tuple[int, Deci
     return folds
 
 
-# --- seed 001: sliding window ---------------------------------------------------------------
+# --- sliding-window -------------------------------------------------------------------------
 
 
 def test_seed_001_window_rhythm_12_then_reset_then_12() -> None:
@@ -106,7 +107,7 @@ def test_seed_001_bound_is_context_size_75() -> None:
     assert within.fold is None and within.fits
 
 
-# --- seed 000: contract K + B ---------------------------------------------------------------
+# --- contract: K + B ------------------------------------------------------------------------
 
 
 def test_seed_000_overflow_folds_and_keeps_exactly_k() -> None:
@@ -152,14 +153,14 @@ def test_seed_000_safety_counts_user_messages_only() -> None:
     assert decide(state_of(ten_users, turns_mark=2), policy, NOW) is None
 
 
-# --- seed 002: token budget -----------------------------------------------------------------
+# --- token-budget ---------------------------------------------------------------------------
 
 
 def test_seed_002_folds_below_its_bound_down_to_its_target() -> None:
-    """Seed 002's history bound is max_tokens; the fold starts a turn of the chat's size below
-    it (at least 1/16 of the bound: seed 002's fixed max_summary_tokens offset is replaced) and
-    folds the oldest turns until the rest, the summary's reserve with it, fits the fold target
-    (hysteresis: the next fold is several turns away)."""
+    """token-budget's history bound is max_tokens; the fold starts a turn of the chat's size below
+    it (at least 1/16 of the bound: the fixed max_summary_tokens offset is replaced) and folds the
+    oldest turns until the rest, the summary's reserve with it, fits the fold target (hysteresis:
+    the next fold is several turns away)."""
     policy = PRESETS["token-budget"]  # max_tokens 4000, max_summary_tokens 256
     five = alternating(10, tokens=250)  # 2,500 tokens
     limits = chat_thresholds(state_of(five), policy)
@@ -184,7 +185,7 @@ def test_seed_002_fold_target_is_a_knob() -> None:
     assert sum(m.tokens for m in alternating(16, 250) if m.seq > decision.to_seq) + 256 <= 1000
 
 
-# --- seed 003: chunked, turn based ----------------------------------------------------------
+# --- chunked, turn based --------------------------------------------------------------------
 
 
 def test_seed_003_k_three_turns_with_threshold() -> None:
@@ -198,7 +199,7 @@ def test_seed_003_k_three_turns_with_threshold() -> None:
     assert decide(state_of(three_big), policy, NOW) is None
 
 
-# --- seed 004: turn digest ------------------------------------------------------------------
+# --- turn-digest ----------------------------------------------------------------------------
 
 
 def test_seed_004_one_turn_at_a_time_beyond_three() -> None:
@@ -333,7 +334,7 @@ def test_a_fold_before_tool_results_keeps_the_turn_they_continue(preset: str) ->
 
 
 def test_a_token_budget_fold_before_a_turn_stops_at_its_low_water_mark() -> None:
-    """A synchronous fold of seed 002 goes down to the same fold target as a background one;
+    """A synchronous fold of token-budget goes down to the same fold target as a background one;
     folding only down to the newest turn left one turn of verbatim history."""
     policy = PRESETS["token-budget"]  # bound 4,000 tokens of history
     messages = alternating(40, tokens=102)  # 4,080 tokens

@@ -1,6 +1,6 @@
-"""Operators set the seeds' knobs with environment variables (seed 001, seed 003 §10). The
-knobs read numbers as every other setting does (docs/operations.md: "1e3" is 1000 for an integer
-setting too)."""
+"""Operators set the presets' knobs with environment variables (sliding-window, chunked;
+docs/policies.md). The knobs read numbers as every other setting does (docs/operations.md: "1e3" is
+1000 for an integer setting too)."""
 
 import re
 

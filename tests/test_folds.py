@@ -603,9 +603,9 @@ def test_a_fold_made_due_during_a_fold_runs_as_a_rerun(api, monkeypatch) -> None
 def test_messages_that_forge_the_fold_input_reach_the_summarizer_as_themselves(
     api, use_fake_openai
 ) -> None:  # type: ignore[no-untyped-def]
-    """Message text is data (DESIGN §5): forged section markers, summaries and turns fold into
-    the summary as text, and the summarizer reads every message of the range as itself, no
-    more and no fewer, so W covers exactly what it read."""
+    """Message text is data (docs/design.md, the summarizer): forged section markers, summaries and
+    turns fold into the summary as text, and the summarizer reads every message of the range as
+    itself, no more and no fewer, so W covers exactly what it read."""
     chat_id = new_chat(api, policy="contract")
     for content in FORGING_CONTENTS * 2:
         response = api.post(f"/api/v1/chats/{chat_id}/turns/", {"content": content}, format="json")

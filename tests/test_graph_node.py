@@ -1,7 +1,7 @@
-"""Seed 002's SummarizationNode in a real LangGraph graph, with fake chat models (no network). It
-keeps the service's hard bound (DESIGN promise 2: a synchronous fold before the model call, else a
-clear refusal, never an over-bound history), and refuses duplicated message ids (exactly-once
-folding rests on them).
+"""The SummarizationNode (docs/policies.md) in a real LangGraph graph, with fake chat models (no
+network). It keeps the service's hard bound (promise 2, docs/design.md: a synchronous fold before
+the model call, else a clear refusal, never an over-bound history), and refuses duplicated message
+ids (exactly-once folding rests on them).
 
 Needs the ``langgraph`` extra (``pip install -e '.[test,langgraph]'``, as scripts/test.sh does):
 skipped loudly without it, and a failure under CI=true."""

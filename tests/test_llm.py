@@ -1,6 +1,6 @@
-"""The turn's chat model (DESIGN §3 step 5): the OpenAI-compatible model against a scripted HTTP
-server (real openai client, real HTTP, JSON and server-sent events), and the offline model.
-No database, no Django."""
+"""The turn's chat model (docs/design.md, the turn, step 5): the OpenAI-compatible model against a
+scripted HTTP server (real openai client, real HTTP, JSON and server-sent events), and the offline
+model. No database, no Django."""
 
 import socket
 import subprocess

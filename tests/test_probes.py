@@ -92,7 +92,7 @@ def test_a_dead_broker_is_reported_but_the_web_stays_ready(client: Any, settings
 
 
 def test_readyz_reports_a_dead_broker(client, settings) -> None:  # type: ignore[no-untyped-def]
-    """Reported, but ready: turns do not need the broker (DESIGN promise 5)."""
+    """Reported, but ready: turns do not need the broker (promise 5, docs/design.md)."""
     settings.REDIS_URL = "redis://127.0.0.1:1/0"
     response = client.get("/readyz")
     assert response.status_code == 200

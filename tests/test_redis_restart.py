@@ -1,8 +1,8 @@
-"""Redis crashes and comes back in the middle of a run (DESIGN §6, docs/operations.md
-"Redis lost"): 50 chats x 40 turns through the API with two real celery workers. Turns never
-need Redis to answer, so every turn succeeds while it is down; the workers reconnect once it is
-back; the queue, the locks and the pending set died with it (no persistence), so the sweep must
-re-drive every chat with a fold due; at the end every chat has converged and its ledger holds.
+"""Redis crashes and comes back in the middle of a run (docs/design.md, the fold; docs/operations.md
+"Redis lost"): 50 chats x 40 turns through the API with two real celery workers. Turns never need
+Redis to answer, so every turn succeeds while it is down; the workers reconnect once it is back; the
+queue, the locks and the pending set died with it (no persistence), so the sweep must re-drive every
+chat with a fold due; at the end every chat has converged and its ledger holds.
 
 A private redis-server on a free port is crashed and restarted: the shared one is never
 touched. The full 50 x 40 of the issue, not scaled down: about 40 s on an idle 2-core machine

@@ -1,8 +1,8 @@
-"""The retry policy of failed folds (DESIGN §6): transient model errors are retried with
-exponential backoff and jitter, by the worker itself until the chat is degraded; an exhausted
-quota, other rejected requests and unusable output are never retried fast. Every failure counts
-on the brief, concurrent failures of the same version each. The summarizer's client never
-retries on its own: our code owns retries and deadlines."""
+"""The retry policy of failed folds (docs/design.md, the fold): transient model errors are retried
+with exponential backoff and jitter, by the worker itself until the chat is degraded; an exhausted
+quota, other rejected requests and unusable output are never retried fast. Every failure counts on
+the brief, concurrent failures of the same version each. The summarizer's client never retries on
+its own: our code owns retries and deadlines."""
 
 import typing
 from datetime import timedelta

@@ -1,5 +1,6 @@
-"""The summarizer contract (DESIGN §5): input format, validation, the offline backend, and the
-two network backends against a small scripted HTTP server (real openai client, real HTTP).
+"""The summarizer contract (docs/design.md, the summarizer): input format, validation, the offline
+backend, and the two network backends against a small scripted HTTP server (real openai client, real
+HTTP).
 
 No database and no Django: run with ``python -m pytest -p no:django tests/test_summarizers.py``.
 """

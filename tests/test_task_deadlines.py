@@ -1,6 +1,6 @@
-"""Whose time limits a memory task runs under: the worker's (DESIGN §6). Celery writes the
-publishing process's limits into each message and the worker obeys the message, so the web
-process's deadlines (here the test process's defaults, 240 s and 300 s) would govern every fold
+"""Whose time limits a memory task runs under: the worker's (docs/design.md, the fold). Celery
+writes the publishing process's limits into each message and the worker obeys the message, so the
+web process's deadlines (here the test process's defaults, 240 s and 300 s) would govern every fold
 it queued, whatever the workers are configured with; the memory tasks publish none
 (WorkerDeadlinesTask)."""
 

@@ -1,7 +1,7 @@
-"""Token counting (seed 002): the offline tiktoken encoding, never a download, and the
-``len(text) // 4`` fallback that warns once per process; a model's own tokenizer (a tiktoken
-encoding or a tokenizer.json) and the margins, and chats in non-Latin scripts that stay within a
-model's window as the model counts it (the fake server counting with its tokenizer)."""
+"""Token counting: the offline tiktoken encoding, never a download, and the ``len(text) // 4``
+fallback that warns once per process; a model's own tokenizer (a tiktoken encoding or a
+tokenizer.json) and the margins, and chats in non-Latin scripts that stay within a model's window as
+the model counts it (the fake server counting with its tokenizer)."""
 
 import hashlib
 import logging

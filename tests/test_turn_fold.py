@@ -132,8 +132,9 @@ def test_a_rerun_asked_for_before_the_turn_took_the_lock_is_still_served(
 def test_a_failing_summarizer_falls_back_to_the_offline_one_and_the_turn_goes_ahead(
     require_postgres, broker, settings, user, use_fake_openai
 ) -> None:  # type: ignore[no-untyped-def]
-    """DESIGN §1.2: the model summarizer failing the fold a turn needs is no reason to fail the
-    turn. The ledger keeps the failed attempt and the offline summarizer's fold after it."""
+    """Promise 2 (docs/design.md): the model summarizer failing the fold a turn needs is no reason
+    to fail the turn. The ledger keeps the failed attempt and the offline summarizer's fold after
+    it."""
     use_fake_openai.set_faults("summarize", rate=1.0, faults=["500"])
     chat_id = chat_with_fold_due(user, settings)
     response = post_turn(user, chat_id, "over the bound")

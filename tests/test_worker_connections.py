@@ -31,7 +31,7 @@ def chats_with_a_fold_due(owner: Any) -> list[int]:
     from conversations.services.chats import create_chat
 
     ids = [create_chat(owner, policy="sliding-window").pk for _ in range(CHATS)]
-    length = 40 + 12  # seed 001: tail 40, a fold due at 12 messages of backlog
+    length = 40 + 12  # sliding-window: tail 40, a fold due at 12 messages of backlog
     Message.objects.bulk_create(
         Message(
             chat_id=chat_id,

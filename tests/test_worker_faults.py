@@ -1,5 +1,6 @@
-"""Consolidation across real worker processes under faults (DESIGN §6): a burst of triggers, a
-worker killed in the middle of the LLM call, a paused worker whose result comes back stale."""
+"""Consolidation across real worker processes under faults (docs/design.md, the fold): a burst of
+triggers, a worker killed in the middle of the LLM call, a paused worker whose result comes back
+stale."""
 
 import json
 import signal

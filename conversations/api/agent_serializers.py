@@ -1,6 +1,7 @@
-"""The optional ``agent`` object of a turn request (seed 004's Router/Think/Act outputs) and the
-agent-state endpoint. Validation is strict: unknown keys, wrong types and fields that do not
-belong to the decision are 400s naming the field, so nothing half-understood is stored."""
+"""The optional ``agent`` object of a turn request (an agent's Router/Think/Act outputs,
+docs/agent-state.md) and the agent-state endpoint. Validation is strict: unknown keys, wrong types
+and fields that do not belong to the decision are 400s naming the field, so nothing half-understood
+is stored."""
 
 import json
 from typing import Any
@@ -77,7 +78,8 @@ class StepResultField(serializers.Field):
         return value
 
 
-# Fields that only make sense with one decision (seed 004 Decision Context Tracking).
+# Fields that only make sense with one decision: propose keeps the proposal, clarify the
+# questions (docs/agent-state.md, "Pending clarification").
 DECISION_FIELDS = {
     "proposal_message": rules.PROPOSE,
     "assumptions": rules.PROPOSE,

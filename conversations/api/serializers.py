@@ -120,7 +120,7 @@ class TurnRequestSerializer(serializers.Serializer):
         required=False,
         help_text="Answer with server-sent events (accepted, delta..., done | error).",
     )
-    # Seed 004's structured agent context of this turn (docs/agent-state.md).
+    # The structured agent context of this turn (docs/agent-state.md).
     agent = AgentContextSerializer(required=False)
 
     def validate_content(self, value: str) -> str:

@@ -200,7 +200,7 @@ class ChatViewSet(
 
     @action(detail=True, methods=["get"], serializer_class=AgentStateSerializer)
     def state(self, request: Request, pk: str | None = None) -> Response:
-        """Seed 004's agent state (docs/agent-state.md)."""
+        """The chat's agent state (docs/agent-state.md)."""
         chat = self.get_object()
         return Response(AgentStateSerializer(agent_service.chat_state(chat)).data)
 
@@ -216,7 +216,8 @@ class ChatViewSet(
             detail = "Nothing to fold: every message a manual fold may fold is folded."
             return Response({**body, "queued": False, "detail": detail})
         if answer == ManualRequest.NOT_QUEUED:
-            # The error shape every other error has (DESIGN §7), with the 202's fields beside it.
+            # The error shape every other error has (docs/design.md, the error shape), with the
+            # 202's fields beside it.
             body.update(detail=NOT_QUEUED, code="not_queued", queued=False)
             return Response(body, status=status.HTTP_503_SERVICE_UNAVAILABLE)
         if answer == ManualRequest.ALREADY_QUEUED:
@@ -247,7 +248,7 @@ class ChatViewSet(
 
     @action(detail=True, methods=["get"], serializer_class=DailyNoteSerializer)
     def notes(self, request: Request, pk: str | None = None) -> Response:
-        """Seed 002's daily tier: durable facts from folded messages, one note per day."""
+        """The daily tier: durable facts from folded messages, one note per day."""
         chat = self.get_object()
         page = self.paginate_queryset(chat.daily_notes.order_by("-day"))
         return self.get_paginated_response(DailyNoteSerializer(page, many=True).data)
@@ -262,7 +263,8 @@ class ChatViewSet(
 
 
 def running_summary(view: chat_service.MemoryView) -> dict[str, object]:
-    """Seed 002's RunningSummary: the summary and which messages it covers (seq 1..W)."""
+    """The RunningSummary view (docs/policies.md): the summary and which messages it covers
+    (seq 1..W)."""
     watermark = view.snapshot.last_consolidated
     return {
         "summary": view.snapshot.summary,

@@ -1,6 +1,6 @@
-"""Seed 004's agent state, the web side (docs/agent-state.md): a turn's agent context stored
-with it, the work handed to the worker after the turn commits (memory_worker.agent_summaries),
-the chat model the worker's summaries ask, and the state endpoint's reader."""
+"""The agent state, the web side (docs/agent-state.md): a turn's agent context stored with it, the
+work handed to the worker after the turn commits (memory_worker.agent_summaries), the chat model the
+worker's summaries ask, and the state endpoint's reader."""
 
 import logging
 from collections.abc import Mapping

@@ -1,6 +1,7 @@
-"""The memory a turn's context is built from, within the policy's bound (DESIGN §3 step 4): when
-background folding fell behind, the turn folds synchronously first (seed 000 §7), or waits for a
-fold of its chat already in flight. The message list itself: services.context."""
+"""The memory a turn's context is built from, within the policy's bound (docs/design.md, the turn,
+step 4): when background folding fell behind, the turn folds synchronously first, then calls the
+model (summarize, then complete), or waits for a fold of its chat already in flight. The message
+list itself: services.context."""
 
 import time
 import uuid

@@ -218,8 +218,8 @@ class MemoryView:
     snapshot: MemorySnapshot
     pending: bool
     unfolded: int
-    # Seed 002's RunningSummary names the last summarized message by id; with contiguous seqs the
-    # summarized messages are exactly seq 1..W.
+    # The RunningSummary view (docs/policies.md, token-budget) names the last summarized message
+    # by id; with contiguous seqs the summarized messages are exactly seq 1..W.
     last_summarized_message_id: int | None
 
 

@@ -1,8 +1,8 @@
-"""The turn of an OpenAI-compatible client: the client sends only its new messages (a user
-message, or the results of the tools the model called); chatmem supplies the system prompt, the
-summary and the unfolded history, calls the model with the client's tools, and stores the new
-messages and the reply together, exactly like a REST turn (DESIGN §3): same turn slot, same bound
-and synchronous fold, one transaction, consolidation queued after commit.
+"""The turn of an OpenAI-compatible client: the client sends only its new messages (a user message,
+or the results of the tools the model called); chatmem supplies the system prompt, the summary and
+the unfolded history, calls the model with the client's tools, and stores the new messages and the
+reply together, exactly like a REST turn (docs/design.md, the turn): same turn slot, same bound and
+synchronous fold, one transaction, consolidation queued after commit.
 
 Which of the request's messages are new: every message after the request's last assistant
 message (system and developer messages aside). A client that resends its whole history therefore

@@ -1,4 +1,5 @@
-"""A chat's pins: texts and stored messages the user keeps verbatim in every context (DESIGN §7).
+"""A chat's pins: texts and stored messages the user keeps verbatim in every context
+(docs/policies.md, "Pins").
 
 A pin counts in the policy's bound (memory_worker.pinned.pin_room), so one that does not fit
 is refused and nothing is stored. The check and the insert hold the chat's row lock: two pins

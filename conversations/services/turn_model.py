@@ -1,5 +1,6 @@
-"""Sending a turn's context to the chat model (DESIGN §3 step 5), at once or streamed, with the
-thread's database connection given up while the model talks, and the reply's output limit."""
+"""Sending a turn's context to the chat model (docs/design.md, the turn, step 5), at once or
+streamed, with the thread's database connection given up while the model talks, and the reply's
+output limit."""
 
 import json
 from collections.abc import Callable

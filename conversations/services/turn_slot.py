@@ -1,5 +1,6 @@
-"""A chat's turn slot (DESIGN §3 step 2): one turn at a time per chat, claimed by a conditional
-UPDATE of the chat row and freed by the statement that stores the turn, or here when it fails."""
+"""A chat's turn slot (docs/design.md, the turn, step 2): one turn at a time per chat, claimed by a
+conditional UPDATE of the chat row and freed by the statement that stores the turn, or here when it
+fails."""
 
 import contextlib
 import logging

@@ -1,6 +1,6 @@
-"""Storing a turn (DESIGN §3 steps 6-7): the new messages and the reply in one transaction,
-numbered from the chat's counter row, the turn slot freed by the same statement; the memory
-work queued after commit."""
+"""Storing a turn (docs/design.md, the turn, steps 6-7): the new messages and the reply in one
+transaction, numbered from the chat's counter row, the turn slot freed by the same statement; the
+memory work queued after commit."""
 
 import json
 import logging
@@ -212,8 +212,8 @@ def append_in_one_statement(
 
 def queue_memory_work(chat: Chat, snapshot: MemorySnapshot, stored: list[Message]) -> None:
     """After the commit of a turn that stored ``stored`` (its first message opens it) on top of
-    ``snapshot``: the consolidation check, then the agent state's work (seed 004), whichever API
-    the turn came by."""
+    ``snapshot``: the consolidation check, then the agent state's work (docs/agent-state.md),
+    whichever API the turn came by."""
     after = with_appended(snapshot, stored)
     transaction.on_commit(partial(queue_consolidation_if_due, chat, after))
     transaction.on_commit(partial(queue_agent_summary, chat, stored[0], snapshot.has_agent_state))

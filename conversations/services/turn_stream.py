@@ -2,9 +2,10 @@
 (deltas, then done or failed) to whoever serves the response, a thread or an event loop.
 
 The turn runs on its own thread, not in the response generator, because the server closes the
-generator when the client disconnects (WSGI: close() -> GeneratorExit at the pending yield;
-ASGI: the task is cancelled). A turn the server accepted must still complete and be stored
-(DESIGN §3.6), so nothing the turn does may depend on the client still reading."""
+generator when the client disconnects (WSGI: close() -> GeneratorExit at the pending yield; ASGI:
+the task is cancelled). A turn the server accepted must still complete and be stored
+(docs/design.md, the turn, step 6), so nothing the turn does may depend on the client still
+reading."""
 
 import asyncio
 import contextlib

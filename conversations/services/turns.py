@@ -1,7 +1,7 @@
-"""The REST chat turn (DESIGN §3), step by step: claim the chat's turn slot (turn_slot), bound
-the context (bounded_context, context), call the model (turn_model), store both messages in one
-transaction and queue the memory work after commit (turn_store). A turn that fails stores
-nothing.
+"""The REST chat turn (docs/design.md, the turn), step by step: claim the chat's turn slot
+(turn_slot), bound the context (bounded_context, context), call the model (turn_model), store both
+messages in one transaction and queue the memory work after commit (turn_store). A turn that fails
+stores nothing.
 
 Two ways to run the same turn: ``run_turn`` answers when the reply is stored (the JSON API);
 ``start_streamed_turn`` runs it on its own thread and hands out its events as they happen
@@ -102,8 +102,8 @@ def complete_turn(
     snapshot: MemorySnapshot | None = None,
     on_stored: Callable[[TurnResult], None] | None = None,
 ) -> TurnResult:
-    """Steps 3-7 of DESIGN §3, with the turn slot already claimed by the caller (``snapshot``:
-    the memory snapshot read since the claim, if any)."""
+    """Steps 3-7 of the turn (docs/design.md), with the turn slot already claimed by the caller
+    (``snapshot``: the memory snapshot read since the claim, if any)."""
     chat = request.chat
     snapshot = bounded_snapshot(
         chat, request.token, request.variant, request.user_tokens, first=snapshot
