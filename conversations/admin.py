@@ -26,6 +26,7 @@ from conversations.pin_admin import PinInline
 from conversations.services import chats as chat_service
 from conversations.services.chats import next_context
 from conversations.services.fold_outlook import FoldOutlook, fold_outlook
+from conversations.services.prompt_cache import prompt_cache_totals
 from memory_worker.fold_ledger import lag_ms
 from memory_worker.manual_folds import ManualRequest, request_manual_fold
 
@@ -152,6 +153,7 @@ class ChatAdmin(admin.ModelAdmin):
         "degraded",
         "next_fold",
         "summary",
+        "prompt_cache",
         "memory_notes",
         "context_preview",
         "recent_messages",
@@ -173,7 +175,7 @@ class ChatAdmin(admin.ModelAdmin):
         brief = obj.brief
         memory = ["degraded"] if brief.degraded else []
         memory += ["next_fold", "summary", "last_seq", "last_consolidated", "unfolded"]
-        memory += ["last_consolidated_at"]
+        memory += ["last_consolidated_at", "prompt_cache"]
         if memory_notes(brief):
             memory.append("memory_notes")
         return [
@@ -250,6 +252,10 @@ class ChatAdmin(admin.ModelAdmin):
         return format_html(
             "{}{}", shown.summary_block(chat.brief.summary, self.outlook(chat)), edit_link(chat)
         )
+
+    @admin.display(description="prompt cache")
+    def prompt_cache(self, chat: Chat) -> str:
+        return shown.prompt_cache_line(prompt_cache_totals(chat))
 
     @admin.display(description="also")
     def memory_notes(self, chat: Chat) -> str:

@@ -13,6 +13,7 @@ from django.utils.text import Truncator
 
 from conversations.services.context import SUMMARY_HEADER
 from conversations.services.fold_outlook import FoldOutlook
+from conversations.services.prompt_cache import PromptCacheTotals
 from memory_worker.policy import Measure
 
 FOLDED, VERBATIM = "folded", "verbatim"
@@ -116,6 +117,16 @@ def outlook_line(outlook: FoldOutlook) -> str:
     if outlook.nearest is None:
         return "next fold: when there is something to fold."
     return f"next fold: when {phrase(outlook.nearest)}; trigger {outlook.nearest.trigger.value}."
+
+
+def prompt_cache_line(totals: PromptCacheTotals) -> str:
+    if totals.cached_share is None:
+        return "no model reply has reported its usage yet."
+    return (
+        f"{totals.cached_tokens:,} of {totals.prompt_tokens:,} prompt tokens "
+        f"({totals.cached_share:.0%}) served from the provider's prompt cache, over "
+        f"{totals.replies:,} replies (each reply's cached tokens are in its metadata)."
+    )
 
 
 def content_preview(content: str, length: int = 80) -> str:

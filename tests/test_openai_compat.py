@@ -339,12 +339,13 @@ def test_a_silent_model_keeps_the_stream_alive(
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
-def test_the_models_cached_tokens_reach_the_message_the_metrics_and_the_usage(
-    client: openai.OpenAI, memory: FakeOpenAI, stream: bool
+def test_the_models_cached_tokens_reach_the_message_the_metrics_the_usage_brief_and_admin(
+    client: openai.OpenAI, memory: FakeOpenAI, stream: bool, token: str, admin_client: Client
 ) -> None:
     """The model server's report of its prompt cache (OpenAI's rule, in the test server) is kept
-    in the reply's metadata, counted in /metrics by model variant, and passed through in /v1
-    usage, plain and streamed. The second turn repeats the first's long prompt as its prefix."""
+    in the reply's metadata, counted in /metrics by model variant, passed through in /v1 usage,
+    plain and streamed, and totalled in the brief and on the admin's chat page. The second turn
+    repeats the first's long prompt as its prefix."""
     before = scrape(Client())
     long_fact = "The vault code is 4417. " * 220  # 5,280 characters: 1,320 of the server's tokens
     usages = []
@@ -375,6 +376,19 @@ def test_the_models_cached_tokens_reach_the_message_the_metrics_and_the_usage(
     }
     prompts = sum(usage.prompt_tokens for usage in usages)
     assert grown == {"cached": cached[1], "uncached": prompts - cached[1]}
+    chat = Chat.objects.get(external_id=f"cached-{stream}")
+    # The chat belongs to the token's user: the brief is theirs to read.
+    chat.owner = Token.objects.get(key=token).user
+    chat.save(update_fields=["owner"])
+    brief = rest(token).get(f"/api/v1/chats/{chat.pk}/brief/").json()
+    assert brief["prompt_cache"] == {
+        "replies": 2,
+        "prompt_tokens": prompts,
+        "cached_tokens": cached[1],
+        "cached_share": cached[1] / prompts,
+    }
+    page = admin_client.get(f"/admin/conversations/chat/{chat.pk}/change/").content.decode()
+    assert f"{cached[1]:,} of {prompts:,} prompt tokens ({cached[1] / prompts:.0%})" in page
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])

@@ -428,7 +428,7 @@ chat_schema = extend_schema_view(
         responses={200: ContextSerializer},
     ),
     state=extend_schema(
-        summary="Agent state (seed 004): theme, entities, pending clarification, summaries",
+        summary="Agent state: theme, entities, pending clarification, summaries",
         responses={200: AgentStateSerializer},
     ),
     consolidate=extend_schema(

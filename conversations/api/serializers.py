@@ -164,10 +164,26 @@ class WithheldSerializer(serializers.Serializer):
     reason = serializers.CharField()
 
 
+class PromptCacheSerializer(serializers.Serializer):
+    """What the provider's prompt cache served the chat's replies, as their usage reported it
+    (OpenAI's ``cached_tokens``, Anthropic's ``cache_read_input_tokens``); 0 cached where the
+    server reports none."""
+
+    replies = serializers.IntegerField(help_text="Model replies whose usage was reported.")
+    prompt_tokens = serializers.IntegerField(help_text="Their prompt tokens, all together.")
+    cached_tokens = serializers.IntegerField(
+        help_text="Of those, the tokens the provider's prompt cache served."
+    )
+    cached_share = serializers.FloatField(
+        allow_null=True, help_text="cached_tokens / prompt_tokens; null before any reply."
+    )
+
+
 class BriefSerializer(serializers.ModelSerializer):
     unfolded = serializers.IntegerField(read_only=True)
     pending = serializers.BooleanField(read_only=True)
     withheld = WithheldSerializer(many=True, read_only=True)
+    prompt_cache = PromptCacheSerializer(read_only=True)
     degraded_reason = serializers.SerializerMethodField(
         help_text=(
             "Why the memory is degraded: how many folds in a row failed and the last failure's "
@@ -194,6 +210,7 @@ class BriefSerializer(serializers.ModelSerializer):
             "fallback_since",
             "fallback_reason",
             "user_lines",
+            "prompt_cache",
         ]
         read_only_fields = fields
         extra_kwargs = {

@@ -33,6 +33,7 @@ from conversations.services import chats as chat_service
 from conversations.services import pins as pin_service
 from conversations.services import turns as turn_service
 from conversations.services.chat_list import BadListQuery, owned_chats
+from conversations.services.prompt_cache import prompt_cache_totals
 from conversations.services.turn_model import release_db_connection
 from conversations.services.turn_slot import Claimed, claim_owned_chat
 from conversations.throttling import ManualFoldRateThrottle, TurnRateThrottle
@@ -189,6 +190,7 @@ class ChatViewSet(
             raise NotFound() from error
         brief.unfolded = view.unfolded  # type: ignore[attr-defined]
         brief.pending = view.pending  # type: ignore[attr-defined]
+        brief.prompt_cache = prompt_cache_totals(chat)  # type: ignore[attr-defined]
         data = BriefSerializer(brief).data
         data["running_summary"] = running_summary(view)
         return Response(data, headers={"ETag": brief_edit.etag(brief.version)})
