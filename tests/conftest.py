@@ -112,6 +112,18 @@ def use_fake_openai(settings, fake_openai: FakeOpenAI) -> FakeOpenAI:  # type: i
     return fake_openai
 
 
+@pytest.fixture(autouse=True, scope="session")
+def fast_password_hashing(django_test_environment: None) -> None:
+    """A cheap hash for the test users' passwords: PBKDF2's 1,000,000 rounds took 0.8 s per
+    user and per login on CI's cores, about three minutes of a run. Servers a test starts in
+    their own process keep the real hasher (none logs in by password)."""
+    from django.test.utils import override_settings
+
+    # override_settings, not an assignment: Django caches its hashers until the setting_changed
+    # signal says otherwise.
+    override_settings(PASSWORD_HASHERS=["django.contrib.auth.hashers.MD5PasswordHasher"]).enable()
+
+
 @pytest.fixture
 def user(db):  # type: ignore[no-untyped-def]
     from django.contrib.auth import get_user_model
