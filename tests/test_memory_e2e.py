@@ -50,7 +50,7 @@ def folded_sections(server) -> list[tuple[int, str]]:  # type: ignore[no-untyped
     for index, record in enumerate(server.requests):
         if record.kind == "summarize" and len(record.body["messages"]) <= 2:
             _, messages = read_fold_input(record.text)
-            assert messages, "summarize request without the seed 003 sections"
+            assert messages, "summarize request without its input sections"
             sections.append((index, "\n".join(content for _, content in messages)))
     return sections
 
