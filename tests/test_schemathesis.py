@@ -4,8 +4,9 @@ the stateful one (links inferred from the schema's dependencies), by two users a
 process of its own against the same server, must find nothing. The one per-operation exception
 and its reason are in schemathesis.toml.
 
-SCHEMATHESIS_MAX_EXAMPLES sets the examples per operation and user (default 25: about 1,900
-generated cases in all, what CI's budget allows); docs/testing.md has the longer run's command."""
+SCHEMATHESIS_MAX_EXAMPLES sets the examples per operation and user (default 10: about 3,400
+generated cases over the two users, most of them the coverage phase's, in about 2 minutes);
+docs/testing.md has the longer run's command."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ from conversations.services import chats as chat_service
 from tests.conftest import require
 
 ROOT = Path(__file__).resolve().parent.parent
-EXAMPLES_PER_OPERATION = int(os.environ.get("SCHEMATHESIS_MAX_EXAMPLES") or 25)
+EXAMPLES_PER_OPERATION = int(os.environ.get("SCHEMATHESIS_MAX_EXAMPLES") or 10)
 SEED = 20261123  # fixed, so a CI failure reproduces with the same command
 # Generous: a hang, not a slow shared machine, should fail it.
 TIMEOUT = 600 + 60 * EXAMPLES_PER_OPERATION
@@ -116,7 +117,7 @@ def test_schemathesis_finds_nothing_with_two_users_at_once(
         assert "No issues found" in report, tail
         assert re.search(r"Stateful\s", report), tail  # the phase ran, not skipped
     cases = [generated_cases(report) for report in reports]
-    assert sum(cases) >= 1000, cases
+    assert sum(cases) >= 2000, cases
     print(f"\nschemathesis: {cases} generated cases (two users), {seconds:.0f} s, no issues")
     for report in reports:
         print(report[report.rfind("Test Phases") :][:1500] if "Test Phases" in report else "")
