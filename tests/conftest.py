@@ -4,7 +4,6 @@ without them, and fail under CI=true (they must run in CI)."""
 import os
 import warnings
 from collections.abc import Iterator
-from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
@@ -15,19 +14,8 @@ from tests.workers import point_celery_at
 IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
 
 
-def worker_redis_url(url: str) -> str:
-    """``url`` for this pytest-xdist worker: each worker its own Redis db (the tests flush
-    theirs), the given db for gw0 and the ones below it for the next workers, as pytest-django
-    gives each worker its own test database."""
-    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
-    if not url or not worker.startswith("gw"):
-        return url
-    parts = urlsplit(url)
-    db = int(parts.path.strip("/") or 0)
-    return urlunsplit(parts._replace(path=f"/{(db - int(worker[2:])) % 16}"))
-
-
-TEST_REDIS_URL = worker_redis_url(os.environ.get("TEST_REDIS_URL", ""))
+# scripts/test.sh gives each of its processes a Redis db of its own (the tests flush theirs).
+TEST_REDIS_URL = os.environ.get("TEST_REDIS_URL", "")
 
 
 def require(what: str, reason: str) -> None:
