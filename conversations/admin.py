@@ -27,8 +27,7 @@ from conversations.services import chats as chat_service
 from conversations.services.chats import next_context
 from conversations.services.fold_outlook import FoldOutlook, fold_outlook
 from conversations.services.prompt_cache import prompt_cache_totals
-from memory_worker.fold_ledger import lag_ms
-from memory_worker.manual_folds import ManualRequest, request_manual_fold
+from memory_worker.memory import ManualRequest, lag_ms, request_manual_fold
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):

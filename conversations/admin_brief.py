@@ -14,7 +14,7 @@ from django.urls import path, reverse
 from django.utils.html import format_html
 
 from conversations.models import Brief, Chat
-from memory_worker.summary_edit import EditRefused, OverCap, edit_summary
+from memory_worker.memory import EditRefused, OverCap, edit_summary
 
 
 class SummaryEditForm(forms.Form):

@@ -8,7 +8,7 @@ class ConversationsConfig(AppConfig):
     def ready(self) -> None:
         from conversations import checks  # noqa: F401  (registers the checks)
         from conversations.services.agent_state import ChatAgentModel
-        from memory_worker import agent_turns
+        from memory_worker.memory import use_agent_model
 
         # The worker's agent-state summaries ask the chat model, which lives on the web side.
-        agent_turns.use_model(ChatAgentModel())
+        use_agent_model(ChatAgentModel())

@@ -11,9 +11,7 @@ from django.core.checks import Error, Warning, register
 from conversations.services.chats import operator_defaults_room_problem
 from conversations.throttling import rate_problem
 from conversations.variants import model_variants
-from memory_worker.checks import out_of_range
-from memory_worker.openai_transport import token_limit_field
-from memory_worker.tokens import tokenizer_problems
+from memory_worker.memory import out_of_range, token_limit_field, tokenizer_problems
 
 
 def greenlets_patched() -> bool:

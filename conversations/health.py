@@ -13,7 +13,7 @@ from django.db import connection
 from django.db.migrations.executor import MigrationExecutor
 from django.http import HttpRequest, JsonResponse
 
-from memory_worker.runtime import redis_client
+from memory_worker.memory import redis_client
 
 log = logging.getLogger("chatmem.health")
 

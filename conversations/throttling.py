@@ -36,7 +36,7 @@ from django.core.cache import cache as default_cache
 from rest_framework.request import Request
 from rest_framework.throttling import UserRateThrottle
 
-from memory_worker.request_redis import breaker_open, trip_if_timeout
+from memory_worker.memory import breaker_open, trip_if_timeout
 
 log = logging.getLogger("chatmem.throttle")
 # The weighted estimate is a float: 3 x (1 - 20/60) is 2.0000000000000004, not 2.

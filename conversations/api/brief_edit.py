@@ -10,7 +10,7 @@ from rest_framework import exceptions, status
 from rest_framework.request import Request
 
 from conversations.models import Chat
-from memory_worker.summary_edit import OverCap, VersionMoved
+from memory_worker.memory import OverCap, VersionMoved
 
 ETAG = re.compile(r'^(?P<weak>W/)?"(?P<version>\d{1,18})"$')
 

@@ -20,7 +20,7 @@ from conversations.api.openai_request import OpenAIError
 from conversations.models import Chat
 from conversations.services import chats as chat_service
 from conversations.services import pins
-from memory_worker.manual_folds import ManualRequest, request_manual_fold
+from memory_worker.memory import ManualRequest, request_manual_fold
 
 CONTROL_KEYS = ("pin", "fold", "policy", "policy_overrides")
 FOLD_VALUES = ("now", "pause", "resume")

@@ -38,10 +38,8 @@ from conversations.services.turn_model import release_db_connection
 from conversations.services.turn_slot import Claimed, claim_owned_chat
 from conversations.throttling import ManualFoldRateThrottle, TurnRateThrottle
 from conversations.variants import chat_variant
-from memory_worker.chat_policy import effective_policy
-from memory_worker.manual_folds import ManualRequest, request_manual_fold
+from memory_worker.memory import ManualRequest, edit_summary, effective_policy, request_manual_fold
 from memory_worker.presets import PRESETS, policy_parameters
-from memory_worker.summary_edit import edit_summary
 
 PUT_NOT_ALLOWED = (
     'Method "PUT" not allowed: change a chat with PATCH, sending only the fields to change '

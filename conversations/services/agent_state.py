@@ -13,7 +13,7 @@ from conversations.llm import ModelError
 from conversations.models import AgentState, Chat, Message, Role
 from conversations.services.backends import chat_backend_name, get_chat_model
 from conversations.services.turn_model import REPLY_LIMIT_KEY
-from memory_worker.agent_summaries import TURN_DIGEST, limits, request_agent_summary
+from memory_worker.memory import TURN_DIGEST, agent_state_limits, request_agent_summary
 
 log = logging.getLogger("chatmem.agent_state")
 
@@ -99,5 +99,5 @@ def chat_state(chat: Chat) -> dict[str, Any]:
         "turns": state.turns,
         "context_block": state.context_block,
         "context_tokens": state.context_tokens,
-        "limits": limits().__dict__,
+        "limits": agent_state_limits().__dict__,
     }

@@ -9,7 +9,7 @@ from conversations.llm import CappedChatModel, ChatModel
 from conversations.metrics import TimedChatModel
 from conversations.offline_chat_model import OFFLINE_MODEL_NAME, OfflineChatModel
 from conversations.openai_chat_model import OpenAIChatModel
-from memory_worker.openai_transport import make_openai_client, token_limit_field
+from memory_worker.memory import make_openai_client, token_limit_field
 
 
 def chat_backend_name() -> str:

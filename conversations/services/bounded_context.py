@@ -12,12 +12,17 @@ from conversations.models import Brief, Chat
 from conversations.services.turn_slot import TurnSlotLease, raise_if_deleted, renew_turn_slot
 from conversations.variants import ModelVariant
 from memory_worker import policy as engine
-from memory_worker.chat_policy import policy_for_chat
-from memory_worker.deadlines import time_for_a_chunk, turn_fold_deadline
 from memory_worker.engine_state import prompt_tokens
-from memory_worker.outcomes import FoldResult
-from memory_worker.state import MemorySnapshot, engine_state, load_snapshot
-from memory_worker.turn_fold import fold_before_turn
+from memory_worker.memory import (
+    FoldResult,
+    MemorySnapshot,
+    engine_state,
+    fold_before_turn,
+    load_snapshot,
+    policy_for_chat,
+    time_for_a_chunk,
+    turn_fold_deadline,
+)
 
 SYNC_FOLD_ATTEMPTS = 3
 

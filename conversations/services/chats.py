@@ -17,16 +17,21 @@ from conversations.services.context import build_model_messages
 from conversations.services.pins import pins_problem, recount_pins
 from conversations.variants import ModelVariant, resolve_variant
 from memory_worker import policy as engine
-from memory_worker.chat_policy import effective_policy, policy_for_new_settings
-from memory_worker.dispatch import RequestTrigger
 from memory_worker.engine_state import PROMPT_PRIMING_TOKENS, ROLE_OVERHEAD_TOKENS
-from memory_worker.folds import decide_for_chat
+from memory_worker.memory import (
+    MemorySnapshot,
+    RequestTrigger,
+    breaker_open,
+    count_tokens,
+    decide_for_chat,
+    effective_policy,
+    load_snapshot,
+    policy_for_new_settings,
+    request_chat_lock,
+    request_consolidation,
+    trip_if_timeout,
+)
 from memory_worker.presets import PolicyError
-from memory_worker.request_redis import breaker_open, trip_if_timeout
-from memory_worker.runs import request_consolidation
-from memory_worker.runtime import request_chat_lock
-from memory_worker.state import MemorySnapshot, load_snapshot
-from memory_worker.tokens import count_tokens
 
 log = logging.getLogger("chatmem.chats")
 

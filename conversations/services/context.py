@@ -10,8 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from conversations.models import Chat, Message, Role
-from memory_worker.pinned import pinned_block
-from memory_worker.state import MemorySnapshot
+from memory_worker.memory import MemorySnapshot, pinned_block
 
 SUMMARY_HEADER = "Summary of the earlier conversation (memory):\n\n"
 

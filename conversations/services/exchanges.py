@@ -47,8 +47,7 @@ from conversations.services.turn_stream import (
 from conversations.services.turns import log_turn_failure
 from conversations.variants import ModelVariant, turn_variant
 from memory_worker.engine_state import ROLE_OVERHEAD_TOKENS
-from memory_worker.state import MemorySnapshot
-from memory_worker.tokens import count_tokens
+from memory_worker.memory import MemorySnapshot, count_tokens
 
 log = logging.getLogger("chatmem.turn")
 

@@ -7,8 +7,12 @@ from datetime import datetime
 from conversations.models import Brief, Chat
 from conversations.rows import database_now
 from memory_worker import policy as engine
-from memory_worker.chat_policy import policy_for_chat, variant_context_tokens
-from memory_worker.state import engine_state, load_snapshot
+from memory_worker.memory import (
+    engine_state,
+    load_snapshot,
+    policy_for_chat,
+    variant_context_tokens,
+)
 
 
 @dataclass(frozen=True)

@@ -13,9 +13,18 @@ from django.db import transaction
 
 from conversations.models import Chat, Message, Pin
 from conversations.services.turn_store import queue_consolidation_if_due
-from memory_worker.chat_policy import chat_tokens, policy_for_chat, variant_context_tokens
-from memory_worker.pinned import pin_room, pinned_block_tokens, pinned_message_text
-from memory_worker.state import MemorySnapshot, PinnedItem, engine_state, load_snapshot
+from memory_worker.memory import (
+    MemorySnapshot,
+    PinnedItem,
+    chat_tokens,
+    engine_state,
+    load_snapshot,
+    pin_room,
+    pinned_block_tokens,
+    pinned_message_text,
+    policy_for_chat,
+    variant_context_tokens,
+)
 
 MAX_PIN_CHARS = 20000
 

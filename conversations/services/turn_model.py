@@ -19,9 +19,7 @@ from conversations.models import Chat
 from conversations.services.backends import get_chat_model
 from conversations.variants import ModelVariant
 from memory_worker.engine_state import prompt_tokens
-from memory_worker.openai_transport import LIMIT_KEYS
-from memory_worker.state import MemorySnapshot, engine_state
-from memory_worker.tokens import count_tokens
+from memory_worker.memory import LIMIT_KEYS, MemorySnapshot, count_tokens, engine_state
 
 # How a turn calls the model: messages, variant, request options -> the complete reply (or
 # ModelError).

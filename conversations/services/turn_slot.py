@@ -17,7 +17,7 @@ from django.utils import timezone
 from conversations import rows
 from conversations.models import Chat
 from conversations.rows import DATABASE_ERRORS, database_unreachable
-from memory_worker.state import MemorySnapshot, chat_with_snapshot_query, fetch_chat_with_snapshot
+from memory_worker.memory import MemorySnapshot, chat_with_snapshot_query, fetch_chat_with_snapshot
 
 log = logging.getLogger("chatmem.turn")
 

@@ -18,11 +18,14 @@ from conversations.llm import ChatCompletion, cached_prompt_tokens
 from conversations.models import Chat, Message, Role
 from conversations.services.agent_state import queue_agent_summary
 from conversations.variants import ModelVariant
-from memory_worker.dispatch import RequestTrigger
-from memory_worker.folds import decide_for_chat
-from memory_worker.runs import request_consolidation
-from memory_worker.state import MemorySnapshot, with_appended
-from memory_worker.tokens import count_tokens
+from memory_worker.memory import (
+    MemorySnapshot,
+    RequestTrigger,
+    count_tokens,
+    decide_for_chat,
+    request_consolidation,
+    with_appended,
+)
 
 log = logging.getLogger("chatmem.turn")
 

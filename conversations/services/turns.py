@@ -42,8 +42,7 @@ from conversations.services.turn_stream import (
     start_turn_thread,
 )
 from conversations.variants import turn_variant
-from memory_worker.state import MemorySnapshot
-from memory_worker.tokens import count_tokens
+from memory_worker.memory import MemorySnapshot, count_tokens
 
 log = logging.getLogger("chatmem.turn")
 
