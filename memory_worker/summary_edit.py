@@ -27,9 +27,14 @@ class VersionMoved(EditRefused):
 
     def __init__(self, expected: int, current: int | None) -> None:
         self.current = current
+        # Versions only grow: one above the current never was, and "changed since" would
+        # send the client looking for a change that did not happen.
+        if current is not None and expected > current:
+            said = f"Version {expected} of the summary never existed (it is at version {current})"
+        else:
+            said = f"The summary changed since version {expected} (it is now version {current})"
         super().__init__(
-            f"The summary changed since version {expected} (it is now version {current}): "
-            "read the brief again (its ETag) and apply the edit to that summary."
+            f"{said}: read the brief again (its ETag) and apply the edit to that summary."
         )
 
 
