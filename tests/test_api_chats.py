@@ -435,6 +435,11 @@ def test_a_manual_fold_with_nothing_to_fold_says_so_and_leaves_a_ledger_row(api)
     response = api.post(f"/api/v1/chats/{chat_id}/consolidate/")
     assert response.status_code == 200
     assert response.json()["status"] == "nothing_to_fold" and response.json()["queued"] is False
+    assert response.json()["detail"] == (
+        "Nothing to fold yet: the 0 unfolded messages are all in the verbatim tail this chat's "
+        "policy (sliding-window) keeps (the newest 40 messages and 1 turn). A fold can take a "
+        "message once newer messages push it out of that tail."
+    )
     [row] = api.get(f"/api/v1/chats/{chat_id}/consolidations/").json()["results"]
     assert (row["status"], row["trigger"]) == ("nothing_to_fold", "manual")
 

@@ -33,6 +33,7 @@ from conversations.services import chats as chat_service
 from conversations.services import pins as pin_service
 from conversations.services import turns as turn_service
 from conversations.services.chat_list import BadListQuery, owned_chats
+from conversations.services.fold_outlook import nothing_to_fold_detail
 from conversations.services.prompt_cache import prompt_cache_totals
 from conversations.services.turn_model import release_db_connection
 from conversations.services.turn_slot import Claimed, claim_owned_chat
@@ -213,8 +214,7 @@ class ChatViewSet(
             raise NotFound() from error
         body: dict[str, Any] = {"chat_id": chat.pk, "status": str(answer)}
         if answer == ManualRequest.NOTHING_TO_FOLD:
-            detail = "Nothing to fold: every message a manual fold may fold is folded."
-            return Response({**body, "queued": False, "detail": detail})
+            return Response({**body, "queued": False, "detail": nothing_to_fold_detail(chat)})
         if answer == ManualRequest.NOT_QUEUED:
             # The error shape every other error has (docs/design.md, the error shape), with the
             # 202's fields beside it.

@@ -66,3 +66,20 @@ def fold_outlook(chat: Chat, now: datetime | None = None) -> FoldOutlook:
         consecutive_failures=brief.consecutive_failures,
         last_error=brief.last_error,
     )
+
+
+def nothing_to_fold_detail(chat: Chat) -> str:
+    """Why a manual fold found nothing, and when it will: every unfolded message is in the
+    verbatim tail the chat's policy keeps, which no fold takes."""
+    policy = policy_for_chat(chat)
+    unfolded = (
+        chat.last_seq - Brief.objects.only("last_consolidated").get(chat=chat).last_consolidated
+    )
+    kept = f"the newest {policy.tail_messages} messages and " if policy.tail_messages else ""
+    turns = max(policy.tail_turns, 1)
+    kept += f"{turns} turn{'s' if turns > 1 else ''}"
+    return (
+        f"Nothing to fold yet: the {unfolded} unfolded messages are all in the verbatim tail "
+        f"this chat's policy ({chat.policy}) keeps ({kept}). A fold can take a message once "
+        "newer messages push it out of that tail."
+    )
