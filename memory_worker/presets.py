@@ -97,6 +97,34 @@ _INT_BOUNDS = {
 }
 
 
+# Which preset for which use, in a sentence each: GET /api/v1/policies/ and the README's
+# "Choosing a policy" (calls per 100 turns as measured in docs/benchmarks.md).
+DESCRIPTIONS: Mapping[str, str] = MappingProxyType(
+    {
+        "contract": (
+            "Small prompts, frequent folds: 6 messages verbatim, a fold every 2-3 turns (about "
+            "33 summarizer calls per 100 turns). For models with a short context window."
+        ),
+        "sliding-window": (
+            "The default: the last 40 messages verbatim, about 30 folded at a time (about 6.5 "
+            "calls per 100 turns); long prompts, most of them cacheable. For general chat."
+        ),
+        "token-budget": (
+            "Summary and messages within 4,000 tokens, folded down to a target below it (about "
+            "15 calls per 100 turns). For a fixed cost per turn in tokens."
+        ),
+        "chunked": (
+            "The last 3 turns verbatim, the rest folded in chunks once past 6,000 tokens (about "
+            "7 calls per 100 turns). For long messages and documents."
+        ),
+        "turn-digest": (
+            "3 full-detail turns, older turns folded one at a time (about 22 calls per 100 "
+            "turns), with the agent state (docs/agent-state.md). For agent loops."
+        ),
+    }
+)
+
+
 def knob_names() -> tuple[str, ...]:
     return tuple(_FIELDS)
 

@@ -102,9 +102,11 @@ def test_malformed_json_is_400(api) -> None:  # type: ignore[no-untyped-def]
     assert Chat.objects.count() == 0
 
 
-def test_policies_endpoint_lists_every_preset(api) -> None:  # type: ignore[no-untyped-def]
-    names = [p["name"] for p in api.get("/api/v1/policies/").json()["results"]]
+def test_policies_endpoint_lists_every_preset_with_what_it_is_for(api) -> None:  # type: ignore[no-untyped-def]
+    listed = api.get("/api/v1/policies/").json()["results"]
+    names = [p["name"] for p in listed]
     assert names == sorted(["contract", "sliding-window", "token-budget", "chunked", "turn-digest"])
+    assert all(p["description"].endswith(".") and len(p["description"]) > 40 for p in listed)
 
 
 def test_policies_endpoint_shows_the_operators_environment_knobs(api, settings) -> None:  # type: ignore[no-untyped-def]

@@ -98,7 +98,7 @@ def test_ties_are_broken_by_id_so_pages_do_not_overlap(api: Any) -> None:
         ("ordering=last_seq", "ordering", "Cannot order by 'last_seq'"),
         ("ordering=title,-owner", "ordering", "Cannot order by '-owner'"),
         ("ordering=updated", "ordering", "order by title, created_at, updated_at, id"),
-        ("policy=nope", "policy", '"nope" is not a policy'),
+        ("policy=nope", "policy", '"nope" is not a policy; the policies: chunked, contract,'),
         ("degraded=yes", "degraded", '"yes" is not true or false'),
     ],
 )

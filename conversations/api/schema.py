@@ -145,6 +145,7 @@ class NotQueuedSerializer(ConsolidateSerializer):
 
 class PolicySerializer(serializers.Serializer):
     name = serializers.CharField()
+    description = serializers.CharField(help_text="Which use the preset is for, in a sentence.")
     parameters = serializers.DictField(help_text="The preset's knobs and their values.")
 
 

@@ -32,7 +32,8 @@ def owned_chats(owner_id: int, params: Mapping[str, str]) -> QuerySet[Chat]:
     policy = params.get("policy")
     if policy is not None:
         if policy not in PRESETS:
-            raise BadListQuery("policy", f'"{policy}" is not a policy; one of {sorted(PRESETS)}.')
+            known = ", ".join(sorted(PRESETS))
+            raise BadListQuery("policy", f'"{policy}" is not a policy; the policies: {known}.')
         chats = chats.filter(policy=policy)
     degraded = params.get("degraded")
     if degraded is not None:
