@@ -14,8 +14,14 @@ cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-python3.11}"
 command -v "$PYTHON" >/dev/null || PYTHON=python3
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
-.venv/bin/python -m pip install --quiet --upgrade pip
-.venv/bin/python -m pip install --quiet -e '.[test,langgraph]'
+# Installed once per version of pyproject.toml (a stamp in .venv): a second run starts at once.
+stamp=.venv/.chatmem-test-install
+wanted=$(sha256sum pyproject.toml | cut -d' ' -f1)
+if [ "$(cat "$stamp" 2>/dev/null)" != "$wanted" ]; then
+  .venv/bin/python -m pip install --quiet --upgrade pip
+  .venv/bin/python -m pip install --quiet -e '.[test,langgraph]'
+  echo "$wanted" > "$stamp"
+fi
 
 port_open() { .venv/bin/python -c "import socket,sys; socket.create_connection(('127.0.0.1', $1), 1)" 2>/dev/null; }
 if [ -z "${DATABASE_URL:-}" ] && port_open 5432; then
