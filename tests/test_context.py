@@ -56,54 +56,51 @@ def test_between_folds_each_prompt_starts_with_the_whole_previous_one_but_its_la
     assert last[-2]["content"].startswith("Agent state") and last[-1]["role"] == "user"
 
 
+CALL: Any = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+CALLING: dict[str, Any] = {"role": "assistant", "content": "", "metadata": {"tool_calls": [CALL]}}
+RESULT: dict[str, object] = {"role": "tool", "tool_call_id": "c1", "content": "42"}
+AGENT_STATE = "Agent state: x"
+
+
+def store(chat_id: int, *messages: dict[str, Any]) -> Chat:
+    """``messages`` stored after the chat's last (role, content, metadata each); the chat as it
+    is then."""
+    last = Chat.objects.get(pk=chat_id).last_seq
+    Message.objects.bulk_create(
+        Message(chat_id=chat_id, seq=last + n, token_count=5, **message)
+        for n, message in enumerate(messages, 1)
+    )
+    Chat.objects.filter(pk=chat_id).update(last_seq=last + len(messages))
+    return Chat.objects.get(pk=chat_id)
+
+
+def with_agent_state(chat_id: int, **changes: Any) -> Any:
+    return dataclasses.replace(load_snapshot(chat_id), agent_context=AGENT_STATE, **changes)
+
+
 def test_a_tool_result_follows_its_call_with_the_agent_state_before_the_turns_user_message(  # type: ignore[no-untyped-def]
     api,
 ) -> None:
     chat_id = new_chat(api)
-    call: Any = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
-    Message.objects.bulk_create(
-        [
-            Message(chat_id=chat_id, seq=1, role="user", content="look it up", token_count=3),
-            Message(
-                chat_id=chat_id,
-                seq=2,
-                role="assistant",
-                content="",
-                token_count=9,
-                metadata={"tool_calls": [call]},
-            ),
-        ]
-    )
-    Chat.objects.filter(pk=chat_id).update(last_seq=2)
-    chat = Chat.objects.get(pk=chat_id)
-    snapshot = dataclasses.replace(load_snapshot(chat_id), agent_context="Agent state: x")
-    result: dict[str, object] = {"role": "tool", "tool_call_id": "c1", "content": "42"}
-    messages = build_model_messages(chat, snapshot, [result])
+    chat = store(chat_id, {"role": "user", "content": "look it up"}, CALLING)
+    messages = build_model_messages(chat, with_agent_state(chat_id), [RESULT])
     roles = [m["role"] for m in messages]
     assert roles[-4:] == ["system", "user", "assistant", "tool"]
-    assert messages[-4]["content"] == "Agent state: x" and messages[-2]["tool_calls"] == [call]
+    assert messages[-4]["content"] == AGENT_STATE and messages[-2]["tool_calls"] == [CALL]
     # With nothing new after the call, as the context endpoint shows it: the same place, and
     # the call is not taken for unanswered.
-    shown = build_model_messages(chat, snapshot)
+    shown = build_model_messages(chat, with_agent_state(chat_id))
     assert [m["role"] for m in shown][-3:] == ["system", "user", "assistant"]
-    assert shown[-3]["content"] == "Agent state: x" and shown[-1]["tool_calls"] == [call]
+    assert shown[-3]["content"] == AGENT_STATE and shown[-1]["tool_calls"] == [CALL]
     # After a finished turn, nothing new: the agent state last.
     finished = [*messages[:-4], *messages[-3:], {"role": "assistant", "content": "It is 42."}]
-    Message.objects.create(
-        chat_id=chat_id,
-        seq=3,
-        role="tool",
-        content="42",
-        token_count=2,
-        metadata={"tool_call_id": "c1"},
+    chat = store(
+        chat_id,
+        {"role": "tool", "content": "42", "metadata": {"tool_call_id": "c1"}},
+        {"role": "assistant", "content": "It is 42."},
     )
-    Message.objects.create(
-        chat_id=chat_id, seq=4, role="assistant", content="It is 42.", token_count=4
-    )
-    Chat.objects.filter(pk=chat_id).update(last_seq=4)
-    snapshot = dataclasses.replace(load_snapshot(chat_id), agent_context="Agent state: x")
-    shown = build_model_messages(chat, snapshot)
-    assert shown[:-1] == finished and shown[-1]["content"] == "Agent state: x"
+    shown = build_model_messages(chat, with_agent_state(chat_id))
+    assert shown[:-1] == finished and shown[-1]["content"] == AGENT_STATE
 
 
 def test_with_the_turns_user_message_folded_the_agent_state_stays_off_the_tool_pair(  # type: ignore[no-untyped-def]
@@ -112,23 +109,10 @@ def test_with_the_turns_user_message_folded_the_agent_state_stays_off_the_tool_p
     """The newest turn's user message already folded, its call verbatim and its results new:
     the agent state goes before the verbatim messages, not between the call and its results."""
     chat_id = new_chat(api)
-    call: Any = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
-    Message.objects.create(
-        chat_id=chat_id,
-        seq=1,
-        role="assistant",
-        content="",
-        token_count=9,
-        metadata={"tool_calls": [call]},
-    )
-    Chat.objects.filter(pk=chat_id).update(last_seq=1)
-    chat = Chat.objects.get(pk=chat_id)
-    snapshot = dataclasses.replace(
-        load_snapshot(chat_id), summary="- Asked to look it up.", agent_context="Agent state: x"
-    )
-    result: dict[str, object] = {"role": "tool", "tool_call_id": "c1", "content": "42"}
-    messages = build_model_messages(chat, snapshot, [result])
+    chat = store(chat_id, CALLING)
+    snapshot = with_agent_state(chat_id, summary="- Asked to look it up.")
+    messages = build_model_messages(chat, snapshot, [RESULT])
     assert [m["role"] for m in messages][-4:] == ["system", "system", "assistant", "tool"]
-    assert messages[-3]["content"] == "Agent state: x"
+    assert messages[-3]["content"] == AGENT_STATE
     assert str(messages[-4]["content"]).startswith(SUMMARY_HEADER)
-    assert messages[-2]["tool_calls"] == [call]
+    assert messages[-2]["tool_calls"] == [CALL]
