@@ -102,9 +102,9 @@ def use_fake_openai(settings, fake_openai: FakeOpenAI) -> FakeOpenAI:  # type: i
 
 @pytest.fixture(autouse=True, scope="session")
 def fast_password_hashing(django_test_environment: None) -> None:
-    """A cheap hash for the test users' passwords: PBKDF2's 1,000,000 rounds took 0.8 s per
-    user and per login on CI's cores, about three minutes of a run. Servers a test starts in
-    their own process keep the real hasher (none logs in by password)."""
+    """A cheap hash for the test users' passwords: PBKDF2's production cost, paid per user and
+    per login, is most of a test's setup. Servers a test starts in their own process keep the
+    real hasher (none logs in by password)."""
     from django.test.utils import override_settings
 
     # override_settings, not an assignment: Django caches its hashers until the setting_changed

@@ -496,8 +496,8 @@ def test_auth_rejects_a_wrong_key() -> None:
 
 
 def test_serves_300_concurrent_requests_with_latency() -> None:
-    # A latency long enough for 300 client threads to start on a loaded 2-core machine (at 0.5 s
-    # the first requests were answered before a hundred more had been sent).
+    # A latency long enough for 300 client threads to start on a loaded 2-core machine before
+    # the first requests are answered.
     with FakeOpenAI(latency=3.0) as fake:
         fake_client = make_client(fake, timeout=30)
         with ThreadPoolExecutor(max_workers=300) as pool:

@@ -5,7 +5,7 @@ process of its own against the same server, must find nothing. The one per-opera
 and its reason are in schemathesis.toml.
 
 SCHEMATHESIS_MAX_EXAMPLES sets the examples per operation and user (default 10: about 3,400
-generated cases over the two users, most of them the coverage phase's, in about 2 minutes);
+generated cases over the two users, most of them the coverage phase's);
 docs/testing.md has the longer run's command."""
 
 from __future__ import annotations
