@@ -288,7 +288,8 @@ def test_a_row_inserted_without_flush_wait_is_the_orms(api) -> None:  # type: ig
 def test_the_running_ledger_row_does_not_wait_for_a_flush(api) -> None:  # type: ignore[no-untyped-def]
     """The ORM's insert waits for a WAL flush at every commit; the running row's does not (the
     fold's own commit later flushes it). Counted from pg_stat_wal: 20 ORM inserts flush about 20
-    times, 20 running rows about never (the WAL writer's own timed flushes may add one or two)."""
+    times, 20 running rows about never (the WAL writer's and other processes' flushes add a
+    few)."""
     from conversations.rows import insert_without_flush_wait
 
     chat = api.post("/api/v1/chats/", {"title": "flushes"}, format="json").json()["id"]
@@ -301,7 +302,9 @@ def test_the_running_ledger_row_does_not_wait_for_a_flush(api) -> None:  # type:
         insert_without_flush_wait(ledger_row(chat, index * 12 + 1))
     without_wait = wal_flushes() - before
     assert by_orm >= 20
-    assert without_wait <= 3, without_wait
+    # The count is the cluster's: the suite's other processes flush beside this one, a few
+    # times in either phase, never one per insert.
+    assert without_wait <= by_orm // 2, (without_wait, by_orm)
 
 
 @pytest.mark.usefixtures("require_postgres")
