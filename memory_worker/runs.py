@@ -98,7 +98,12 @@ def consolidate_with_lock(
     token = uuid.uuid4().hex
     # A manual request meeting a held lock leaves one pending mark that says "manual": the
     # holder's rerun serves it; the request does not come back to make the holder run again.
-    if not lock.acquire_or_mark_pending(chat_id, token, manual=trigger == RequestTrigger.MANUAL):
+    claimed = lock.acquire_or_mark_pending(chat_id, token, manual=trigger == RequestTrigger.MANUAL)
+    # Only now, still before reading anything (dispatch), the queued marker goes: a turn over its
+    # bound must see this fold queued, then held (or pending on the holder), never neither, or
+    # it folds the range itself (turn_fold.acquire_or_wait).
+    _give_up_queued_marker(chat_id)
+    if not claimed:
         log.info("lock busy, rerun marked", extra={"event": "lock_contended", "chat_id": chat_id})
         return []
     # Reruns and a fold's later chunks stop in time to end the task before its soft time limit:
@@ -145,6 +150,14 @@ def consolidate_with_lock(
     lock.release(chat_id, token)
     hand_on_pending(chat_id, lock, next_trigger, due_at)
     return outcomes
+
+
+def _give_up_queued_marker(chat_id: int) -> None:
+    try:
+        clear_queued(chat_id)
+    except Exception:
+        # Redis failed after the lock call: the marker expires on its own.
+        log.warning("could not clear the queued marker", extra={"chat_id": chat_id})
 
 
 def manual_left_over(outcome: FoldOutcome) -> bool:

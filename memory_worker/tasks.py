@@ -11,7 +11,7 @@ from django.conf import settings
 
 from conversations.rows import DATABASE_ERRORS, database_now
 from memory_worker import agent_summaries, hooks, retries
-from memory_worker.dispatch import RequestTrigger, clear_manual_queued, clear_queued
+from memory_worker.dispatch import RequestTrigger, clear_manual_queued
 from memory_worker.fold_ledger import prune_ledger
 from memory_worker.outcomes import FoldResult
 from memory_worker.runs import CONSOLIDATE_CHAT, consolidate_with_lock, request_consolidation
@@ -36,15 +36,15 @@ def consolidate_chat(
     db_retries: int = 0,
 ) -> list[str]:
     started = time.monotonic()  # Celery's time limits count from here
-    # Before reading anything: a turn that commits from here on queues a new task (dispatch).
+    # Before reading anything: a manual request from here on queues a new task (dispatch). The
+    # turn's queued marker is cleared once the lock is taken (runs.consolidate_with_lock).
     requested = RequestTrigger(trigger)
-    try:
-        clear_queued(chat_id)
-        if requested == RequestTrigger.MANUAL:
+    if requested == RequestTrigger.MANUAL:
+        try:
             clear_manual_queued(chat_id)
-    except Exception:
-        # Redis is down: the marker expires on its own; the lock below will fail the task.
-        log.warning("could not clear the queued marker", extra={"chat_id": chat_id})
+        except Exception:
+            # Redis is down: the marker expires on its own; the lock below will fail the task.
+            log.warning("could not clear the manual marker", extra={"chat_id": chat_id})
     due = datetime.fromtimestamp(due_at, UTC) if due_at is not None else None
     try:
         outcomes = consolidate_with_lock(

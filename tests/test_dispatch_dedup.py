@@ -7,8 +7,10 @@ from typing import Any
 
 import pytest
 
-from memory_worker import tasks
+from memory_worker import runs
 from memory_worker.dispatch import QUEUED_KEY, RequestTrigger, clear_queued
+from memory_worker.locks import LocalChatLock
+from memory_worker.outcomes import FoldOutcome, FoldResult
 from memory_worker.runs import request_consolidation
 from tests.conftest import client_for, contract_chat_after_turns
 from tests.workers import Worker, point_celery_at, wait_until
@@ -91,34 +93,47 @@ def test_a_failed_publish_leaves_no_marker(broker) -> None:  # type: ignore[no-u
     assert broker.llen(QUEUE) == 1
 
 
-def test_the_task_clears_the_marker_before_it_reads(monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    """Called as a worker calls it: the marker goes before consolidate_with_lock reads the chat,
-    so a turn that found the marker taken is seen by this run."""
+class RecordingLock(LocalChatLock):
+    def __init__(self, calls: list[str]) -> None:
+        super().__init__(ttl_seconds=30)
+        self.calls = calls
+
+    def acquire_or_mark_pending(self, chat_id: int, token: str, *, manual: bool = False) -> bool:
+        self.calls.append(f"lock {chat_id}")
+        return super().acquire_or_mark_pending(chat_id, token, manual=manual)
+
+
+def test_the_run_clears_the_marker_after_the_lock_and_before_it_reads(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Called as a worker's task calls it: the marker goes once the lock is taken (a turn over its
+    bound sees the fold queued, then in flight) and before the chat is read (a turn that found
+    the marker taken is seen by this run)."""
     calls: list[str] = []
-    monkeypatch.setattr(tasks, "clear_queued", lambda chat_id: calls.append(f"clear {chat_id}"))
+    monkeypatch.setattr(runs, "clear_queued", lambda chat_id: calls.append(f"clear {chat_id}"))
 
-    def consolidate(chat_id: int, trigger: str, lock: object, **_: object) -> list[object]:
+    def consolidate_once(chat_id: int, trigger: str, **_: object) -> FoldOutcome:
         calls.append(f"read {chat_id}")
-        return []
+        return FoldOutcome(FoldResult.NOTHING)
 
-    monkeypatch.setattr(tasks, "consolidate_with_lock", consolidate)
-    assert tasks.consolidate_chat.run(7, "turn") == []
-    assert calls == ["clear 7", "read 7"]
+    monkeypatch.setattr(runs, "consolidate_once", consolidate_once)
+    monkeypatch.setattr(runs, "hand_on_pending", lambda *args: None)
+    runs.consolidate_with_lock(7, RequestTrigger.TURN, RecordingLock(calls))
+    assert calls == ["lock 7", "clear 7", "read 7"]
 
 
-def test_a_task_whose_marker_cannot_be_cleared_still_runs(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_a_run_whose_marker_cannot_be_cleared_still_runs(monkeypatch) -> None:  # type: ignore[no-untyped-def]
     def broken(chat_id: int) -> None:
         raise ConnectionError("redis is down")
 
     ran: list[int] = []
 
-    def consolidate(chat_id: int, *args: object, **kwargs: object) -> list[object]:
+    def consolidate_once(chat_id: int, trigger: str, **_: object) -> FoldOutcome:
         ran.append(chat_id)
-        return []
+        return FoldOutcome(FoldResult.NOTHING)
 
-    monkeypatch.setattr(tasks, "clear_queued", broken)
-    monkeypatch.setattr(tasks, "consolidate_with_lock", consolidate)
-    tasks.consolidate_chat.run(7, "turn")
+    monkeypatch.setattr(runs, "clear_queued", broken)
+    monkeypatch.setattr(runs, "consolidate_once", consolidate_once)
+    monkeypatch.setattr(runs, "hand_on_pending", lambda *args: None)
+    runs.consolidate_with_lock(7, RequestTrigger.TURN, LocalChatLock(ttl_seconds=30))
     assert ran == [7]
 
 

@@ -15,13 +15,15 @@ from django.db import connection
 from conversations.models import Brief, Chat, Consolidation, Message
 from memory_worker import folds as folds_module
 from memory_worker import runs
-from memory_worker.dispatch import RequestTrigger, mark_queued
+from memory_worker.dispatch import RequestTrigger, fold_queued, mark_queued
 from memory_worker.folds import consolidate_once
 from memory_worker.invariants import chat_violations
+from memory_worker.locks import RedisChatLock
 from memory_worker.policy import Trigger
 from memory_worker.request_redis import breaker_open, reset_breaker
 from memory_worker.runs import request_consolidation
 from memory_worker.runtime import chat_lock, request_chat_lock
+from memory_worker.tasks import consolidate_chat
 from memory_worker.turn_fold import Wait, wait_for_lock
 from tests.conftest import client_for
 from tests.test_redis_restart import StalledRedis, point_web_at
@@ -110,6 +112,51 @@ def test_a_queued_task_that_does_not_start_is_waited_for_briefly(
     assert Consolidation.objects.filter(
         chat_id=chat_id, synchronous=True, status="succeeded"
     ).exists()
+
+
+def chat_seen_by_a_waiting_turn(chat_id: int) -> bool:
+    """What acquire_or_wait looks at: a fold in flight (the lock held) or queued and not started."""
+    return chat_lock().is_held(chat_id) or fold_queued(chat_id)
+
+
+@pytest.mark.parametrize("lock_free", [True, False], ids=["lock-free", "lock-held"])
+def test_a_starting_task_gives_up_its_queued_marker_only_once_it_holds_the_lock_or_marked_pending(
+    require_postgres, broker, settings, user, use_fake_openai, monkeypatch, lock_free
+) -> None:  # type: ignore[no-untyped-def]
+    """A turn over its bound that looks while a queued task starts must see the fold queued or
+    in flight: between the marker's delete and the lock's acquire it saw neither and folded the
+    range itself (3 synchronous folds in 4,800 turns on the topology). Each step of the start is
+    observed where it happens: the lock call and the marker's delete."""
+    chat_id = chat_with_fold_due(user, settings)
+    if not lock_free:
+        assert chat_lock().acquire_or_mark_pending(chat_id, "another-run")
+    assert mark_queued(chat_id)
+    seen: list[tuple[str, bool]] = []
+    real_acquire = RedisChatLock.acquire_or_mark_pending
+    real_clear = runs.clear_queued
+
+    def acquire(self, chat_id: int, token: str, *, manual: bool = False) -> bool:  # type: ignore[no-untyped-def]
+        seen.append(("before the lock call", chat_seen_by_a_waiting_turn(chat_id)))
+        claimed = real_acquire(self, chat_id, token, manual=manual)
+        seen.append(("after the lock call", chat_seen_by_a_waiting_turn(chat_id)))
+        return claimed
+
+    def clear(chat_id: int) -> None:
+        real_clear(chat_id)
+        held = chat_lock().is_held(chat_id)
+        seen.append(("after the marker's delete", held))
+
+    monkeypatch.setattr(RedisChatLock, "acquire_or_mark_pending", acquire)
+    monkeypatch.setattr(runs, "clear_queued", clear)
+    outcomes = consolidate_chat(chat_id, "turn")
+    assert all(visible for _, visible in seen), seen
+    assert [step for step, _ in seen] == [
+        "before the lock call",
+        "after the lock call",
+        "after the marker's delete",
+    ]
+    assert not fold_queued(chat_id)  # given up either way: the next turn queues a new task
+    assert outcomes == ([] if not lock_free else ["succeeded"])
 
 
 def test_a_rerun_asked_for_before_the_turn_took_the_lock_is_still_served(
