@@ -8,16 +8,19 @@ prefix; and what input is billed at a stated price for a cached token."""
 
 from __future__ import annotations
 
+import itertools
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from bench.cost import MESSAGE_OVERHEAD_TOKENS, tokens
+from bench.cost import MESSAGE_OVERHEAD_TOKENS, Turn, reply_tag, tokens, user_tag
 from tests.fake_openai import cacheable, common_start, content_text
 
 # The price of a cached input token, as a share of an uncached one: OpenAI's current small models
 # and Anthropic's cache reads (a cache write, 1.25x on Anthropic, is not counted).
 CACHED_PRICE = 0.1
+TAG = re.compile(r"\[t\d+[ua]\]")  # bench.cost's user_tag and reply_tag
 
 Prompt = Sequence[dict[str, Any]]
 
@@ -120,3 +123,21 @@ def pooled(figures: Sequence[CacheFigures]) -> CacheFigures:
     return CacheFigures(
         *(sum(getattr(f, name) for f in figures) for name in CacheFigures.__dataclass_fields__)
     )
+
+
+def not_extending(prompts: Sequence[Prompt]) -> int:
+    """Turns whose prompt does not begin with the whole previous prompt: the cache serves them
+    at most the part before the change (bench.prompt_cache's miss turns count only changes
+    above chatmem's verbatim messages, which a peer's prompt may not have)."""
+    return sum(
+        common_prefix_tokens(before, after) < sum(message_tokens(m) for m in before)
+        for before, after in itertools.pairwise(prompts)
+    )
+
+
+def dropped_without_fold(turns: Sequence[Turn], last_prompt: Prompt, folded: set[str]) -> set[str]:
+    """The messages neither in the last prompt nor ever given to the summarizer: gone from the
+    context without being folded (the last reply, never sent, is not counted)."""
+    tags = {user_tag(t.number) for t in turns} | {reply_tag(t.number) for t in turns[:-1]}
+    shown = set(TAG.findall("\n".join(str(m["content"]) for m in last_prompt)))
+    return tags - shown - folded
