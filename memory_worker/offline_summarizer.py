@@ -11,8 +11,12 @@ from memory_worker.retention_rules import (
     CHANGE_MARKERS,
     FILE_NAME,
     LINE_MARKUP,
+    bare,
     content_words,
+    is_fact,
+    is_rule,
     is_rule_or_value,
+    is_standing,
     normalise,
     summary_lines,
 )
@@ -107,14 +111,29 @@ ACKNOWLEDGEMENT = re.compile(
     r"okay|ok|thanks|thank you|sounds good|perfect|great|all set|makes sense|continuing"
     r"(?: with the plan)?)(?: |$))+$"
 )
-# What the cap keeps first (docs/policies.md, "What the summary keeps first"): rules, limits and
-# exact values (memory_worker.retention_rules), then decisions, open items and preferences, then
-# other facts; an assistant's sentence that is none of these (explanation, chatter) goes first.
+# What the cap keeps first (docs/policies.md, "What the summary keeps first"), most first:
+# standing items (rules, preferences, where the work stands, decisions: what governs later
+# answers), facts stated with their value, details (values in passing, open items, artifacts),
+# other statements, and an assistant's sentence that is none of these (explanation, chatter).
 # Within a weight, the oldest goes first.
-RULE_OR_VALUE, PRIORITY, FACT, CHATTER = 3, 2, 1, 0
-MUST_KEEP = 4  # a line the fold guard's repair names: never dropped for another
+STANDING, FACT_VALUE, DETAIL, STATEMENT, CHATTER = 4, 3, 2, 1, 0
+MUST_KEEP = 5  # a line the fold guard's repair names: never dropped for another
 PRIORITY_CATEGORIES = frozenset({DECISIONS, OPEN_ITEMS, GOALS, ARTIFACTS})
 SENTENCE_BREAK = re.compile(r"(?<=[.!?])\s+")
+# A sentence that goes on from the one before: an exception or a second clause of a rule.
+CONTINUATION = re.compile(
+    r"^(?:except|unless|but|however|otherwise|and|also|then|even|this|that|it|they|so)\b",
+    re.IGNORECASE,
+)
+# How far a task has come: it belongs with the sentence that names the task.
+STATUS = re.compile(r"^(?:phase|step|stage|part|milestone)\s+\d+(?:\s+of\s+\d+)?\b", re.IGNORECASE)
+# An assistant's acknowledgement that repeats what it acknowledges ("Noted: never deploy on a
+# Friday."): the user's own message carries the statement.
+ECHO = re.compile(
+    r"^(?:noted|got it|understood|acknowledged|will do|sure|okay|ok|right|copy that|"
+    r"confirmed|recorded)\s*[:,\u2014\u2013-]\s*\S",
+    re.IGNORECASE,
+)
 # Words that identify one of our headings in a summary, also when a model varied the wording.
 HEADING_WORDS = {
     "facts": FACTS,
@@ -127,14 +146,15 @@ HEADING_WORDS = {
     "artifacts": ARTIFACTS,
     "references": ARTIFACTS,
 }
-MAX_BULLET_CHARS = 300
+MAX_BULLET_CHARS = 300  # a sentence
+MAX_ITEM_CHARS = 2 * MAX_BULLET_CHARS  # sentences kept together (statements_of)
 
 
 @dataclass(frozen=True)
 class Bullet:
     category: str
     text: str
-    weight: int = FACT  # what the cap keeps first: RULE_OR_VALUE, PRIORITY, FACT, CHATTER
+    weight: int = STATEMENT  # what the cap keeps first: STANDING ... CHATTER
 
 
 class OfflineSummarizer:
@@ -179,13 +199,16 @@ class OfflineSummarizer:
         keep: frozenset[str],
         pinned: Sequence[str] = (),
     ) -> SummaryResult:
+        answered = answered_questions(messages)
         candidates = [
             *oldest_first(list(bullets_from_summary(current_summary, keep))),
             *(
                 bullet
-                for message in messages
+                for index, message in enumerate(messages)
                 if not is_offline_echo(message)
-                for bullet in bullets_from_text(message.content, message.role)
+                for bullet in bullets_from_text(
+                    message.content, message.role, answered=index in answered
+                )
             ),
         ]
         bullets = drop_superseded_decisions(deduplicate(candidates))
@@ -214,7 +237,7 @@ def bullets_from_summary(summary: str, keep: frozenset[str] = frozenset()) -> It
         if normalise(line.text) in keep:
             yield Bullet(category or categorize(line.text), line.text, MUST_KEEP)
         elif category is not None:
-            text = clip(line.text)
+            text = clip(line.text, MAX_ITEM_CHARS)
             yield Bullet(category, text, weight_of(category, text, "summary"))
         else:
             yield from bullets_from_text(line.text, "summary")
@@ -238,20 +261,68 @@ def category_for_heading(title: str) -> str | None:
     return None
 
 
-def bullets_from_text(text: str, role: str) -> Iterator[Bullet]:
+def answered_questions(messages: Sequence[FoldMessage]) -> set[int]:
+    """The indexes of the user messages an assistant message follows in this fold: their
+    questions were answered, so they are no open items."""
+    answered: set[int] = set()
+    replied = False
+    for index in range(len(messages) - 1, -1, -1):
+        if messages[index].role == "assistant":
+            replied = True
+        elif messages[index].role == "user" and replied:
+            answered.add(index)
+    return answered
+
+
+def bullets_from_text(text: str, role: str, *, answered: bool = False) -> Iterator[Bullet]:
+    """``answered``: the message's questions were answered in the same fold, and are left out."""
+    for statement in statements_of(text, role):
+        if answered and statement.rstrip().endswith("?"):
+            continue
+        if role == "assistant" and ECHO.match(statement):
+            continue
+        category = categorize(statement)
+        yield Bullet(category, statement, weight_of(category, statement, role))
+
+
+def statements_of(text: str, role: str) -> Iterator[str]:
+    """The text's sentences, with those that belong together as one item: a rule and the rule
+    or exception after it ("Deploys need two approvals. Never deploy on a Friday."), a
+    statement and the status after it ("Phase 2 of 4 is done."). Under the cap an item goes
+    whole or not at all, never half of a rule."""
+    pending: str | None = None
     for sentence in sentences_of(text):
-        category = categorize(sentence)
-        yield Bullet(category, sentence, weight_of(category, sentence, role))
+        if pending is not None and role != "assistant" and belongs_with(pending, sentence):
+            pending = f"{pending} {sentence}"
+            continue
+        if pending is not None:
+            yield pending
+        pending = sentence
+    if pending is not None:
+        yield pending
+
+
+def belongs_with(previous: str, sentence: str) -> bool:
+    if STATUS.match(bare(sentence)):
+        return True
+    return is_rule(previous) and (is_rule(sentence) or bool(CONTINUATION.match(sentence)))
 
 
 def weight_of(category: str, text: str, role: str) -> int:
     """What the cap keeps first. ``role``: the message's, or "summary" for a bullet of the
-    previous summary (kept once already, so never chatter)."""
-    if is_rule_or_value(text):
-        return RULE_OR_VALUE
-    if category == DECISIONS or (category in PRIORITY_CATEGORIES and role != "assistant"):
-        return PRIORITY
-    return CHATTER if role == "assistant" else FACT
+    previous summary (kept once already, so never chatter). An assistant's rule or decision
+    is advice or an echo: the user's own words are what stand."""
+    if role == "assistant":
+        if is_rule_or_value(text) or category == DECISIONS:
+            return DETAIL
+        return CHATTER
+    if is_standing(text) or category == DECISIONS:
+        return STANDING
+    if is_fact(text):
+        return FACT_VALUE
+    if is_rule_or_value(text) or category in PRIORITY_CATEGORIES:
+        return DETAIL
+    return STATEMENT
 
 
 def sentences_of(text: str) -> Iterator[str]:
@@ -278,18 +349,27 @@ def categorize(sentence: str) -> str:
     return FACTS
 
 
-def clip(text: str) -> str:
-    if len(text) <= MAX_BULLET_CHARS:
+def clip(text: str, limit: int = MAX_BULLET_CHARS) -> str:
+    if len(text) <= limit:
         return text
-    return text[: MAX_BULLET_CHARS - 1].rsplit(" ", 1)[0] + "…"
+    return text[: limit - 1].rsplit(" ", 1)[0] + "…"
+
+
+def same_statement_key(text: str) -> str:
+    """Two wordings of one statement share it: the same content words, in any order, with the
+    same values ("Never deploy on Fridays." and "Deploy never on Fridays!")."""
+    words = content_words(text)
+    if len(words) < 3:
+        return normalise(text)
+    return " ".join(sorted(words))
 
 
 def deduplicate(bullets: Sequence[Bullet]) -> list[Bullet]:
-    """One bullet per normalised text, at the position of its latest occurrence: a repeated
-    statement is recent, so it is among the last to be dropped for the cap."""
+    """One bullet per statement (same_statement_key), at the position of its latest occurrence:
+    a repeated statement is recent, so it is among the last to be dropped for the cap."""
     latest: dict[str, Bullet] = {}
     for bullet in bullets:
-        key = normalise(bullet.text)
+        key = same_statement_key(bullet.text)
         earlier = latest.pop(key, None)  # re-inserting moves it to the end (insertion order)
         if earlier is not None and earlier.weight > bullet.weight:
             bullet = Bullet(bullet.category, bullet.text, earlier.weight)
@@ -357,7 +437,7 @@ def refill(bullets: Sequence[Bullet], dropped: Sequence[int], cap_tokens: int) -
     must not be lost with room to spare (the fold guard would refuse that summary)."""
     left_out = set(dropped)
     for index in reversed(dropped):
-        if bullets[index].weight < RULE_OR_VALUE:
+        if bullets[index].weight < DETAIL:
             break
         left_out.discard(index)
         if not fits([b for i, b in enumerate(bullets) if i not in left_out], cap_tokens):

@@ -10,9 +10,69 @@ from dataclasses import dataclass
 KEEP_RULES = re.compile(
     r"\b(must|mustn't|never|always|don't|do not|cannot|can't|shall not|forbidden|prohibited|"
     r"not allowed|required?|requires|limit|budget|deadline|at most|at least|no more than|"
-    r"no later than|avoid|confidential|secret|password)\b",
+    r"no later than|avoid|confidential|secret|password)\b"
+    r"|(?<![Ii] )\bneeds?\b",  # "Deploys need two approvals", not "I need a break"
     re.IGNORECASE,
 )
+# Imperatives that state a standing rule without the words above: "Quote all prices in euros.",
+# "Only PostgreSQL 15.", "No tracking cookies on the public site.", "If a user seems
+# distressed, pause and offer help." Read after a lead-in ("Also,", "Please") is taken off.
+IMPERATIVE_VERBS = (
+    "add address answer ask attach back cite call cc check confirm convert copy credit cut "
+    "double-check encrypt escalate explain express file format give include keep label list "
+    "log mark mask mention name notify offer pause point put quote read redact refer remind "
+    "reply report respond round run say send show sign spell start state stay stick stop store "
+    "summarise summarize tag tell translate treat use verify wait warn write"
+)
+_VERBS = "|".join(IMPERATIVE_VERBS.split())
+IMPERATIVE_RULE = re.compile(
+    rf"^(?:always\s+|from now on,?\s+|going forward,?\s+)?(?:{_VERBS})\b"
+    r"|^only\b"
+    r"|^no\s+(?!problem|worries|idea|thanks|way\b|rush|pressure|big deal)\w"
+    rf"|^(?:if|when|whenever|unless|before|after)\b[^,]{{2,}},\s*(?:then\s+|please\s+)?"
+    rf"(?:always\s+)?(?:{_VERBS}|don't|do not|never)\b",
+    re.IGNORECASE,
+)
+# A stated preference: how the user wants to be answered or addressed.
+PREFERENCE = re.compile(
+    r"\b(?:i|we)\s+(?:really\s+|much\s+)?(?:prefer|want|would like|'d like|like my|like answers|"
+    r"like replies|like it when|hate it when|dislike)\b|\bfrom now on\b|\bgoing forward\b"
+    r"|\b(?:the user|user|they|she|he)\s+(?:wants|prefers|likes|would like)\b",
+    re.IGNORECASE,
+)
+# Where the work stands: the goal, the plan, the step reached.
+GOAL_STATE = re.compile(
+    r"\b(?:our goal|the goal|my goal|we are aiming|we're aiming|aim to|the plan is|our plan|"
+    r"working towards|milestone|next step|(?:phase|step|stage|part) \d+ of \d+)\b",
+    re.IGNORECASE,
+)
+# Words a statement opens with when it is said in passing, not as the statement itself.
+LEAD_IN = re.compile(
+    r"^(?:(?:also|and|oh,? and|plus|please|anyway|by the way|quick one|one more thing|"
+    r"important|note|reminder|remember)[,:]?\s+)+",
+    re.IGNORECASE,
+)
+
+
+def bare(sentence: str) -> str:
+    """The sentence without its lead-ins."""
+    return LEAD_IN.sub("", sentence.strip())
+
+
+def is_rule(text: str) -> bool:
+    """A constraint or safety rule: rule words, or an imperative (never a question)."""
+    if text.rstrip().endswith("?"):
+        return False
+    return bool(KEEP_RULES.search(text) or IMPERATIVE_RULE.search(bare(text)))
+
+
+def is_standing(text: str) -> bool:
+    """What governs later answers: a rule, a stated preference, or where the work stands."""
+    if text.rstrip().endswith("?"):
+        return False
+    return is_rule(text) or bool(PREFERENCE.search(text) or GOAL_STATE.search(text))
+
+
 # An exact value: a number of three digits or more, a formatted one (3,417; 12:30; 2032-01-01),
 # a code (VX-81Q2, R5539, v2), a URL, an e-mail address, a code span. Not any digit: small talk
 # ("we were 12 at lunch") must not outrank a rule.
@@ -49,27 +109,44 @@ WITHHELD_MARKER = re.compile(r"\bmessages? \d+(?:-\d+)? withheld\b", re.IGNORECA
 
 
 def is_rule_or_value(text: str) -> bool:
-    return bool(KEEP_RULES.search(text) or EXACT_VALUE.search(text) or WITHHELD_MARKER.search(text))
+    return bool(is_standing(text) or EXACT_VALUE.search(text) or WITHHELD_MARKER.search(text))
+
+
+# A value stated as what something is ("My locker number is 48211", "The staging host is
+# called node-7"): a fact that stands, where a value in passing ("the import took 41 minutes")
+# is an incidental detail.
+DEFINING = re.compile(
+    r"\b(?:is|are)\s+(?:called\s+|named\s+|number\s+|now\s+)?(?=[^\s]*(?:\d|[A-Z]-))",
+)
+
+
+def is_fact(text: str) -> bool:
+    return bool(
+        EXACT_VALUE.search(text) and (DEFINING.search(text) or "for the record" in text.lower())
+    )
 
 
 # What a line is worth when the cap makes lines compete, most first.
-WRITTEN_OR_MARKER, RULE, VALUE, WEAK = range(4)
+WRITTEN_OR_MARKER, RULE, FACT, VALUE, WEAK = range(5)
 
 
 def rank(text: str, user_lines: Collection[str] = ()) -> int:
-    """A line a person wrote or a withheld message's marker; a rule (with or without a value);
-    a line that only carries an exact value; a line that states neither."""
+    """A line a person wrote or a withheld message's marker; a standing item (a rule, a
+    preference, where the work stands; with or without a value); a fact stated with its value;
+    a line that only carries an exact value in passing; a line that states neither."""
     if text in user_lines or WITHHELD_MARKER.search(text):
         return WRITTEN_OR_MARKER
-    if KEEP_RULES.search(text):
+    if is_standing(text):
         return RULE
+    if is_fact(text):
+        return FACT
     return VALUE if is_rule_or_value(text) else WEAK
 
 
 def yields_to(worth: int) -> int:
     """The rank above which a line gives way, under the cap, to one worth ``worth``: lines
-    that state nothing for a value; lines that only carry a value for a rule or a person's
-    line. A rule never gives way to another line."""
+    that state nothing for a value; values in passing for a fact; facts and values for a
+    standing item or a person's line. A standing item never gives way to another line."""
     return max(worth, RULE)
 
 
