@@ -37,14 +37,29 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from bench.common import api_client, configure_django, create_chat, machine_info, save_report
 from bench.cost import play_worker
+from bench.retention_crowded import PER_TYPE as CROWDED_PER_TYPE
+from bench.retention_crowded import (
+    crowded_filler,
+    make_crowded_canaries,
+    planting_messages,
+)
+from bench.retention_results import (
+    PINNED_SUFFIX,
+    Config,
+    Session,
+    check_goals,
+    config_result,
+    goal_lines,
+    markdown_table,
+)
 from bench.retention_workload import (
     CANARIES_PER_TYPE,
     CANARY_TYPES,
@@ -67,6 +82,8 @@ PLANT_EVERY = 2
 # incomplete instead of running on (a policy that never folds would otherwise never end).
 MAX_ROUND_TURNS = 600
 GOAL_KEPT = 0.95
+# Facts compete with the incidental details for what room the standing items leave.
+GOAL_FACTS_CROWDED = 0.90
 ROOT = Path(__file__).resolve().parent.parent
 
 # --- configurations ------------------------------------------------------------------------
@@ -82,15 +99,6 @@ PEER_OVERRIDES = {
 PEER_NAME = "token-budget@4000+500/target=0"
 
 
-@dataclass(frozen=True)
-class Config:
-    name: str
-    preset: str
-    overrides: dict[str, int] = field(default_factory=dict)
-    pinned: bool = False  # each canary's message pinned as it is sent
-
-
-PINNED_SUFFIX = "/canaries-pinned"
 ALL_CONFIGS = (
     *(Config(name, name) for name in PRESETS),
     Config(PEER_NAME, "token-budget", dict(PEER_OVERRIDES)),
@@ -114,24 +122,6 @@ def select_configs(spec: str) -> list[Config]:
 
 
 # --- one session ---------------------------------------------------------------------------
-
-
-@dataclass
-class Session:
-    config: str
-    seed: int
-    canaries: list[Canary]
-    # kept[round - 1][i]: where canary i was after that round ("summary", "verbatim", "both",
-    # or "" when lost).
-    kept: list[list[str]] = field(default_factory=list)
-    round_turns: list[int] = field(default_factory=list)
-    complete_rounds: int = 0
-    turns: int = 0
-    failed_turns: int = 0
-    refused_pins: int = 0
-    folds: int = 0
-    final_summary_tokens: int = 0
-    seconds: float = 0.0
 
 
 class Chat:
@@ -234,16 +224,44 @@ def where_kept(canary: Canary, summary: str, pinned: str, others: Sequence[str])
     return "summary" if in_summary else "verbatim" if in_verbatim else ""
 
 
-def run_session(client: Any, config: Config, seed: int, rounds: int) -> Session:
+@dataclass(frozen=True)
+class SessionKind:
+    """How a session plants its canaries and what the user says between and after them."""
+
+    canaries: Callable[[random.Random], list[Canary]]
+    planting: Callable[[Canary, random.Random], list[str]]  # the last one plants the canary
+    filler: Callable[[random.Random], str]
+    thresholds: Mapping[str, float]  # each type's goal after the last round
+
+
+def standard_planting(canary: Canary, rng: random.Random) -> list[str]:
+    return [*(chit_chat(rng) for _ in range(PLANT_EVERY - 1)), planting_message(canary, rng)]
+
+
+SESSION_KINDS = {
+    # Three canaries of each type, each with an unguessable value; they fit the cap.
+    "standard": SessionKind(
+        make_canaries, standard_planting, chit_chat, dict.fromkeys(CANARY_TYPES, GOAL_KEPT)
+    ),
+    # More than fits beside the incidental details: bench.retention_crowded.
+    "crowded": SessionKind(
+        make_crowded_canaries,
+        planting_messages,
+        crowded_filler,
+        {**dict.fromkeys(CANARY_TYPES, GOAL_KEPT), "fact": GOAL_FACTS_CROWDED},
+    ),
+}
+
+
+def run_session(client: Any, config: Config, seed: int, rounds: int, kind: SessionKind) -> Session:
     rng = random.Random(f"retention-{seed}")
-    canaries = make_canaries(rng)
+    canaries = kind.canaries(rng)
     session = Session(config.name, seed, canaries)
     started = time.monotonic()
     chat = Chat(client, config)
     for canary in canaries:
-        for _ in range(PLANT_EVERY - 1):
-            chat.send(chit_chat(rng))
-        chat.send(planting_message(canary, rng))
+        for message in kind.planting(canary, rng):
+            chat.send(message)
         if config.pinned and not chat.pin_last_user_message():
             session.refused_pins += 1
     for _ in range(rounds):
@@ -251,7 +269,7 @@ def run_session(client: Any, config: Config, seed: int, rounds: int) -> Session:
         round_start = chat.turns
         done = False
         while chat.turns - round_start < MAX_ROUND_TURNS:
-            chat.send(chit_chat(rng))
+            chat.send(kind.filler(rng))
             if chat.watermark() >= mark:
                 done = True
                 break
@@ -266,146 +284,6 @@ def run_session(client: Any, config: Config, seed: int, rounds: int) -> Session:
     session.final_summary_tokens = int(chat.brief()["summary_tokens"])
     session.seconds = time.monotonic() - started
     return session
-
-
-# --- results -------------------------------------------------------------------------------
-
-
-def kept_fractions(sessions: Sequence[Session], rounds: int) -> dict[str, list[float | None]]:
-    """Per canary type, the share kept after each round over every session and canary (None:
-    no session reached that round)."""
-    fractions: dict[str, list[float | None]] = {}
-    for kind in CANARY_TYPES:
-        row: list[float | None] = []
-        for index in range(rounds):
-            outcomes = [
-                bool(where)
-                for session in sessions
-                if index < len(session.kept)
-                for canary, where in zip(session.canaries, session.kept[index], strict=True)
-                if canary.kind == kind
-            ]
-            row.append(sum(outcomes) / len(outcomes) if outcomes else None)
-        fractions[kind] = row
-    return fractions
-
-
-def where_counts(sessions: Sequence[Session], round_index: int) -> dict[str, int]:
-    counts = {"summary": 0, "verbatim": 0, "both": 0, "pinned": 0, "lost": 0}
-    for session in sessions:
-        if round_index < len(session.kept):
-            for where in session.kept[round_index]:
-                counts[where or "lost"] += 1
-    return counts
-
-
-def config_result(config: Config, sessions: Sequence[Session], rounds: int) -> dict[str, Any]:
-    return {
-        "config": config.name,
-        "preset": config.preset,
-        "overrides": config.overrides,
-        "kept": kept_fractions(sessions, rounds),
-        "where_after_last_round": where_counts(sessions, rounds - 1),
-        "incomplete_sessions": sum(1 for s in sessions if s.complete_rounds < rounds),
-        "turns_mean": round(sum(s.turns for s in sessions) / len(sessions), 1),
-        "failed_turns": sum(s.failed_turns for s in sessions),
-        "refused_pins": sum(s.refused_pins for s in sessions),
-        "folds_mean": round(sum(s.folds for s in sessions) / len(sessions), 1),
-        "seconds": round(sum(s.seconds for s in sessions), 1),
-        "sessions": [session_record(s) for s in sessions],
-    }
-
-
-def session_record(session: Session) -> dict[str, Any]:
-    return {
-        "seed": session.seed,
-        "turns": session.turns,
-        "round_turns": session.round_turns,
-        "complete_rounds": session.complete_rounds,
-        "failed_turns": session.failed_turns,
-        "refused_pins": session.refused_pins,
-        "folds": session.folds,
-        "final_summary_tokens": session.final_summary_tokens,
-        "canaries": [
-            {**asdict(canary), "kept": [kept[i] for kept in session.kept]}
-            for i, canary in enumerate(session.canaries)
-        ],
-    }
-
-
-def percent(value: float | None) -> str:
-    return "n/a" if value is None else f"{100 * value:.0f} %"
-
-
-def last_known(row: Sequence[float | None]) -> float | None:
-    return row[-1] if row else None
-
-
-def markdown_table(results: Sequence[dict[str, Any]]) -> str:
-    header = ["configuration", *CANARY_TYPES]
-    lines = [
-        "| " + " | ".join(header) + " |",
-        "|" + "|".join(["---"] + ["---:"] * len(CANARY_TYPES)) + "|",
-    ]
-    for result in results:
-        cells = [
-            f"{percent(result['kept'][kind][0])} → {percent(last_known(result['kept'][kind]))}"
-            for kind in CANARY_TYPES
-        ]
-        lines.append("| " + " | ".join([f"`{result['config']}`", *cells]) + " |")
-    return "\n".join(lines)
-
-
-def check_goals(results: Sequence[dict[str, Any]], rounds: int) -> list[dict[str, Any]]:
-    """Every type at least GOAL_KEPT after the last round, at each goal configuration run."""
-    goals = []
-    for result in results:
-        if result["config"].endswith(PINNED_SUFFIX):
-            goals.append(pinned_goal(result))
-        if result["config"] not in GOAL_CONFIGS:
-            continue
-        final = {kind: last_known(result["kept"][kind]) for kind in CANARY_TYPES}
-        worst = min((v for v in final.values() if v is not None), default=0.0)
-        met = (
-            all(v is not None and v >= GOAL_KEPT for v in final.values())
-            and result["incomplete_sessions"] == 0
-        )
-        goals.append(
-            {
-                "config": result["config"],
-                "goal": f"every type ≥ {GOAL_KEPT:.0%} after {rounds} rounds",
-                "worst": worst,
-                "met": met,
-            }
-        )
-    return goals
-
-
-def pinned_goal(result: dict[str, Any]) -> dict[str, Any]:
-    """Every pinned canary in the context after every round, every pin taken."""
-    every_round = [v for kind in CANARY_TYPES for v in result["kept"][kind]]
-    worst = min((v for v in every_round if v is not None), default=0.0)
-    met = (
-        all(v == 1.0 for v in every_round)
-        and result["incomplete_sessions"] == 0
-        and result["refused_pins"] == 0
-    )
-    return {
-        "config": result["config"],
-        "goal": "every pinned canary kept after every round",
-        "worst": worst,
-        "met": met,
-    }
-
-
-def goal_lines(goals: Sequence[dict[str, Any]]) -> list[str]:
-    if not goals:
-        return ["(no goal configuration selected)"]
-    return [
-        f"{'✓' if goal['met'] else '✗'} `{goal['config']}`: {goal['goal']} "
-        f"(lowest {percent(goal['worst'])})"
-        for goal in goals
-    ]
 
 
 # --- setup ---------------------------------------------------------------------------------
@@ -472,6 +350,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--summarizer", choices=SUMMARIZERS, default="offline")
     parser.add_argument(
+        "--sessions",
+        choices=list(SESSION_KINDS),
+        default="standard",
+        help="standard: canaries that fit the cap; crowded: more than fits (see docs)",
+    )
+    parser.add_argument(
         "--model-forgets", type=float, default=0.0, help="scripted-model only: P in [0, 1)"
     )
     parser.add_argument(
@@ -500,6 +384,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     configs = select_configs(args.presets)
+    kind = SESSION_KINDS[args.sessions]
     arguments = sys.argv[1:] if argv is None else list(argv)
     command = shlex.join(["python", "-m", "bench.retention", *arguments])
     date = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
@@ -520,7 +405,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         vendor = configure(f"sqlite:///{tmpdir}/bench.sqlite3", summarizer_url)
         client = api_client()
         for config in configs:
-            sessions = [run_session(client, config, s, args.rounds) for s in range(args.seeds)]
+            sessions = [
+                run_session(client, config, s, args.rounds, kind) for s in range(args.seeds)
+            ]
             result = config_result(config, sessions, args.rounds)
             results.append(result)
             print(f"  {config.name}: {result['seconds']:.1f} s", file=sys.stderr, flush=True)
@@ -528,6 +415,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         repair_calls = sum(1 for record in server.requests if is_repair_request(record))
         folds = fold_counts()
     wall = time.monotonic() - started
+    per_type = CANARIES_PER_TYPE if args.sessions == "standard" else CROWDED_PER_TYPE
     summarizer = args.summarizer + "".join(
         f" ({habit})"
         for habit, on in (
@@ -537,7 +425,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         if on
     )
-    goals = check_goals(results, args.rounds)
+    goals = check_goals(results, args.rounds, GOAL_CONFIGS, kind.thresholds)
     print(
         "\n".join(
             [
@@ -554,8 +442,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"folds: {folds['succeeded']} committed, failed by kind: "
                 f"{folds['failed_by_kind'] or 'none'}",
                 code_line(code),
-                f"seeds: {args.seeds}, rounds: {args.rounds}, canaries per type per session: "
-                f"{CANARIES_PER_TYPE}; wall time: {wall:.1f} s",
+                f"sessions: {args.sessions}, seeds: {args.seeds}, rounds: {args.rounds}, "
+                f"canaries per type per session: {per_type}; wall time: {wall:.1f} s",
                 "",
                 f"kept after round 1 → after round {args.rounds}:",
                 "",
@@ -583,7 +471,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "code": code,
         "seeds": args.seeds,
         "rounds": args.rounds,
-        "canaries_per_type": CANARIES_PER_TYPE,
+        "sessions": args.sessions,
+        "canaries_per_type": per_type,
         "wall_seconds": round(wall, 1),
         "results": results,
         "goals": goals,

@@ -91,14 +91,15 @@ TEMPLATES: dict[str, tuple[Template, ...]] = {
 @dataclass(frozen=True)
 class Canary:
     kind: str
-    value: str
+    value: str  # an unguessable value, or a standing item's key phrase
     sentence: str
+    also: tuple[str, ...] = ()  # the item's other key phrases: kept only with all of them
 
 
 def value_pattern(value: str) -> re.Pattern[str]:
     """The value as a whole token: not inside a longer code or number (a sentence's full stop
-    or comma after it is fine)."""
-    return re.compile(rf"(?<![\w,.-]){re.escape(value)}(?![\w-]|[,.]\d)")
+    or comma after it is fine). Case aside: a summary may capitalise a phrase it starts with."""
+    return re.compile(rf"(?<![\w,.-]){re.escape(value)}(?![\w-]|[,.]\d)", re.IGNORECASE)
 
 
 def make_canaries(rng: random.Random, per_type: int = CANARIES_PER_TYPE) -> list[Canary]:
@@ -121,8 +122,9 @@ def make_canaries(rng: random.Random, per_type: int = CANARIES_PER_TYPE) -> list
 
 
 def survives(canary: Canary, texts: Iterable[str]) -> bool:
-    pattern = value_pattern(canary.value)
-    return any(pattern.search(text) for text in texts)
+    """Its value, or every one of its key phrases, in one of ``texts``."""
+    patterns = [value_pattern(key) for key in (canary.value, *canary.also)]
+    return any(all(pattern.search(text) for pattern in patterns) for text in texts)
 
 
 # --- chit-chat -----------------------------------------------------------------------------

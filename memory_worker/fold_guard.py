@@ -17,13 +17,18 @@ from typing import Protocol
 from memory_worker.retention_rules import (
     CHANGE_MARKERS,
     EXACT_VALUE,
+    FACT,
     FILE_NAME,
-    KEEP_RULES,
+    RULE,
     VALUE,
     WITHHELD_MARKER,
     content_words,
+    is_fact,
+    is_rule,
     is_rule_or_value,
+    is_standing,
     rank,
+    statements,
     summary_lines,
     yields_to,
 )
@@ -57,6 +62,12 @@ ROOM_MARGIN = 2  # tokens
 # A summarizer cannot count its own tokens to the last: one that stopped within this share of
 # its cap was cutting for the cap.
 CAP_SLACK = 0.1
+# A message's statement is kept by a line that states this share of its subject words.
+STATEMENT_WORDS_KEPT = 0.75
+# Where a standing item a summary dropped goes back: the summary's section of that name, in
+# whatever markup (summary_splice.with_line), or a new one in the headings' order.
+RULES_HEADING = "Facts / Constraints"
+GOALS_HEADING = "Goals / Preferences"
 # A message restating a line's subject shares most of its words: "my locker number" is not
 # "my flat number".
 SAME_SUBJECT = 0.5
@@ -67,6 +78,9 @@ class Said(Protocol):
 
     @property
     def seq(self) -> int: ...
+
+    @property
+    def role(self) -> str: ...
 
     @property
     def content(self) -> str: ...
@@ -112,7 +126,51 @@ def losses(
             and not superseded(text, folded, written=written)
         ):
             found.append(replace(loss, heading=line.heading))
+    return [*found, *new_standing_losses(folded, kept, seen)]
+
+
+def new_standing_losses(folded: Sequence[Said], kept: "SummaryText", seen: set[str]) -> list[Loss]:
+    """The standing items the user said in ``folded`` (retention_rules.is_standing: rules,
+    preferences, where the work stands) and the facts stated with their value, that the new
+    summary dropped though it had room (a fact's room: what only carries a value in passing),
+    and no later message of the user's took back (a reply restating it is no revision): a
+    summarizer must not decide that a rule said once is not worth a line. Each under the
+    heading the offline summarizer would give it."""
+    ordered = sorted(folded, key=seq_of)
+    found = []
+    for index, message in enumerate(ordered):
+        if message.role != "user":
+            continue
+        for statement in statements(message.content):
+            worth = RULE if is_standing(statement) else FACT if is_fact(statement) else None
+            if statement in seen or worth is None:
+                continue
+            seen.add(statement)
+            loss = statement_loss(statement, kept)
+            if (
+                loss is not None
+                and kept.has_room_for(statement, worth)
+                and not superseded(statement, [m for m in ordered[index + 1 :] if m.role == "user"])
+            ):
+                heading = GOALS_HEADING if worth == RULE and not is_rule(statement) else None
+                found.append(replace(loss, heading=heading or RULES_HEADING))
     return found
+
+
+def statement_loss(statement: str, kept: "SummaryText") -> Loss | None:
+    """A message's statement is kept when the summary has its values, or, when it has none, one
+    line states most of its words: its words spread over unrelated lines ("deploy" in one,
+    "Monday" in another) are no statement, and half of a rule is not the rule."""
+    values = details_of(statement)
+    if values:
+        missing = tuple(dict.fromkeys(value for value in values if not kept.has(value)))
+        return Loss(statement, missing) if missing else None
+    words = subject_words(statement)
+    if not words or any(
+        len(words & line) >= len(words) * STATEMENT_WORDS_KEPT for line in kept.line_words
+    ):
+        return None
+    return Loss(statement, ())
 
 
 def user_lines_kept(user_lines: Iterable[str], new_summary: str) -> list[str]:
@@ -171,6 +229,7 @@ class SummaryText:
     ) -> None:
         self.key = detail_key(" ".join(summary.split()))
         self.words = content_words(summary)
+        self.line_words = [content_words(line.text) for line in summary_lines(summary)]
         self.free: int | None = None
         self.ranked: list[tuple[int, int]] = []  # (rank, tokens) of each of its lines
         if cap_tokens is not None:
@@ -213,7 +272,7 @@ def line_loss(line: str, kept: SummaryText, *, any_line: bool = False) -> Loss |
     if values:
         missing = tuple(dict.fromkeys(value for value in values if not kept.has(value)))
         return Loss(line, missing) if missing else None
-    if not any_line and not KEEP_RULES.search(line):
+    if not any_line and not is_standing(line):
         return None
     words = subject_words(line)
     if not words or len(words & kept.words) >= len(words) * RULE_WORDS_KEPT:

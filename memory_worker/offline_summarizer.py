@@ -11,10 +11,10 @@ from memory_worker.retention_rules import (
     CHANGE_MARKERS,
     FILE_NAME,
     LINE_MARKUP,
-    bare,
+    SENTENCE_BREAK,
+    belongs_with,
     content_words,
     is_fact,
-    is_rule,
     is_rule_or_value,
     is_standing,
     normalise,
@@ -119,14 +119,6 @@ ACKNOWLEDGEMENT = re.compile(
 STANDING, FACT_VALUE, DETAIL, STATEMENT, CHATTER = 4, 3, 2, 1, 0
 MUST_KEEP = 5  # a line the fold guard's repair names: never dropped for another
 PRIORITY_CATEGORIES = frozenset({DECISIONS, OPEN_ITEMS, GOALS, ARTIFACTS})
-SENTENCE_BREAK = re.compile(r"(?<=[.!?])\s+")
-# A sentence that goes on from the one before: an exception or a second clause of a rule.
-CONTINUATION = re.compile(
-    r"^(?:except|unless|but|however|otherwise|and|also|then|even|this|that|it|they|so)\b",
-    re.IGNORECASE,
-)
-# How far a task has come: it belongs with the sentence that names the task.
-STATUS = re.compile(r"^(?:phase|step|stage|part|milestone)\s+\d+(?:\s+of\s+\d+)?\b", re.IGNORECASE)
 # An assistant's acknowledgement that repeats what it acknowledges ("Noted: never deploy on a
 # Friday."): the user's own message carries the statement.
 ECHO = re.compile(
@@ -300,12 +292,6 @@ def statements_of(text: str, role: str) -> Iterator[str]:
         pending = sentence
     if pending is not None:
         yield pending
-
-
-def belongs_with(previous: str, sentence: str) -> bool:
-    if STATUS.match(bare(sentence)):
-        return True
-    return is_rule(previous) and (is_rule(sentence) or bool(CONTINUATION.match(sentence)))
 
 
 def weight_of(category: str, text: str, role: str) -> int:

@@ -73,6 +73,40 @@ def is_standing(text: str) -> bool:
     return is_rule(text) or bool(PREFERENCE.search(text) or GOAL_STATE.search(text))
 
 
+# A sentence that goes on from the one before: an exception or a second clause of a rule.
+CONTINUATION = re.compile(
+    r"^(?:except|unless|but|however|otherwise|and|also|then|even|this|that|it|they|so)\b",
+    re.IGNORECASE,
+)
+# How far a task has come: it belongs with the sentence that names the task.
+STATUS = re.compile(r"^(?:phase|step|stage|part|milestone)\s+\d+(?:\s+of\s+\d+)?\b", re.IGNORECASE)
+SENTENCE_BREAK = re.compile(r"(?<=[.!?])\s+")
+
+
+def belongs_with(previous: str, sentence: str) -> bool:
+    if STATUS.match(bare(sentence)):
+        return True
+    return is_rule(previous) and (is_rule(sentence) or bool(CONTINUATION.match(sentence)))
+
+
+def statements(text: str) -> Iterator[str]:
+    """A message's statements: its sentences, those that belong together as one."""
+    pending: str | None = None
+    for line in text.splitlines():
+        for part in SENTENCE_BREAK.split(LINE_MARKUP.sub("", line)):
+            sentence = part.strip()
+            if not sentence:
+                continue
+            if pending is not None and belongs_with(pending, sentence):
+                pending = f"{pending} {sentence}"
+                continue
+            if pending is not None:
+                yield pending
+            pending = sentence
+    if pending is not None:
+        yield pending
+
+
 # An exact value: a number of three digits or more, a formatted one (3,417; 12:30; 2032-01-01),
 # a code (VX-81Q2, R5539, v2), a URL, an e-mail address, a code span. Not any digit: small talk
 # ("we were 12 at lunch") must not outrank a rule.

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from bench import retention, scripted_model
+from bench import retention, retention_crowded, retention_results, scripted_model
 from bench import retention_workload as workload
 from memory_worker.summarizers import (
     RETRY_TARGET_FACTOR,
@@ -100,11 +100,11 @@ def test_kept_fractions_count_every_canary_of_a_type() -> None:
         workload.Canary("safety", "BB-22C3", "b"),
         workload.Canary("fact", "12345", "c"),
     ]
-    first = retention.Session("unit", 0, canaries, kept=[["summary", "", "both"]])
-    second = retention.Session(
+    first = retention_results.Session("unit", 0, canaries, kept=[["summary", "", "both"]])
+    second = retention_results.Session(
         "unit", 1, canaries, kept=[["verbatim", "summary", ""], ["", "", ""]]
     )
-    fractions = retention.kept_fractions([first, second], rounds=3)
+    fractions = retention_results.kept_fractions([first, second], rounds=3)
     assert fractions["safety"] == [0.75, 0.0, None]
     assert fractions["fact"] == [0.5, 0.0, None]
     assert fractions["goal"] == [None, None, None]
@@ -146,6 +146,36 @@ def test_pinned_canaries_are_in_the_context_after_every_round(tmp_path: Path) ->
     canaries = result["sessions"][0]["canaries"]
     assert all(canary["kept"] == ["pinned", "pinned"] for canary in canaries)
     assert [goal["met"] for goal in report["goals"]] == [True]
+
+
+def test_a_crowded_session_plants_more_than_fits_and_finds_each_item_by_all_its_phrases(
+    tmp_path: Path,
+) -> None:
+    canaries = retention_crowded.make_crowded_canaries(random.Random("retention-0"))
+    assert len(canaries) == len(workload.CANARY_TYPES) * retention_crowded.PER_TYPE
+    two_part = next(c for c in canaries if c.also) if any(c.also for c in canaries) else None
+    if two_part is not None:  # a rule or a task kept in half is lost
+        assert not workload.survives(two_part, [two_part.value])
+        assert workload.survives(two_part, [two_part.sentence.lower()])
+    report = run_bench(
+        tmp_path,
+        "--sessions",
+        "crowded",
+        "--seeds",
+        "1",
+        "--rounds",
+        "2",
+        "--presets",
+        "sliding-window",
+    )
+    (result,) = report["results"]
+    assert report["sessions"] == "crowded"
+    assert result["failed_turns"] == 0 and result["incomplete_sessions"] == 0
+    (session,) = result["sessions"]
+    # The cap bites: the summary is at its cap with the incidental details the rounds bring.
+    assert session["final_summary_tokens"] >= 400
+    (goal,) = report["goals"]
+    assert "fact ≥ 90%" in goal["goal"] and "safety ≥ 95%" in goal["goal"]
 
 
 def summarize_request(summary: str, messages: list[tuple[str, str]], *follow_up: str) -> Any:

@@ -399,7 +399,7 @@ def test_a_line_a_person_wrote_goes_when_a_message_names_its_value_or_restates_i
 ) -> None:
     old = f"## Facts / Constraints\n- {KITCHEN}"
     lost = fold_guard.losses(old, said(message), summary("Nothing."), user_lines=[KITCHEN])
-    assert lost == []
+    assert KITCHEN not in [loss.line for loss in lost]  # the message's own line is another matter
 
 
 WITHHELD = "message 17 withheld: the summarizer refused it"
@@ -453,3 +453,42 @@ def test_a_rule_is_put_back_over_a_line_that_only_carries_a_value() -> None:
     assert "5007" not in text  # the bottom value went, and the loss report says so
     assert guarded.dropped_details == ["Locker hotel is number 5007."]
     assert count_tokens(text) <= fold_guard.usable_tokens(cap)
+
+
+def test_a_standing_item_the_user_said_and_the_summarizer_left_out_is_spliced_in() -> None:
+    """A summarizer that does not see "Quote all prices in euros." as a rule (no "never", no
+    "must") drops it from its first summary; the guard puts it back with no second call."""
+    messages = [
+        FoldMessage(1, "user", "Quote all prices in euros."),
+        FoldMessage(2, "assistant", "Understood."),
+        FoldMessage(3, "user", "I want answers as bullet points, no tables."),
+        FoldMessage(4, "user", "Build QX-71B4 finished in 412 seconds."),
+    ]
+    draft = summary("Build QX-71B4 finished in 412 seconds.")
+    guarded = summarize_guarded(Scripted(draft), "", messages, 200)
+    assert guarded.result.calls == 1 and guarded.repaired
+    assert "- Quote all prices in euros." in guarded.result.text
+    assert "- I want answers as bullet points, no tables." in guarded.result.text
+    assert "QX-71B4" in guarded.result.text  # there was room for all three
+
+
+def test_half_of_a_two_sentence_rule_is_no_rule_kept() -> None:
+    rule = "Deploys need two approvals. Never deploy on a Friday."
+    half = summary("Never deploy on a Friday.")
+    [loss] = fold_guard.losses("", said(rule), half)
+    assert loss.line == rule
+    assert fold_guard.losses("", said(rule), summary(rule)) == []
+
+
+def test_a_later_message_of_the_user_takes_a_standing_item_back_and_a_reply_does_not() -> None:
+    rule = "Quote all prices in euros."
+    took_back = said(rule, "Actually, forget the euros rule, prices in dollars are fine.")
+    assert fold_guard.losses("", took_back, summary("Prices in dollars are fine.")) == []
+    echoed = [
+        FoldMessage(1, "user", rule),
+        FoldMessage(
+            2, "assistant", "Understood: all prices in euros, 3 decimals, from 2031-01-01."
+        ),
+    ]
+    [loss] = fold_guard.losses("", echoed, summary("Nothing yet."))
+    assert loss.line == rule

@@ -19,6 +19,10 @@ import pytest
 
 from memory_worker.chat_summarizer import ChatCompletionsSummarizer
 from memory_worker.offline_summarizer import (
+    DETAIL,
+    FACT_VALUE,
+    STANDING,
+    STATEMENT,
     OfflineSummarizer,
     bullets_from_summary,
     oldest_first,
@@ -517,9 +521,11 @@ def test_offline_cap_keeps_rules_and_exact_values_before_chatter_fold_after_fold
 def test_offline_small_talk_numbers_do_not_outrank_a_rule_and_sections_age_together() -> None:
     """A digit alone is no exact value ("12 people"); a summary's bullets come back oldest
     first across its sections, so a constraint is not older than a goal for its heading."""
-    assert weight_of(FACTS, "We had 12 people at lunch today.", "user") == 1
-    for valued in ("Budget 3,417 euros.", "Code VX-81Q2.", "Locker 4821.", "Due 2032-01-01."):
-        assert weight_of(FACTS, valued, "user") == 3, valued
+    assert weight_of(FACTS, "We had 12 people at lunch today.", "user") == STATEMENT
+    assert weight_of(FACTS, "Budget 3,417 euros.", "user") == STANDING  # a limit
+    assert weight_of(FACTS, "My locker number is 4821.", "user") == FACT_VALUE
+    for valued in ("Code VX-81Q2.", "Locker 4821.", "Due 2032-01-01."):
+        assert weight_of(FACTS, valued, "user") == DETAIL, valued
     summary = "## Facts / Constraints\n- f1\n- f2\n## Goals / Preferences\n- g1\n- g2"
     bullets = oldest_first(list(bullets_from_summary(summary)))
     assert [bullet.text for bullet in bullets] == ["f1", "g1", "f2", "g2"]
@@ -829,19 +835,18 @@ def test_a_failed_response_is_classified_by_its_error_code(server: ScriptedServe
     assert (caught.value.kind, caught.value.transient) == ("server_error", True)
 
 
-def test_offline_summary_leaves_out_the_offline_models_echoes() -> None:
-    from memory_worker.offline_summarizer import OfflineSummarizer
-    from memory_worker.summarizers import FoldMessage
-
+def test_offline_summary_leaves_out_the_offline_models_echoes_and_acknowledgements() -> None:
     messages = [
         FoldMessage(1, "user", "We fly to Lisbon on May 3rd."),
         FoldMessage(2, "assistant", "[offline model] You said: We fly to Lisbon on May 3rd."),
         FoldMessage(3, "assistant", "Noted: your flight to Lisbon is on May 3rd."),
+        FoldMessage(4, "assistant", "The airport shuttle leaves from gate 7 every half hour."),
     ]
     summary = OfflineSummarizer().summarize("", messages).text
     assert "We fly to Lisbon on May 3rd." in summary
-    assert "Noted: your flight" in summary  # a real assistant message is kept
+    assert "The airport shuttle leaves" in summary  # a real assistant message is kept
     assert "[offline model]" not in summary
+    assert "Noted" not in summary  # an acknowledgement's echo: the user's line says it
 
 
 @pytest.mark.parametrize(
@@ -936,3 +941,80 @@ def test_responses_repair_sends_the_exact_input_then_the_draft_and_what_it_lost(
     assert fold_input == {"role": "user", "content": format_fold_input(RULES_SUMMARY, TWO_TURNS)}
     assert draft == {"role": "assistant", "content": "draft"}
     assert KEEP[0] in ask["content"] and request.body["prompt"]["id"] == PROMPT_ID
+
+
+# What the cap keeps first: standing items, facts with their values, then details in passing.
+
+IMPERATIVES = [
+    "Report all distances in kilometres.",
+    "If a user seems distressed, pause and offer help.",
+    "Only PostgreSQL 15.",
+    "No tracking cookies on the public site.",
+]
+
+
+def details_in_passing(start: int, count: int) -> list[FoldMessage]:
+    """Newer user messages that each carry values in passing and state nothing that stands."""
+    return [
+        FoldMessage(
+            start + i, "user", f"The nightly import {i} took {4100 + i} seconds on host h-{i}7."
+        )
+        for i in range(count)
+    ]
+
+
+def test_offline_keeps_imperatives_without_rule_words_as_rules_when_the_cap_bites() -> None:
+    summarizer = OfflineSummarizer(cap_tokens=120)
+    summary = summarizer.summarize("", [FoldMessage(1, "user", " ".join(IMPERATIVES))]).text
+    for round_number in range(3):
+        summary = summarizer.summarize(summary, details_in_passing(10 * round_number + 2, 8)).text
+        assert count_tokens(summary) <= 120
+    for rule in IMPERATIVES:
+        assert rule in summary, (rule, summary)
+    assert "The nightly import" in summary  # the room left went to the newest details
+
+
+def test_offline_keeps_a_rule_of_two_sentences_as_one_item() -> None:
+    rule = "Deploys need two approvals. Never deploy on a Friday."
+    summarizer = OfflineSummarizer(cap_tokens=100)
+    summary = summarizer.summarize("", [FoldMessage(1, "user", f"Quick one: {rule}")]).text
+    summary = summarizer.summarize(summary, details_in_passing(2, 12)).text
+    assert f"- Quick one: {rule}" in summary.splitlines()
+
+
+def test_offline_keeps_a_task_and_its_status_together() -> None:
+    text = "Our task is the billing migration. Phase 2 of 4 is done."
+    summary = OfflineSummarizer().summarize("", [FoldMessage(1, "user", text)]).text
+    assert f"- {text}" in summary.splitlines()
+
+
+def test_offline_a_preference_without_a_value_outlives_a_detail_with_one() -> None:
+    summarizer = OfflineSummarizer(cap_tokens=80)
+    summary = summarizer.summarize(
+        "", [FoldMessage(1, "user", "I want answers as bullet points, no tables.")]
+    ).text
+    summary = summarizer.summarize(summary, details_in_passing(2, 6)).text
+    assert "I want answers as bullet points, no tables." in summary
+    assert "took 4100 seconds" not in summary  # the oldest detail went first
+
+
+def test_offline_an_answered_question_leaves_open_items() -> None:
+    messages = [
+        FoldMessage(1, "user", "Which port does the staging proxy listen on?"),
+        FoldMessage(2, "assistant", "It listens on 8443."),
+        FoldMessage(3, "user", "Can you also check the TLS certificate tomorrow?"),
+    ]
+    summary = OfflineSummarizer().summarize("", messages).text
+    assert "Which port" not in summary  # answered in the same fold
+    assert sections(summary)["## Open Items"] == [
+        "Can you also check the TLS certificate tomorrow?"
+    ]
+
+
+def test_offline_stores_one_statement_once_in_whatever_words() -> None:
+    messages = [
+        FoldMessage(1, "user", "Never deploy the billing service on Fridays."),
+        FoldMessage(3, "user", "On Fridays, never deploy the billing service!"),
+    ]
+    summary = OfflineSummarizer().summarize("", messages).text
+    assert summary.count("billing service") == 1
