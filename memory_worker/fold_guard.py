@@ -91,6 +91,9 @@ class Loss:
     line: str  # the old summary's line
     missing: tuple[str, ...]  # its exact values not in the new summary; () for a rule's words
     heading: str | None = None  # the heading it stood under in the old summary
+    # A statement of a folded message, not a line of the old summary: no repair call is made
+    # for it (the draft's room went to its equals, and a model asked again would choose alike).
+    said: bool = False
 
     def describe(self) -> str:
         if not self.missing:
@@ -153,7 +156,7 @@ def new_standing_losses(folded: Sequence[Said], kept: "SummaryText", seen: set[s
                 and not superseded(statement, [m for m in ordered[index + 1 :] if m.role == "user"])
             ):
                 heading = GOALS_HEADING if worth == RULE and not is_rule(statement) else None
-                found.append(replace(loss, heading=heading or RULES_HEADING))
+                found.append(replace(loss, heading=heading or RULES_HEADING, said=True))
     return found
 
 

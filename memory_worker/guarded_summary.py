@@ -81,13 +81,16 @@ def guard(
     spliced = splice_in(draft.text, lost, context)
     best = replace(draft, text=spliced.text)
     repair_calls = 0
-    if must_ask(spliced, context) and isinstance(summarizer, RepairingSummarizer):
+    if must_ask(spliced, lost, context) and isinstance(summarizer, RepairingSummarizer):
         # A rule or a person's line does not fit even with everything weaker gone: the cap is
         # full of their equals, and the model may say the same in fewer tokens. Its answer is
         # guarded like the draft.
         log.info("fold guard asks for a repair", extra={**fields, "outcome": "repair"})
         fixed = summarizer.repair(
-            context.current_summary, context.messages, draft.text, [loss.line for loss in lost]
+            context.current_summary,
+            context.messages,
+            draft.text,
+            [loss.line for loss in lost if not loss.said],
         )
         repair_calls = fixed.calls
         respliced = splice_in(fixed.text, losses_of(fixed.text, context), context)
@@ -175,11 +178,15 @@ def splice_in(text: str, lost: Sequence[fold_guard.Loss], context: GuardContext)
     return done
 
 
-def must_ask(spliced: Splice, context: GuardContext) -> bool:
-    """Whether the cap left out a rule, a line a person wrote or a withheld marker: a choice
-    among equals, which the model may make room for. Values the cap left out are the cap
-    biting, as the draft itself chose (a summarizer keeps the newest under its cap)."""
-    return any(rank(line, context.user_lines) <= RULE for line in spliced.left_out)
+def must_ask(spliced: Splice, lost: Sequence[fold_guard.Loss], context: GuardContext) -> bool:
+    """Whether the cap left out a standing line of the old summary, a line a person wrote or a
+    withheld marker: a choice among equals, which the model may make room for. Values the cap
+    left out are the cap biting, as the draft itself chose (a summarizer keeps the newest under
+    its cap); so is a folded message's statement that finds the cap full of its equals."""
+    old_lines = {loss.line for loss in lost if not loss.said}
+    return any(
+        rank(line, context.user_lines) <= RULE for line in spliced.left_out if line in old_lines
+    )
 
 
 def forced_out_lines(spliced: Splice, context: GuardContext) -> tuple[str, ...]:
