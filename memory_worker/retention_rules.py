@@ -18,7 +18,7 @@ KEEP_RULES = re.compile(
 # "Only PostgreSQL 15.", "No tracking cookies on the public site.", "If a user seems
 # distressed, pause and offer help." Read after a lead-in ("Also,", "Please") is taken off.
 IMPERATIVE_VERBS = (
-    "add address answer ask attach back cite call cc check confirm convert copy credit cut "
+    "add address answer ask attach back be cite call cc check confirm convert copy credit cut "
     "double-check encrypt escalate explain express file format give include keep label list "
     "log mark mask mention name notify offer pause point put quote read redact refer remind "
     "reply report respond round run say send show sign spell start state stay stick stop store "
@@ -27,7 +27,7 @@ IMPERATIVE_VERBS = (
 _VERBS = "|".join(IMPERATIVE_VERBS.split())
 IMPERATIVE_RULE = re.compile(
     rf"^(?:always\s+|from now on,?\s+|going forward,?\s+)?(?:{_VERBS})\b"
-    r"|^only\b"
+    r"|^only\b|\bonly[.!]?$|,\s*please[.!]?$"
     r"|^no\s+(?!problem|worries|idea|thanks|way\b|rush|pressure|big deal)\w"
     rf"|^(?:if|when|whenever|unless|before|after)\b[^,]{{2,}},\s*(?:then\s+|please\s+)?"
     rf"(?:always\s+)?(?:{_VERBS}|don't|do not|never)\b",
