@@ -134,8 +134,10 @@ def finished(
 
 def loss_report(context: GuardContext, summary: str, forced_out: Sequence[str]) -> list[str]:
     """Every exact detail of the fold's input the summary let go (fold_guard.dropped_details),
-    then each protected line the cap forced out whose details that list does not already
-    name (a rule in words; a line the draft wrote that the splice evicted for a rule), whole."""
+    then each protected line the cap forced out (a rule in words; a line the draft wrote that
+    the splice evicted for a rule) and each standing item the summary let go for the cap (the
+    summarizer's own choice among standing items, the oldest first), whole, unless that list
+    names its details already. A line a folded message took back went by request: not listed."""
     details = fold_guard.dropped_details(context.current_summary, context.messages, summary)
     named = {fold_guard.detail_key(detail) for detail in details}
 
@@ -143,7 +145,12 @@ def loss_report(context: GuardContext, summary: str, forced_out: Sequence[str]) 
         keys = {fold_guard.detail_key(detail) for detail in fold_guard.details_of(line)}
         return bool(keys) and keys <= named
 
-    return [*details, *(line for line in forced_out if not said_already(line))]
+    kept = "\n".join([summary, *context.pinned])
+    gone = fold_guard.losses(
+        context.current_summary, context.messages, kept, None, context.user_lines
+    )
+    lines = dict.fromkeys([*forced_out, *(loss.line for loss in gone if not loss.missing)])
+    return [*details, *(line for line in lines if not said_already(line))]
 
 
 def losses_of(text: str, context: GuardContext) -> list[fold_guard.Loss]:

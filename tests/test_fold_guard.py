@@ -492,3 +492,21 @@ def test_a_later_message_of_the_user_takes_a_standing_item_back_and_a_reply_does
     ]
     [loss] = fold_guard.losses("", echoed, summary("Nothing yet."))
     assert loss.line == rule
+
+
+def test_a_standing_item_the_cap_let_go_is_in_the_loss_report_in_words() -> None:
+    """The offline summarizer at a cap too small for every rule drops the oldest; the loss
+    report names it whole (it has no value to list), so what went is on the ledger."""
+    rules = [
+        "Quote all prices in euros.",
+        "Report all distances in kilometres.",
+        "Only PostgreSQL for the ledger.",
+        "No tracking cookies on the public site.",
+        "Escalate any data breach to the security team at once.",
+    ]
+    messages = [FoldMessage(n, "user", rule) for n, rule in enumerate(rules, start=1)]
+    guarded = summarize_guarded(OfflineSummarizer(cap_tokens=70), "", messages, 70)
+    assert count_tokens(guarded.result.text) <= 70
+    gone = [rule for rule in rules if rule not in guarded.result.text]
+    assert gone and gone[0] == rules[0]  # the oldest went first
+    assert gone == [line for line in guarded.dropped_details if line in rules]
