@@ -29,6 +29,15 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(payload, default=str)
 
 
+class NoErrorStatus(logging.Filter):
+    """Drops a server access line for a 4xx or 5xx: django.request logs that response already,
+    so a refused request is one line, not two."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        status = getattr(record, "status_code", None)
+        return not isinstance(status, int) or status < 400
+
+
 def logging_config(level: str) -> dict[str, Any]:
     """Django's LOGGING: JSON lines on the console at ``level``; chatmem's INFO events also go
     to the metrics handler, which turns them into Prometheus metrics."""
@@ -36,6 +45,7 @@ def logging_config(level: str) -> dict[str, Any]:
         "version": 1,
         "disable_existing_loggers": False,
         "formatters": {"json": {"()": "chatmem_project.logs.JsonFormatter"}},
+        "filters": {"no_error_status": {"()": "chatmem_project.logs.NoErrorStatus"}},
         "handlers": {
             "console": {"class": "logging.StreamHandler", "formatter": "json", "level": level},
             # Fold, sync-fold, lock and enqueue events become Prometheus metrics.
@@ -45,6 +55,15 @@ def logging_config(level: str) -> dict[str, Any]:
         "loggers": {
             # INFO always reaches the metrics handler; the console handler applies ``level``.
             "chatmem": {"level": "INFO", "handlers": ["metrics"]},
+            # Django's own console handlers wrote each refused request again in plain text (and
+            # runserver's access line a third time): everything goes through the JSON console.
+            "django": {"level": "INFO", "handlers": [], "propagate": True},
+            "django.server": {
+                "level": "INFO",
+                "handlers": [],
+                "propagate": True,
+                "filters": ["no_error_status"],
+            },
             "django.db.backends": {"level": "WARNING"},
             "httpx": {"level": "WARNING"},
             "httpx2": {"level": "WARNING"},

@@ -4,8 +4,15 @@ docs/operations.md's check ids, settings and their defaults; .env.example's expl
 from __future__ import annotations
 
 import ast
+import contextlib
 import math
+import os
 import re
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -14,6 +21,8 @@ from chatmem_project.boot import MIN_SECRET_KEY_LENGTH
 from conversations.api.pagination import StandardPagination
 from conversations.checks import NON_NEGATIVE_WEB_SETTINGS, POSITIVE_WEB_SETTINGS
 from conversations.management.commands.chat import Command
+from tests.private_redis import free_port
+from tests.workers import wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()
@@ -46,6 +55,89 @@ def test_langgraph_extra_is_installed_from_the_checkout() -> None:
     for text in (README, POLICIES):
         assert "chatmem[langgraph]" not in text
         assert "pip install -e '.[langgraph]'" in text
+
+
+# --- README: the walkthrough, pasted into a shell ---------------------------------------------
+
+
+def bash_block_after(heading: str) -> str:
+    start = README.index("```bash\n", README.index(heading)) + len("```bash\n")
+    return README[start : README.index("```", start)]
+
+
+@contextlib.contextmanager
+def demo_server(tmp_path: Path) -> Iterator[tuple[str, str, Path]]:
+    """``scripts/serve.sh``'s server (manage.py serve_demo) on its own SQLite file and port: its
+    URL, the API token it prints, and its log."""
+    port = free_port()
+    log = tmp_path / "serve.log"
+    env = {
+        **os.environ,
+        "DATABASE_URL": f"sqlite:///{tmp_path / 'demo.sqlite3'}",
+        "DEBUG": "true",
+        "REDIS_URL": "",
+        "MEMORY_DISPATCH": "",
+    }
+    command = [sys.executable, "manage.py", "serve_demo", "--addrport", f"127.0.0.1:{port}"]
+    with log.open("w") as out:
+        server = subprocess.Popen(command, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        token = re.compile(r"API token for user 'demo': (\w+)")
+        assert wait_until(lambda: bool(token.search(log.read_text())), timeout=60), log.read_text()
+        base = f"http://127.0.0.1:{port}"
+        assert wait_until(lambda: served(base), timeout=30), log.read_text()
+        match = token.search(log.read_text())
+        assert match is not None
+        yield base, match.group(1), log
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+
+
+def served(base: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{base}/healthz", timeout=2) as response:
+            return bool(response.status == 200)
+    except OSError:
+        return False
+
+
+def test_the_readme_walkthrough_pasted_into_a_shell_shows_a_fold_and_its_summary(
+    tmp_path: Path,
+) -> None:
+    """The curl walkthrough's set-up lines and "See a fold happen", as written, against the
+    quickstart's server: a committed fold, the summary it wrote, the context with it, an edit."""
+    setup = bash_block_after("## A conversation with curl").splitlines()[:3]
+    with demo_server(tmp_path) as (base, token, log):
+        script = "\n".join(
+            [
+                setup[0].replace("TOKEN=...", f"TOKEN={token}", 1).split("#")[0],
+                setup[1].replace("http://127.0.0.1:8000", base),
+                setup[2],
+                bash_block_after("### See a fold happen"),
+            ]
+        )
+        shell = subprocess.run(
+            ["bash", "-euo", "pipefail", "-c", script],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
+        before = log.read_text().count("\n")
+        with contextlib.suppress(urllib.error.HTTPError):
+            urllib.request.urlopen(f"{base}/api/v1/chats/999/brief/", timeout=5)
+        assert wait_until(lambda: log.read_text().count("\n") > before, timeout=10)
+        refused = [line for line in log.read_text().splitlines()[before:] if "999" in line]
+    assert shell.returncode == 0, shell.stderr
+    out = shell.stdout
+    assert "overflow succeeded 1 4" in out
+    assert "- My locker number is 4821." in out and "- Never share the door code 7730." in out
+    assert "folded up to 4 version 1" in out
+    assert "system Summary of the earlier conversation" in out
+    assert "user I prefer short answers." in out  # the verbatim tail after the summary
+    assert out.rstrip().endswith("version 2 True")  # the edit: GET, change, PATCH
+    assert len(refused) == 1, refused  # one log line per refused request
 
 
 # --- README: responses ----------------------------------------------------------------------------
