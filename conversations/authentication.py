@@ -1,4 +1,5 @@
-"""Token authentication as DRF's, with the token and its user read in one plain query.
+"""Token authentication as DRF's, with the token and its user read in one plain query; the same
+tokens under the ``Bearer`` scheme too.
 
 Every API request authenticates, so the lookup is on every turn's path: conversations.rows does
 it for less CPU than the ORM's ``select_related("user").get(key=...)``. Same answers: an unknown
@@ -44,3 +45,10 @@ class TokenAuthentication(authentication.TokenAuthentication):
             raise exceptions.AuthenticationFailed(_("User inactive or deleted."))
         token.user = user
         return (user, token)
+
+
+class BearerTokenAuthentication(TokenAuthentication):
+    """The same tokens sent the way the OpenAI SDKs send an API key (``Authorization: Bearer``):
+    what /v1 takes, and what the REST API takes beside ``Token``, so one header works on both."""
+
+    keyword = "Bearer"

@@ -3,6 +3,7 @@
 import json
 
 import pytest
+from rest_framework.authtoken.models import Token
 
 from conversations.models import Brief, Chat, Consolidation, Message
 
@@ -48,6 +49,17 @@ def test_wrong_token_is_401(db, client) -> None:  # type: ignore[no-untyped-def]
     response = client.get("/api/v1/chats/", HTTP_AUTHORIZATION="Token nope")
     assert response.status_code == 401
     assert "Invalid token" in response.json()["detail"]
+
+
+def test_the_rest_api_takes_its_token_as_bearer_too_as_v1_does(db, client, user) -> None:  # type: ignore[no-untyped-def]
+    """An OpenAI-SDK user's header works on the REST API: one token, one header, both APIs."""
+    key = Token.objects.create(user=user).key
+    for scheme in ("Token", "Bearer", "bearer"):
+        response = client.get("/api/v1/chats/", HTTP_AUTHORIZATION=f"{scheme} {key}")
+        assert response.status_code == 200, (scheme, response.content)
+    wrong = client.get("/api/v1/chats/", HTTP_AUTHORIZATION="Bearer nope")
+    assert wrong.status_code == 401 and "Invalid token" in wrong.json()["detail"]
+    assert client.get("/v1/models", HTTP_AUTHORIZATION=f"Bearer {key}").status_code == 200
 
 
 def test_inactive_users_token_is_401(api, user) -> None:  # type: ignore[no-untyped-def]

@@ -47,7 +47,7 @@ from conversations.api.openai_request import (
     variant_for,
 )
 from conversations.api.streaming import KEEP_ALIVE
-from conversations.authentication import TokenAuthentication
+from conversations.authentication import BearerTokenAuthentication
 from conversations.llm import CACHED_TOKENS
 from conversations.services import chats as chat_service
 from conversations.services import exchanges
@@ -56,12 +56,6 @@ from conversations.services.turn_model import release_db_connection
 from conversations.throttling import TurnRateThrottle
 from conversations.variants import ModelVariant, model_variants
 from memory_worker.presets import PolicyError
-
-
-class BearerTokenAuthentication(TokenAuthentication):
-    """chatmem API tokens, sent the way the OpenAI SDKs send an API key."""
-
-    keyword = "Bearer"
 
 
 def error_type(status_code: int) -> str:

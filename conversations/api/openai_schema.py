@@ -33,9 +33,9 @@ OPENAI_UNAUTHENTICATED = openai_error("No valid token: `Authorization: Bearer <c
 
 
 class BearerTokenScheme(OpenApiAuthenticationExtension):
-    """The /v1/ views take chatmem tokens the way the OpenAI SDKs send an API key."""
+    """chatmem tokens the way the OpenAI SDKs send an API key: /v1/, and REST beside Token."""
 
-    target_class = "conversations.api.openai_compat.BearerTokenAuthentication"
+    target_class = "conversations.authentication.BearerTokenAuthentication"
     name = "bearerAuth"
     priority = 1  # before spectacular's own scheme for DRF's TokenAuthentication subclasses
 
