@@ -18,6 +18,7 @@ import psycopg
 from django.db import OperationalError, connection, connections
 from django.utils import timezone
 
+from conversations.api import views
 from conversations.models import Brief, Chat, Consolidation, Message
 from conversations.offline_chat_model import OfflineChatModel
 from memory_worker import folds, retries
@@ -400,6 +401,25 @@ def test_manual_folds_racing_deletions_are_answered_or_404(
     assert sorted(set(deletions)) == [204] and len(deletions) == RACES
     assert not Chat.objects.filter(owner=user).exists()
     assert not Consolidation.objects.filter(chat_id__in=[chat.pk for chat in chats]).exists()
+
+
+def test_a_chat_deleted_after_its_manual_fold_found_nothing_is_a_404(
+    user: Any, monkeypatch: Any, settings: Any
+) -> None:
+    """The order the race above meets once in a few hundred, forced: the request finds nothing
+    to fold, then the chat is deleted before the answer explains why (its brief gone with it)."""
+    settings.MEMORY_MANUAL_FOLD_RATE_LIMIT = ""
+    [chat] = chats_with_nothing_to_fold(user, 1)
+    found_nothing = views.request_manual_fold
+
+    def then_deleted(chat_id: int) -> Any:
+        answer = found_nothing(chat_id)
+        Chat.objects.filter(pk=chat_id).delete()
+        return answer
+
+    monkeypatch.setattr(views, "request_manual_fold", then_deleted)
+    response = client_for(user).post(f"/api/v1/chats/{chat.pk}/consolidate/", format="json")
+    assert response.status_code == 404, response.content
 
 
 def test_v1_fold_now_racing_deletions_is_answered_or_404(

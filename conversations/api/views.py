@@ -210,11 +210,13 @@ class ChatViewSet(
         chat = self.get_object()
         try:
             answer = request_manual_fold(chat.pk)
+            # Read after the request: a deletion racing it is a 404 here too.
+            detail = nothing_to_fold_detail(chat) if answer == ManualRequest.NOTHING_TO_FOLD else ""
         except Chat.DoesNotExist as error:
             raise NotFound() from error
         body: dict[str, Any] = {"chat_id": chat.pk, "status": str(answer)}
         if answer == ManualRequest.NOTHING_TO_FOLD:
-            return Response({**body, "queued": False, "detail": nothing_to_fold_detail(chat)})
+            return Response({**body, "queued": False, "detail": detail})
         if answer == ManualRequest.NOT_QUEUED:
             # The error shape every other error has (docs/design.md, the error shape), with the
             # 202's fields beside it.

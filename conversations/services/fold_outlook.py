@@ -70,11 +70,13 @@ def fold_outlook(chat: Chat, now: datetime | None = None) -> FoldOutlook:
 
 def nothing_to_fold_detail(chat: Chat) -> str:
     """Why a manual fold found nothing, and when it will: every unfolded message is in the
-    verbatim tail the chat's policy keeps, which no fold takes."""
+    verbatim tail the chat's policy keeps, which no fold takes. Raises Chat.DoesNotExist when
+    the chat was deleted since (its brief goes with it), as the manual request does."""
     policy = policy_for_chat(chat)
-    unfolded = (
-        chat.last_seq - Brief.objects.only("last_consolidated").get(chat=chat).last_consolidated
-    )
+    watermark = Brief.objects.filter(chat=chat).values_list("last_consolidated", flat=True).first()
+    if watermark is None:
+        raise Chat.DoesNotExist(f"chat {chat.pk} was deleted")
+    unfolded = chat.last_seq - watermark
     kept = f"the newest {policy.tail_messages} messages and " if policy.tail_messages else ""
     turns = max(policy.tail_turns, 1)
     kept += f"{turns} turn{'s' if turns > 1 else ''}"
