@@ -1,6 +1,6 @@
 """bench.peers: the peers' own libraries on chatmem's workload. They are an optional extra
-(``pip install -e '.[peers]'``), not part of the suite's install, so without them this file is
-skipped; with them each peer is run for a few dozen turns."""
+(``pip install -e '.[peers]'``, which CI installs), not part of the README's test install, so
+without them this file is skipped; with them each peer is run for a few dozen turns."""
 
 from __future__ import annotations
 
