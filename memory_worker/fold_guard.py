@@ -12,6 +12,7 @@ of a new summary against the old one and the folded messages. Standard library o
 import re
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, replace
+from functools import lru_cache
 from typing import Protocol
 
 from memory_worker.retention_rules import (
@@ -62,8 +63,10 @@ ROOM_MARGIN = 2  # tokens
 # A summarizer cannot count its own tokens to the last: one that stopped within this share of
 # its cap was cutting for the cap.
 CAP_SLACK = 0.1
-# A message's statement is kept by a line that states this share of its subject words.
-STATEMENT_WORDS_KEPT = 0.75
+# A message's statement is kept when the summary states this share of its subject words: more
+# than an old line's half, since half of a two-sentence rule is not the rule, and less than all,
+# since a summarizer rewords.
+STATEMENT_WORDS_KEPT = 0.6
 # Where a standing item a summary dropped goes back: the summary's section of that name, in
 # whatever markup (summary_splice.with_line), or a new one in the headings' order.
 RULES_HEADING = "Facts / Constraints"
@@ -150,28 +153,26 @@ def new_standing_losses(folded: Sequence[Said], kept: "SummaryText", seen: set[s
                 continue
             seen.add(statement)
             loss = statement_loss(statement, kept)
-            if (
-                loss is not None
-                and kept.has_room_for(statement, worth)
-                and not superseded(statement, [m for m in ordered[index + 1 :] if m.role == "user"])
-            ):
+            if loss is None or not kept.has_room_for(statement, worth):
+                continue
+            # Taken back only by the user, and as a person's line is: by its value or most of
+            # its subject, not one shared word ("Actually, what were the prices again?").
+            later = [m for m in ordered[index + 1 :] if m.role == "user"]
+            if not superseded(statement, later, written=True):
                 heading = GOALS_HEADING if worth == RULE and not is_rule(statement) else None
                 found.append(replace(loss, heading=heading or RULES_HEADING, said=True))
     return found
 
 
 def statement_loss(statement: str, kept: "SummaryText") -> Loss | None:
-    """A message's statement is kept when the summary has its values, or, when it has none, one
-    line states most of its words: its words spread over unrelated lines ("deploy" in one,
-    "Monday" in another) are no statement, and half of a rule is not the rule."""
+    """A message's statement is kept when the summary has its values, or, when it has none,
+    STATEMENT_WORDS_KEPT of its subject words: half of a two-sentence rule is not the rule."""
     values = details_of(statement)
     if values:
         missing = tuple(dict.fromkeys(value for value in values if not kept.has(value)))
         return Loss(statement, missing) if missing else None
     words = subject_words(statement)
-    if not words or any(
-        len(words & line) >= len(words) * STATEMENT_WORDS_KEPT for line in kept.line_words
-    ):
+    if not words or len(words & kept.words) >= len(words) * STATEMENT_WORDS_KEPT:
         return None
     return Loss(statement, ())
 
@@ -232,7 +233,6 @@ class SummaryText:
     ) -> None:
         self.key = detail_key(" ".join(summary.split()))
         self.words = content_words(summary)
-        self.line_words = [content_words(line.text) for line in summary_lines(summary)]
         self.free: int | None = None
         self.ranked: list[tuple[int, int]] = []  # (rank, tokens) of each of its lines
         if cap_tokens is not None:
@@ -297,16 +297,25 @@ def superseded(line: str, folded: Sequence[Said], *, written: bool = False) -> b
     subject = subject_words(line)
     values = {detail_key(value) for value in details_of(line)}
     for message in folded:
-        text = message.content
-        named = {detail_key(value) for value in details_of(text)}
-        shared = subject & subject_words(text)
+        named, words, takes_back = message_facts(message.content)
+        shared = subject & words
         restated = len(shared) > len(subject) * SAME_SUBJECT
         about = (values & named or restated) if written else (shared or values & named)
-        if about and (REVOKES.search(text) or CHANGE_MARKERS.search(text)):
+        if about and takes_back:
             return True
         if restated and named - values:
             return True
     return False
+
+
+@lru_cache(maxsize=4096)
+def message_facts(text: str) -> tuple[frozenset[str], frozenset[str], bool]:
+    """A folded message's details (compared as detail_key), subject words, and whether it takes
+    something back: read once per message, though every line of a fold is checked against
+    every later message, and a guard checks a fold's summary more than once."""
+    named = frozenset(detail_key(value) for value in details_of(text))
+    takes_back = bool(REVOKES.search(text) or CHANGE_MARKERS.search(text))
+    return named, frozenset(subject_words(text)), takes_back
 
 
 def subject_words(text: str) -> set[str]:

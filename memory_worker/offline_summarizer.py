@@ -12,8 +12,8 @@ from memory_worker.retention_rules import (
     FILE_NAME,
     LINE_MARKUP,
     SENTENCE_BREAK,
-    belongs_with,
     content_words,
+    grouped,
     is_fact,
     is_rule_or_value,
     is_standing,
@@ -122,8 +122,7 @@ PRIORITY_CATEGORIES = frozenset({DECISIONS, OPEN_ITEMS, GOALS, ARTIFACTS})
 # An assistant's acknowledgement that repeats what it acknowledges ("Noted: never deploy on a
 # Friday."): the user's own message carries the statement.
 ECHO = re.compile(
-    r"^(?:noted|got it|understood|acknowledged|will do|sure|okay|ok|right|copy that|"
-    r"confirmed|recorded)\s*[:,\u2014\u2013-]\s*\S",
+    r"^(?:noted|got it|understood|acknowledged|copy that|recorded)\s*[:\u2014\u2013-]\s*\S",
     re.IGNORECASE,
 )
 # Words that identify one of our headings in a summary, also when a model varied the wording.
@@ -278,20 +277,14 @@ def bullets_from_text(text: str, role: str, *, answered: bool = False) -> Iterat
 
 
 def statements_of(text: str, role: str) -> Iterator[str]:
-    """The text's sentences, with those that belong together as one item: a rule and the rule
-    or exception after it ("Deploys need two approvals. Never deploy on a Friday."), a
-    statement and the status after it ("Phase 2 of 4 is done."). Under the cap an item goes
-    whole or not at all, never half of a rule."""
-    pending: str | None = None
-    for sentence in sentences_of(text):
-        if pending is not None and role != "assistant" and belongs_with(pending, sentence):
-            pending = f"{pending} {sentence}"
-            continue
-        if pending is not None:
-            yield pending
-        pending = sentence
-    if pending is not None:
-        yield pending
+    """The text's sentences, with those of one line that belong together as one item: a rule
+    and the rule or exception after it ("Deploys need two approvals. Never deploy on a
+    Friday."), a statement and the status after it ("Phase 2 of 4 is done.")
+    (retention_rules.grouped). Under the cap an item goes whole or not at all, never half of a
+    rule. An assistant's sentences stay apart: they are advice or echoes, not the user's rules."""
+    for line in text.splitlines():
+        sentences = list(sentences_of(line))
+        yield from sentences if role == "assistant" else grouped(sentences)
 
 
 def weight_of(category: str, text: str, role: str) -> int:
@@ -342,12 +335,10 @@ def clip(text: str, limit: int = MAX_BULLET_CHARS) -> str:
 
 
 def same_statement_key(text: str) -> str:
-    """Two wordings of one statement share it: the same content words, in any order, with the
-    same values ("Never deploy on Fridays." and "Deploy never on Fridays!")."""
-    words = content_words(text)
-    if len(words) < 3:
-        return normalise(text)
-    return " ".join(sorted(words))
+    """Two wordings of one statement share it: the same words in any order ("Never deploy on
+    Fridays." and "On Fridays, never deploy!"); "room 101" is not "room 102", nor "allowed"
+    "not allowed"."""
+    return " ".join(sorted(set(normalise(text).split())))
 
 
 def deduplicate(bullets: Sequence[Bullet]) -> list[Bullet]:

@@ -3,12 +3,13 @@ exact values the offline summarizer keeps last, the fold guard checks and the lo
 One definition for all three. Standard library only."""
 
 import re
-from collections.abc import Collection, Iterator
+from collections.abc import Collection, Iterable, Iterator
 from dataclasses import dataclass
 
 # A constraint or safety rule.
 KEEP_RULES = re.compile(
-    r"\b(must|mustn't|never|always|don't|do not|cannot|can't|shall not|forbidden|prohibited|"
+    r"\b(must|mustn't|never(?! mind)|always|don't|do not|cannot|can't|shall not|forbidden|"
+    r"prohibited|"
     r"not allowed|required?|requires|limit|budget|deadline|at most|at least|no more than|"
     r"no later than|avoid|confidential|secret|password)\b"
     r"|(?<![Ii] )\bneeds?\b",  # "Deploys need two approvals", not "I need a break"
@@ -16,28 +17,39 @@ KEEP_RULES = re.compile(
 )
 # Imperatives that state a standing rule without the words above: "Quote all prices in euros.",
 # "Only PostgreSQL 15.", "No tracking cookies on the public site.", "If a user seems
-# distressed, pause and offer help." Read after a lead-in ("Also,", "Please") is taken off.
-IMPERATIVE_VERBS = (
-    "add address answer ask attach back be cite call cc check confirm convert copy credit cut "
-    "double-check encrypt escalate explain express file format give include keep label list "
-    "log mark mask mention name notify offer pause point put quote read redact refer remind "
-    "reply report respond round run say send show sign spell start state stay stick stop store "
-    "summarise summarize tag tell translate treat use verify wait warn write"
+# distressed, pause and offer help." Read after a lead-in ("Also,", "Please") is taken off. An
+# imperative that asks for one thing ("Explain recursion.", "Write a function") is a request,
+# not a rule: a task verb stands only with a word that makes it hold from now on.
+STANDING_VERBS = "address avoid call keep mask quote redact round spell stay stick"
+TASK_VERBS = (
+    "add answer ask attach cite cc check confirm convert copy credit encrypt escalate explain "
+    "express file format give include label list log mark mention name notify offer pause "
+    "put read refer remind reply report respond run say send show sign state store summarise "
+    "summarize tag tell translate treat use verify wait warn write"
 )
-_VERBS = "|".join(IMPERATIVE_VERBS.split())
-IMPERATIVE_RULE = re.compile(
-    rf"^(?:always\s+|from now on,?\s+|going forward,?\s+)?(?:{_VERBS})\b"
-    r"|^only\b|\bonly[.!]?$|,\s*please[.!]?$"
-    r"|^no\s+(?!problem|worries|idea|thanks|way\b|rush|pressure|big deal)\w"
-    rf"|^(?:if|when|whenever|unless|before|after)\b[^,]{{2,}},\s*(?:then\s+|please\s+)?"
-    rf"(?:always\s+)?(?:{_VERBS}|don't|do not|never)\b",
+_STANDING = "|".join(STANDING_VERBS.split())
+_ANY_VERB = "|".join([*STANDING_VERBS.split(), *TASK_VERBS.split()])
+# What makes an imperative hold beyond this turn.
+SCOPE = re.compile(
+    r"\b(?:all|every|each|any|always|whenever|throughout|by default|from now on|going forward|"
+    r"in future|at all times)\b",
     re.IGNORECASE,
 )
+IMPERATIVE_RULE = re.compile(
+    rf"^(?:always\s+|from now on,?\s+|going forward,?\s+)?(?:{_STANDING})\b"
+    r"|^only\b(?!\s+\d)|\bonly[.!]?$|,\s*please[.!]?$"
+    r"|^no\s+(?!problem|worries|idea|thanks|way\b|rush|pressure|big deal)\w"
+    rf"|^(?:if|when|whenever|unless|before|after)\b[^,]{{2,}},\s*(?:then\s+|please\s+)?"
+    rf"(?:always\s+)?(?:{_ANY_VERB}|don't|do not|never)\b",
+    re.IGNORECASE,
+)
+TASK_IMPERATIVE = re.compile(rf"^(?:{_ANY_VERB})\b", re.IGNORECASE)
 # A stated preference: how the user wants to be answered or addressed.
 PREFERENCE = re.compile(
-    r"\b(?:i|we)\s+(?:really\s+|much\s+)?(?:prefer|want|would like|'d like|like my|like answers|"
-    r"like replies|like it when|hate it when|dislike)\b|\bfrom now on\b|\bgoing forward\b"
-    r"|\b(?:the user|user|they|she|he)\s+(?:wants|prefers|likes|would like)\b",
+    r"\b(?:i|we)(?:'d like|\s+(?:really\s+|much\s+)?(?:prefer|want|would like|like my|like answers|"
+    r"like replies|like it when|hate it when|dislike))\b|\bfrom now on\b|\bgoing forward\b"
+    r"|\b(?:the user|user|they|she|he)\s+(?:wants|prefers|likes|would like)\b"
+    r"|^(?:prefers|wants|likes|dislikes)\b",  # a summary's note: "Prefers short answers."
     re.IGNORECASE,
 )
 # Where the work stands: the goal, the plan, the step reached.
@@ -60,10 +72,14 @@ def bare(sentence: str) -> str:
 
 
 def is_rule(text: str) -> bool:
-    """A constraint or safety rule: rule words, or an imperative (never a question)."""
+    """A constraint or safety rule: rule words, or an imperative that holds beyond this turn
+    (never a question)."""
     if text.rstrip().endswith("?"):
         return False
-    return bool(KEEP_RULES.search(text) or IMPERATIVE_RULE.search(bare(text)))
+    plain = bare(text)
+    if KEEP_RULES.search(text) or IMPERATIVE_RULE.search(plain):
+        return True
+    return bool(TASK_IMPERATIVE.search(plain) and SCOPE.search(plain))
 
 
 def is_standing(text: str) -> bool:
@@ -83,28 +99,42 @@ STATUS = re.compile(r"^(?:phase|step|stage|part|milestone)\s+\d+(?:\s+of\s+\d+)?
 SENTENCE_BREAK = re.compile(r"(?<=[.!?])\s+")
 
 
-def belongs_with(previous: str, sentence: str) -> bool:
+# One item holds at most this many sentences: a rule and its exception or second clause, a
+# task and its status. A paragraph of rules stays a paragraph of items.
+MAX_STATEMENT_SENTENCES = 3
+
+
+def belongs_with(first: str, sentence: str) -> bool:
+    """Whether ``sentence`` goes on from an item that opened with ``first`` (its first
+    sentence): a status after its task, a rule or an exception after a rule. A question is
+    never part of another statement: it is answered or open on its own."""
+    if sentence.rstrip().endswith("?"):
+        return False
     if STATUS.match(bare(sentence)):
         return True
-    return is_rule(previous) and (is_rule(sentence) or bool(CONTINUATION.match(sentence)))
+    return is_rule(first) and (is_rule(sentence) or bool(CONTINUATION.match(sentence)))
+
+
+def grouped(sentences: Iterable[str]) -> Iterator[str]:
+    """The sentences of one line, those that belong together joined (belongs_with), each item
+    at most MAX_STATEMENT_SENTENCES long."""
+    item: list[str] = []
+    for sentence in sentences:
+        if item and len(item) < MAX_STATEMENT_SENTENCES and belongs_with(item[0], sentence):
+            item.append(sentence)
+            continue
+        if item:
+            yield " ".join(item)
+        item = [sentence]
+    if item:
+        yield " ".join(item)
 
 
 def statements(text: str) -> Iterator[str]:
-    """A message's statements: its sentences, those that belong together as one."""
-    pending: str | None = None
+    """A message's statements: its sentences, those of one line that belong together as one."""
     for line in text.splitlines():
-        for part in SENTENCE_BREAK.split(LINE_MARKUP.sub("", line)):
-            sentence = part.strip()
-            if not sentence:
-                continue
-            if pending is not None and belongs_with(pending, sentence):
-                pending = f"{pending} {sentence}"
-                continue
-            if pending is not None:
-                yield pending
-            pending = sentence
-    if pending is not None:
-        yield pending
+        parts = (part.strip() for part in SENTENCE_BREAK.split(LINE_MARKUP.sub("", line)))
+        yield from grouped(part for part in parts if part)
 
 
 # An exact value: a number of three digits or more, a formatted one (3,417; 12:30; 2032-01-01),
@@ -143,7 +173,12 @@ WITHHELD_MARKER = re.compile(r"\bmessages? \d+(?:-\d+)? withheld\b", re.IGNORECA
 
 
 def is_rule_or_value(text: str) -> bool:
-    return bool(is_standing(text) or EXACT_VALUE.search(text) or WITHHELD_MARKER.search(text))
+    return bool(
+        KEEP_RULES.search(text)
+        or is_standing(text)
+        or EXACT_VALUE.search(text)
+        or WITHHELD_MARKER.search(text)
+    )
 
 
 # A value stated as what something is ("My locker number is 48211", "The staging host is
@@ -170,7 +205,8 @@ def rank(text: str, user_lines: Collection[str] = ()) -> int:
     a line that only carries an exact value in passing; a line that states neither."""
     if text in user_lines or WITHHELD_MARKER.search(text):
         return WRITTEN_OR_MARKER
-    if is_standing(text):
+    # An open question about a rule ("Does legal require a sign-off?") is guarded like one.
+    if is_standing(text) or KEEP_RULES.search(text):
         return RULE
     if is_fact(text):
         return FACT

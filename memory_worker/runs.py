@@ -98,11 +98,20 @@ def consolidate_with_lock(
     token = uuid.uuid4().hex
     # A manual request meeting a held lock leaves one pending mark that says "manual": the
     # holder's rerun serves it; the request does not come back to make the holder run again.
-    claimed = lock.acquire_or_mark_pending(chat_id, token, manual=trigger == RequestTrigger.MANUAL)
-    # Only now, still before reading anything (dispatch), the queued marker goes: a turn over its
-    # bound must see this fold queued, then held (or pending on the holder), never neither, or
-    # it folds the range itself (turn_fold.acquire_or_wait).
-    _give_up_queued_marker(chat_id)
+    manual = trigger == RequestTrigger.MANUAL
+    try:
+        claimed = lock.acquire_or_mark_pending(chat_id, token, manual=manual)
+    finally:
+        # Only now, still before reading anything (dispatch), the queued marker goes: a turn over
+        # its bound must see this fold queued, then held (or pending on the holder), never
+        # neither, or it folds the range itself (turn_fold.acquire_or_wait). A lock call that
+        # failed gives it up too: no task is left to serve it.
+        _give_up_queued_marker(chat_id)
+    if not claimed:
+        # The holder may have read the chat between that mark and the marker's delete, and a turn
+        # committed then found the marker taken and queued nothing: marked again (or taken) after
+        # the delete, the holder's next read, or this run's, comes after that turn.
+        claimed = lock.acquire_or_mark_pending(chat_id, token, manual=manual)
     if not claimed:
         log.info("lock busy, rerun marked", extra={"event": "lock_contended", "chat_id": chat_id})
         return []

@@ -20,7 +20,7 @@ OLD = """## Facts / Constraints
 - Never share the staging password with contractors.
 - Budget is at most $4,000.
 ## Goals / Preferences
-- Prefers short answers.
+- Enjoys long walks.
 ## Decisions
 - None
 ## Open Items
@@ -324,7 +324,7 @@ def test_offline_summaries_pass_the_guard_at_a_full_cap(cap: int) -> None:
 
 # A line a person wrote (an edit of the summary) states no rule and no value: the guard keeps it
 # all the same, unless a folded message takes it back.
-WRITTEN = "Prefers short answers."
+WRITTEN = "Enjoys long walks."
 
 
 def test_a_line_a_person_wrote_is_kept_like_a_rule() -> None:
@@ -332,7 +332,7 @@ def test_a_line_a_person_wrote_is_kept_like_a_rule() -> None:
     assert WRITTEN not in [loss.line for loss in fold_guard.losses(OLD, said("ok"), dropped)]
     lost = fold_guard.losses(OLD, said("ok"), dropped, user_lines=[WRITTEN])
     assert WRITTEN in [loss.line for loss in lost]
-    reworded = summary("Door code: 4821.", "Prefers answers that are short.")
+    reworded = summary("Door code: 4821.", "Enjoys walks that are long.")
     assert WRITTEN not in [
         loss.line for loss in fold_guard.losses(OLD, said("ok"), reworded, user_lines=[WRITTEN])
     ]
@@ -340,14 +340,14 @@ def test_a_line_a_person_wrote_is_kept_like_a_rule() -> None:
 
 def test_a_line_a_person_wrote_may_go_when_a_folded_message_revokes_it() -> None:
     dropped = summary("Door code: 4821.")
-    revoked = said("Forget the short answers preference: long answers are fine now.")
+    revoked = said("Forget the long walks: that hobby is over now.")
     assert WRITTEN not in [
         loss.line for loss in fold_guard.losses(OLD, revoked, dropped, user_lines=[WRITTEN])
     ]
 
 
 def test_a_line_a_person_wrote_stays_theirs_only_while_the_summary_states_it() -> None:
-    kept = summary("Door code: 4821.", "Prefers short answers.")
+    kept = summary("Door code: 4821.", "Enjoys long walks.")
     assert fold_guard.user_lines_kept([WRITTEN, "The door code is 4821."], kept) == [
         WRITTEN,
         "The door code is 4821.",
@@ -380,8 +380,8 @@ KITCHEN = "Budget for the kitchen is 4000 EUR."
 
 
 def test_a_line_a_person_wrote_is_not_revoked_by_a_message_sharing_one_word() -> None:
-    old = f"## Facts / Constraints\n- {KITCHEN}\n- Prefers tea."
-    dropped = summary("Prefers tea.")
+    old = f"## Facts / Constraints\n- {KITCHEN}\n- Enjoys tea."
+    dropped = summary("Enjoys tea.")
     unrelated = said("Actually, can you remove the kitchen photos from the album?")
     lost = fold_guard.losses(old, unrelated, dropped, user_lines=[KITCHEN])
     assert [loss.line for loss in lost] == [KITCHEN]
@@ -407,8 +407,8 @@ WITHHELD = "message 17 withheld: the summarizer refused it"
 
 def test_a_withheld_marker_is_kept_like_a_rule_whatever_its_seq() -> None:
     assert is_rule_or_value(WITHHELD)
-    old = f"## Facts / Constraints\n- Prefers tea.\n## Open Items\n- {WITHHELD}"
-    other = summary("Prefers tea.") + "\n## Open Items\n- message 18 withheld: refused"
+    old = f"## Facts / Constraints\n- Enjoys tea.\n## Open Items\n- {WITHHELD}"
+    other = summary("Enjoys tea.") + "\n## Open Items\n- message 18 withheld: refused"
     [loss] = fold_guard.losses(old, said("Forget message 17, it was withheld anyway."), other)
     assert loss.line == WITHHELD
     guarded = summarize_guarded(Scripted(other), old, said("ok"))
@@ -510,3 +510,15 @@ def test_a_standing_item_the_cap_let_go_is_in_the_loss_report_in_words() -> None
     gone = [rule for rule in rules if rule not in guarded.result.text]
     assert gone and gone[0] == rules[0]  # the oldest went first
     assert gone == [line for line in guarded.dropped_details if line in rules]
+
+
+def test_one_off_requests_are_not_spliced_into_a_summary() -> None:
+    messages = said("Explain recursion.", "Write a Python function that parses dates.")
+    assert fold_guard.losses("", messages, summary("Nothing yet.")) == []
+
+
+def test_a_users_rule_is_not_taken_back_by_a_question_sharing_one_word() -> None:
+    rule = "Always quote prices in euros."
+    messages = said(rule, "Actually, what were the flight prices again?")
+    [loss] = fold_guard.losses("", messages, summary("Flights were discussed."))
+    assert loss.line == rule

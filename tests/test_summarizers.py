@@ -1018,3 +1018,33 @@ def test_offline_stores_one_statement_once_in_whatever_words() -> None:
     ]
     summary = OfflineSummarizer().summarize("", messages).text
     assert summary.count("billing service") == 1
+
+
+def test_offline_keeps_a_rule_whose_message_goes_on_with_a_question() -> None:
+    messages = [
+        FoldMessage(1, "user", "Never deploy on Fridays. But what about hotfixes?"),
+        FoldMessage(2, "assistant", "Hotfixes go out any day, with a second reviewer."),
+    ]
+    summary = OfflineSummarizer().summarize("", messages).text
+    assert "- Never deploy on Fridays." in summary.splitlines()
+    assert "hotfixes?" not in summary  # answered in the same fold
+
+
+def test_offline_keeps_statements_that_differ_in_a_short_word_or_a_value_apart() -> None:
+    messages = [
+        FoldMessage(1, "user", "Meeting room 101 seats twelve people."),
+        FoldMessage(2, "user", "Meeting room 102 seats twelve people."),
+        FoldMessage(3, "user", "Pets are allowed in the office."),
+        FoldMessage(4, "user", "Pets are not allowed in the office."),
+    ]
+    summary = OfflineSummarizer().summarize("", messages).text
+    for message in messages:
+        assert message.content in summary
+
+
+def test_offline_keeps_an_assistant_fact_that_opens_with_an_acknowledgement() -> None:
+    messages = [
+        FoldMessage(1, "user", "Where does staging run?"),
+        FoldMessage(2, "assistant", "Sure, the staging server is node-7 at 10.0.0.5."),
+    ]
+    assert "10.0.0.5" in OfflineSummarizer().summarize("", messages).text

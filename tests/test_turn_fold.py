@@ -150,13 +150,35 @@ def test_a_starting_task_gives_up_its_queued_marker_only_once_it_holds_the_lock_
     monkeypatch.setattr(runs, "clear_queued", clear)
     outcomes = consolidate_chat(chat_id, "turn")
     assert all(visible for _, visible in seen), seen
-    assert [step for step, _ in seen] == [
-        "before the lock call",
-        "after the lock call",
-        "after the marker's delete",
-    ]
+    steps = ["before the lock call", "after the lock call", "after the marker's delete"]
+    if not lock_free:  # busy: the holder is marked again after the delete (test below)
+        steps += ["before the lock call", "after the lock call"]
+    assert [step for step, _ in seen] == steps
     assert not fold_queued(chat_id)  # given up either way: the next turn queues a new task
     assert outcomes == ([] if not lock_free else ["succeeded"])
+
+
+def test_a_task_finding_the_lock_busy_marks_the_holder_again_after_giving_up_its_marker(
+    require_postgres, broker, settings, user, use_fake_openai, monkeypatch
+) -> None:  # type: ignore[no-untyped-def]
+    """The holder's rerun may read the chat between this task's pending mark and the marker's
+    delete; a turn that commits then finds the marker taken and queues nothing. Forced here:
+    the holder takes the pending mark (its rerun starts reading) just before the delete. The
+    task marks the holder pending once more after the delete, so the holder runs again and
+    reads that turn."""
+    chat_id = chat_with_fold_due(user, settings)
+    lock = chat_lock()
+    assert lock.acquire_or_mark_pending(chat_id, "the-holder")
+    assert mark_queued(chat_id)
+    real_clear = runs.clear_queued
+
+    def holder_reads_then_delete(chat_id: int) -> None:
+        assert lock.take_pending(chat_id)  # the holder's rerun has begun: this mark is spent
+        real_clear(chat_id)
+
+    monkeypatch.setattr(runs, "clear_queued", holder_reads_then_delete)
+    assert consolidate_chat(chat_id, "turn") == []
+    assert lock.take_pending(chat_id)  # marked after the delete: the holder owes another run
 
 
 def test_a_rerun_asked_for_before_the_turn_took_the_lock_is_still_served(
