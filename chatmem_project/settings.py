@@ -4,52 +4,13 @@ are the embedded mode: SQLite, consolidation in-process, the offline model, no A
 
 from pathlib import Path
 
-import environ
 from django.core.exceptions import ImproperlyConfigured
 
+from chatmem_project.database import databases
+from chatmem_project.env import env, env_bool, env_float, env_int, env_text
 from chatmem_project.logs import logging_config
-from memory_worker.env_knobs import read_number
 
 BASE_DIR = Path(__file__).resolve().parent.parent
-
-env = environ.Env()
-environ.Env.read_env(BASE_DIR / ".env", overwrite=False)
-
-
-def env_number(name: str, default: float, kind: type[int] | type[float]) -> float:
-    """A number from the environment, or a start-up error naming the variable, read as the
-    presets' knobs are (memory_worker.env_knobs.read_number: "1e3" is 1000 for an integer too).
-    Empty means the default."""
-    raw = env.str(name, default="").strip()
-    if not raw:
-        return default
-    try:
-        return read_number(name, raw, kind)
-    except ValueError as error:
-        raise ImproperlyConfigured(str(error)) from None
-
-
-def env_int(name: str, default: int) -> int:
-    return int(env_number(name, default, int))
-
-
-def env_float(name: str, default: float) -> float:
-    return float(env_number(name, default, float))
-
-
-def env_bool(name: str, default: bool) -> bool:
-    """Empty means the default (django-environ reads an empty variable as false, so
-    ``CHAT_DIRECT_HTTP=`` turned a default-on setting off)."""
-    if not env.str(name, default="").strip():
-        return default
-    return env.bool(name)
-
-
-def env_text(name: str, default: str) -> str:
-    """For settings that cannot be empty (a model name, a preset, a key): empty means the
-    default. Not for those where empty means something (``TURN_RATE_LIMIT``: no limit)."""
-    return env.str(name, default="").strip() or default
-
 
 DEBUG = env_bool("DEBUG", False)
 # Public (it is in the source): for a checkout with nothing configured (the tests, serve_demo with
@@ -152,71 +113,9 @@ TEMPLATES = [
 ]
 
 # --- Database -------------------------------------------------------------------------------
-# Empty means the default (embedded SQLite), as for every other variable.
+# DATABASE_URL, persistent connections, timeouts, the pool (chatmem_project.database).
 DATABASE_URL = env("DATABASE_URL", default="") or f"sqlite:///{BASE_DIR / 'db.sqlite3'}"
-DATABASES = {"default": environ.Env.db_url_config(DATABASE_URL)}
-# Persistent connections: a turn should not pay for a new PostgreSQL connection.
-DATABASES["default"]["CONN_MAX_AGE"] = env_int("DB_CONN_MAX_AGE", 60)
-# Off by default (Django's default): a health check is a `SELECT 1` round trip at the start of
-# every request, about a tenth of a turn's time under load. Without it a connection PostgreSQL
-# dropped fails the one request that finds it, and Django replaces it for the next.
-DATABASES["default"]["CONN_HEALTH_CHECKS"] = env_bool("DB_CONN_HEALTH_CHECKS", False)
-if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
-    # libpq waits for a connection without limit by default: an unreachable database (a
-    # blackholed host) then hangs a request, or the readiness probe, for minutes.
-    DATABASES["default"].setdefault("OPTIONS", {}).setdefault(
-        "connect_timeout", env_int("DB_CONNECT_TIMEOUT", 10)
-    )
-# A bounded connection pool per process (PostgreSQL; psycopg_pool), for servers that hold many
-# requests open at once (ASGI, many slow streams): a burst waits for a free connection instead
-# of failing with "too many clients". Pooled connections replace persistent ones.
-DB_POOL_MAX_SIZE = env_int("DB_POOL_MAX_SIZE", 0)
-# Connections the pool opens at start and keeps: a burst then finds them ready instead of waiting
-# while PostgreSQL forks a backend for each new one.
-DB_POOL_MIN_SIZE = min(env_int("DB_POOL_MIN_SIZE", 1), DB_POOL_MAX_SIZE)
-
-
-def _pool_timeout(connect_timeout: object) -> float:
-    """How long a request waits for a pooled connection (a free one, or a new one while
-    PostgreSQL is unreachable) before it fails: the connect timeout, so that it bounds requests
-    and /readyz with the pool as without it (the pool's own default, 30 s, held each of them for
-    30 s during an outage). A connect timeout of 0 or less is libpq's "no limit"; the pool
-    cannot wait without one (0 fails at once when no connection is idle), so it keeps its 30 s."""
-    try:
-        seconds = float(str(connect_timeout))
-    except ValueError:
-        seconds = 0.0
-    return seconds if seconds > 0 else 30.0
-
-
-if DB_POOL_MAX_SIZE and DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
-    DATABASES["default"]["CONN_MAX_AGE"] = 0
-    # The pool checks a connection (an empty query) before handing it out, and replaces one
-    # that fails: after PostgreSQL restarts, every idle pooled connection is dead, and without
-    # the check each would fail the request it is handed to. Django 5.2 makes the pool with its own
-    # check argument, ConnectionPool.check_connection with CONN_HEALTH_CHECKS and None without
-    # (a "check" among the options below is a TypeError, given twice), so pooling turns the
-    # health checks on; with a pool they do nothing else (Django's own check defers to it).
-    DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
-    DATABASES["default"]["OPTIONS"]["pool"] = {
-        "min_size": DB_POOL_MIN_SIZE,
-        "max_size": DB_POOL_MAX_SIZE,
-        # DB_POOL_TIMEOUT: the same wait when the pool is merely busy (every connection in use)
-        # is a 503 after it too; raise it to let a burst wait longer.
-        "timeout": env_float(
-            "DB_POOL_TIMEOUT", _pool_timeout(DATABASES["default"]["OPTIONS"]["connect_timeout"])
-        ),
-    }
-if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
-    # The embedded default has two writers (requests and the in-process fold runner). BEGIN
-    # IMMEDIATE takes the write lock up front, so a writer waits (timeout) instead of failing
-    # with "database is locked" on a read-to-write upgrade; WAL lets readers run meanwhile.
-    DATABASES["default"].setdefault("OPTIONS", {}).update(
-        {"timeout": 20, "transaction_mode": "IMMEDIATE", "init_command": "PRAGMA journal_mode=WAL;"}
-    )
-    # Tests on SQLite use a file like the embedded default does: an in-memory shared-cache
-    # database fails at once with "table is locked" when the in-process runner writes.
-    DATABASES["default"]["TEST"] = {"NAME": str(BASE_DIR / "test_db.sqlite3")}
+DATABASES, DB_POOL_MIN_SIZE, DB_POOL_MAX_SIZE = databases(DATABASE_URL, BASE_DIR)
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTH_PASSWORD_VALIDATORS = [

@@ -15,6 +15,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         "foundation",
         (
             "chatmem_project.settings",
+            "chatmem_project.env",
+            "chatmem_project.database",
             "chatmem_project.boot",
             "chatmem_project.logs",
             "chatmem_project.request_id",

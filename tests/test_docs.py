@@ -198,7 +198,9 @@ UNDOCUMENTED = (
 
 
 def source_default(name: str) -> object:
-    source = (ROOT / "chatmem_project" / "settings.py").read_text()
+    source = "\n".join(
+        (ROOT / "chatmem_project" / name).read_text() for name in ("settings.py", "database.py")
+    )
     found = re.search(rf'env(?:_\w+|\.\w+)?\(\s*"{name}",\s*(?:default=)?([^\n]+?)\s*\)', source)
     assert found is not None, name
     return ast.literal_eval(found.group(1))
