@@ -5,8 +5,9 @@ stable so queued messages survive deploys, and the services publish them by name
 import logging
 import time
 from datetime import UTC, datetime
+from typing import Any
 
-from celery import shared_task
+from celery import Task, shared_task
 from django.conf import settings
 
 from conversations.rows import DATABASE_ERRORS, database_now
@@ -17,9 +18,24 @@ from memory_worker.outcomes import FoldResult
 from memory_worker.runs import CONSOLIDATE_CHAT, consolidate_with_lock, request_consolidation
 from memory_worker.runtime import chat_lock
 from memory_worker.sweep import beat_pass_due, recover_dead_runs, sweep_candidates
-from memory_worker.task_base import WorkerDeadlinesTask
 
 log = logging.getLogger("chatmem.tasks")
+
+
+class WorkerDeadlinesTask(Task):  # type: ignore[misc]
+    """A task whose time limits are the worker's own.
+
+    Celery writes the publishing process's time limits into every message, and a worker obeys the
+    message's over its own. So a web process (or beat) with other deadlines than the workers' set
+    the limits of every fold it queued, while the lock TTL they must nest within (docs/design.md,
+    the fold; checked at the worker's start-up) is the worker's. Published with no limits, a message
+    runs under the worker's MEMORY_TASK_SOFT_TIME_LIMIT and MEMORY_TASK_TIME_LIMIT.
+    """
+
+    def apply_async(self, args: Any = None, kwargs: Any = None, *extra: Any, **options: Any) -> Any:
+        options.setdefault("time_limit", None)
+        options.setdefault("soft_time_limit", None)
+        return super().apply_async(args, kwargs, *extra, **options)
 
 
 @shared_task(
