@@ -152,29 +152,18 @@ def new_standing_losses(folded: Sequence[Said], kept: "SummaryText", seen: set[s
             if statement in seen or worth is None:
                 continue
             seen.add(statement)
-            loss = statement_loss(statement, kept)
+            loss = line_loss(statement, kept, any_line=True, words_kept=STATEMENT_WORDS_KEPT)
             if loss is None or not kept.has_room_for(statement, worth):
                 continue
             # Taken back only by the user, and as a person's line is: by its value or most of
             # its subject, not one shared word ("Actually, what were the prices again?").
             later = [m for m in ordered[index + 1 :] if m.role == "user"]
             if not superseded(statement, later, written=True):
-                heading = GOALS_HEADING if worth == RULE and not is_rule(statement) else None
-                found.append(replace(loss, heading=heading or RULES_HEADING, said=True))
+                heading = (
+                    GOALS_HEADING if worth == RULE and not is_rule(statement) else RULES_HEADING
+                )
+                found.append(replace(loss, heading=heading, said=True))
     return found
-
-
-def statement_loss(statement: str, kept: "SummaryText") -> Loss | None:
-    """A message's statement is kept when the summary has its values, or, when it has none,
-    STATEMENT_WORDS_KEPT of its subject words: half of a two-sentence rule is not the rule."""
-    values = details_of(statement)
-    if values:
-        missing = tuple(dict.fromkeys(value for value in values if not kept.has(value)))
-        return Loss(statement, missing) if missing else None
-    words = subject_words(statement)
-    if not words or len(words & kept.words) >= len(words) * STATEMENT_WORDS_KEPT:
-        return None
-    return Loss(statement, ())
 
 
 def user_lines_kept(user_lines: Iterable[str], new_summary: str) -> list[str]:
@@ -264,10 +253,13 @@ class SummaryText:
         return room is None or count_tokens(f"- {line}\n") + ROOM_MARGIN <= room
 
 
-def line_loss(line: str, kept: SummaryText, *, any_line: bool = False) -> Loss | None:
+def line_loss(
+    line: str, kept: SummaryText, *, any_line: bool = False, words_kept: float = RULE_WORDS_KEPT
+) -> Loss | None:
     """``any_line``: a line without values is checked by its words even if it states no rule
-    (a person wrote it). A withheld message's marker is checked by its seq: its words are the
-    same for every message."""
+    (a person wrote it, or a folded message said it). ``words_kept``: the share of its subject
+    words the summary must state (STATEMENT_WORDS_KEPT for a folded message's statement). A
+    withheld message's marker is checked by its seq: its words are the same for every message."""
     marker = WITHHELD_MARKER.search(line)
     if marker:
         return None if kept.has(marker.group(0)) else Loss(line, (marker.group(0),))
@@ -278,7 +270,7 @@ def line_loss(line: str, kept: SummaryText, *, any_line: bool = False) -> Loss |
     if not any_line and not is_standing(line):
         return None
     words = subject_words(line)
-    if not words or len(words & kept.words) >= len(words) * RULE_WORDS_KEPT:
+    if not words or len(words & kept.words) >= len(words) * words_kept:
         return None
     return Loss(line, ())
 

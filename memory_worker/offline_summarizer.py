@@ -10,13 +10,12 @@ from memory_worker.presets import MIN_SUMMARY_TOKEN_CAP
 from memory_worker.retention_rules import (
     CHANGE_MARKERS,
     FILE_NAME,
-    LINE_MARKUP,
-    SENTENCE_BREAK,
     content_words,
     grouped,
     is_fact,
     is_rule_or_value,
     is_standing,
+    line_sentences,
     normalise,
     summary_lines,
 )
@@ -308,8 +307,7 @@ def sentences_of(text: str) -> Iterator[str]:
     for line in text.splitlines():
         if line.strip().startswith("```"):
             continue
-        for part in SENTENCE_BREAK.split(LINE_MARKUP.sub("", line)):
-            sentence = part.strip()
+        for sentence in line_sentences(line):
             if is_substantive(sentence):
                 yield clip(sentence)
 

@@ -130,11 +130,16 @@ def grouped(sentences: Iterable[str]) -> Iterator[str]:
         yield " ".join(item)
 
 
+def line_sentences(line: str) -> list[str]:
+    """One line's sentences, its bullet or number markup gone."""
+    parts = (part.strip() for part in SENTENCE_BREAK.split(LINE_MARKUP.sub("", line)))
+    return [part for part in parts if part]
+
+
 def statements(text: str) -> Iterator[str]:
     """A message's statements: its sentences, those of one line that belong together as one."""
     for line in text.splitlines():
-        parts = (part.strip() for part in SENTENCE_BREAK.split(LINE_MARKUP.sub("", line)))
-        yield from grouped(part for part in parts if part)
+        yield from grouped(line_sentences(line))
 
 
 # An exact value: a number of three digits or more, a formatted one (3,417; 12:30; 2032-01-01),

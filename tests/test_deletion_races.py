@@ -406,8 +406,8 @@ def test_manual_folds_racing_deletions_are_answered_or_404(
 def test_a_chat_deleted_after_its_manual_fold_found_nothing_is_a_404(
     user: Any, monkeypatch: Any, settings: Any
 ) -> None:
-    """The order the race above meets once in a few hundred, forced: the request finds nothing
-    to fold, then the chat is deleted before the answer explains why (its brief gone with it)."""
+    """The order the race above meets only rarely, forced: the request finds nothing to fold,
+    then the chat is deleted before the answer explains why (its brief gone with it)."""
     settings.MEMORY_MANUAL_FOLD_RATE_LIMIT = ""
     [chat] = chats_with_nothing_to_fold(user, 1)
     found_nothing = views.request_manual_fold

@@ -124,8 +124,7 @@ def test_a_starting_task_gives_up_its_queued_marker_only_once_it_holds_the_lock_
     require_postgres, broker, settings, user, use_fake_openai, monkeypatch, lock_free
 ) -> None:  # type: ignore[no-untyped-def]
     """A turn over its bound that looks while a queued task starts must see the fold queued or
-    in flight: between the marker's delete and the lock's acquire it saw neither and folded the
-    range itself (3 synchronous folds in 4,800 turns on the topology). Each step of the start is
+    in flight; seeing neither, it would fold the range itself. Each step of the start is
     observed where it happens: the lock call and the marker's delete."""
     chat_id = chat_with_fold_due(user, settings)
     if not lock_free:
