@@ -7,12 +7,13 @@ faults stop and every chat must converge with its ledger intact.
 
 What runs:
 
-- the fake OpenAI-compatible server (``tests.fake_openai``, in this process), injecting
+- the fake OpenAI-compatible server (``tests.support.fake_openai``, in this process), injecting
   ``--faults`` (default: every transient and non-transient kind) into ``--fault-rate`` of the
   summarize calls; chat calls never fail;
 - a private ``redis-server`` on a free port (``--redis-url`` to use another Redis instead; the
   run only uses the ``memory`` queue and the ``chatmem:`` keys there);
-- ``--workers`` real ``celery worker`` processes (``tests.workers.Worker``, prefork, one child);
+- ``--workers`` real ``celery worker`` processes (``tests.support.workers.Worker``, prefork,
+  one child);
 - the sweep, called directly every ``--sweep-interval`` seconds (what beat runs every minute);
 - ``--clients`` threads sending ``--turns`` turns to each of ``--chats`` chats through the real
   API (DRF, in process), each chat's turns in order.
@@ -257,7 +258,7 @@ def private_or_given_redis(url: str | None) -> Iterator[str]:
     if url:
         yield url
         return
-    from tests.private_redis import PrivateRedis
+    from tests.support.private_redis import PrivateRedis
 
     server = PrivateRedis()
     server.start()
@@ -293,7 +294,7 @@ class Fleet:
     """``size`` worker slots; a killed worker is replaced by a fresh process in its slot."""
 
     def __init__(self, redis_url: str, size: int, env: dict[str, str]) -> None:
-        from tests.workers import Worker
+        from tests.support.workers import Worker
 
         self._make = lambda name: Worker(redis_url, name, env=env)
         self._generation = 0
@@ -410,8 +411,8 @@ def chats_still_busy(chat_ids: list[int]) -> list[int]:
     from django.utils import timezone
 
     from conversations.models import Brief, Chat
-    from memory_worker.folds import decide_for_chat
-    from memory_worker.state import load_snapshot
+    from memory_worker.folding.execute import decide_for_chat
+    from memory_worker.folding.snapshot import load_snapshot
 
     degraded = set(
         Brief.objects.filter(chat_id__in=chat_ids, degraded=True).values_list("chat_id", flat=True)
@@ -495,7 +496,7 @@ def split(items: list[int], parts: int) -> list[list[int]]:
 
 
 def run(args: argparse.Namespace, database_url: str) -> dict[str, Any]:
-    from tests.fake_openai import FakeOpenAI
+    from tests.support.fake_openai import FakeOpenAI
 
     faults = [name for name in args.faults.split(",") if name]
     env = run_env(args.timeouts)
@@ -557,7 +558,7 @@ def drive(args: argparse.Namespace, model: Any, fleet: Fleet, faults: list[str])
     converged, converge_seconds, busy = wait_converged(chat_ids, args.converge_timeout)
     stop.set()
     sweep_thread.join(timeout=30)
-    from memory_worker.invariants import chat_violations
+    from tests.support.invariants import chat_violations
 
     records = load_records(chat_ids, tally.acknowledged)
     violations = [problem for record in records for problem in ledger_violations(record)]

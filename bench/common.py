@@ -164,7 +164,7 @@ def start_fake_model(
 ) -> subprocess.Popen:
     """The fake OpenAI-compatible server in its own process: chat replies after ``latency``
     seconds, ``reply_words`` long (None: its own short replies); summaries at once."""
-    command = [sys.executable, "-m", "tests.fake_openai", "--port", str(port)]
+    command = [sys.executable, "-m", "tests.support.fake_openai", "--port", str(port)]
     command += ["--latency", str(latency)]
     if reply_words is not None:
         command += ["--reply-words", str(reply_words)]

@@ -2,14 +2,14 @@
 
 Runs one seeded synthetic conversation per configuration through the real turn API (DRF, in
 process), the real policy engine and the real consolidation service, against the fake
-OpenAI-compatible server (``tests.fake_openai``), which records every chat and summarize request.
-All token figures are counted here, with ``memory_worker.tokens.count_tokens``, over what the
-model server actually received.
+OpenAI-compatible server (``tests.support.fake_openai``), which records every chat and summarize
+request. All token figures are counted here, with ``conversations.chat_model.tokens.count_tokens``,
+over what the model server actually received.
 
     python -m bench.cost [--turns 600] [--presets all|name,...] [--seed 7]
                          [--out bench/results/cost.json] [--database-url postgres://...]
 
-After every turn the script plays the Celery worker: it calls ``consolidate_once`` for the turn
+After every turn the script plays the Celery worker: it calls ``fold_once`` for the turn
 until it answers "nothing" or "deferred" (at most 5 times), which is what a worker does off the
 request path. See ``docs/benchmarks.md`` for what each figure means.
 """
@@ -33,9 +33,9 @@ from functools import cache
 from typing import Any
 
 from bench.common import api_client, configure_django, create_chat, machine_info, save_report
-from memory_worker.dispatch import RequestTrigger
-from memory_worker.tokens import count_tokens
-from tests.fake_openai import (
+from conversations.chat_model.tokens import count_tokens
+from memory_worker.coordination.dispatch import RequestReason
+from tests.support.fake_openai import (
     FakeOpenAI,
     RecordedRequest,
     content_text,
@@ -444,10 +444,10 @@ def post_turn(client: Any, chat_id: int, turn: Turn, *, verbose: bool) -> bool:
 
 def play_worker(chat_id: int) -> None:
     """What a Celery worker does after a turn: judge and fold until nothing more is due."""
-    from memory_worker.folds import consolidate_once
+    from memory_worker.folding.execute import fold_once
 
     for _ in range(WORKER_PASSES):
-        if consolidate_once(chat_id, RequestTrigger.TURN).status in ("nothing", "deferred"):
+        if fold_once(chat_id, RequestReason.TURN).status in ("nothing", "deferred"):
             return
 
 

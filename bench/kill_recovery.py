@@ -68,7 +68,7 @@ def wait(predicate: Any, timeout: float, interval: float = 0.1) -> bool:
 
 
 def start_beat(redis_url: str, schedule: Path) -> subprocess.Popen:
-    from tests.workers import worker_env
+    from tests.support.workers import worker_env
 
     log = (ROOT / "artifacts" / "kill-recovery-beat.log").open("w")
     command = [sys.executable, "-m", "celery", "-A", "chatmem_project", "beat"]
@@ -83,7 +83,7 @@ def start_beat(redis_url: str, schedule: Path) -> subprocess.Popen:
 
 
 def run(args: argparse.Namespace, database_url: str) -> dict[str, Any]:
-    from tests.fake_openai import FakeOpenAI
+    from tests.support.fake_openai import FakeOpenAI
 
     with (
         FakeOpenAI(summarize_latency=args.summarize_latency) as model,
@@ -92,7 +92,7 @@ def run(args: argparse.Namespace, database_url: str) -> dict[str, Any]:
         configure_django(
             database_url, {**RUN_ENV, "REDIS_URL": redis_url, "OPENAI_BASE_URL": model.base_url}
         )
-        from tests.workers import Worker
+        from tests.support.workers import Worker
 
         generation = Counter[str]()
 
@@ -119,9 +119,9 @@ def measure(args: argparse.Namespace, model: Any, fleet: list[Any], make: Any) -
 
     from bench.common import api_client
     from conversations.models import Brief, Consolidation
-    from memory_worker.dispatch import RequestTrigger
-    from memory_worker.invariants import chat_violations
-    from memory_worker.runs import request_consolidation
+    from memory_worker.coordination.dispatch import RequestReason
+    from memory_worker.scheduling.runs import request_fold
+    from tests.support.invariants import chat_violations
 
     client = api_client()
     rng = random.Random(args.seed)
@@ -134,7 +134,7 @@ def measure(args: argparse.Namespace, model: Any, fleet: list[Any], make: Any) -
             # the next tick (the near-worst case, --locked-phase).
             time.sleep(rng.uniform(0, settings.MEMORY_RECOVERY_INTERVAL_SECONDS))
         seen = [len(worker.log()) for worker in fleet]
-        assert request_consolidation(chat_id, RequestTrigger.TURN)
+        assert request_fold(chat_id, RequestReason.TURN)
         in_flight = wait(
             lambda chat_id=chat_id: (
                 model.counters()["in_flight"] >= 1

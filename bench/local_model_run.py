@@ -20,7 +20,7 @@ canary of each type of ``bench.retention_workload``) are planted in the first tu
 chit-chat. After each turn the script waits until no fold is running or pending, reading the
 brief as it goes, so that each summary version the worker commits is seen; at the end it reads
 the ledger (``GET …/consolidations/``) and runs every summary seen through
-``memory_worker.summary_validation.validate_summary`` (headings required, not longer than what
+``memory_worker.summaries.validation.validate_summary`` (headings required, not longer than what
 it replaced). Figures: turns failed, folds by status and trigger, summary tokens against the cap,
 fold durations against ``MEMORY_LLM_TIMEOUT_SECONDS``, the validator's verdicts, facts kept in
 the context the model gets next.
@@ -43,8 +43,8 @@ from bench.common import configure_django, ensure_database, machine_line, write_
 from bench.retention_workload import chit_chat, make_canaries, planting_message, survives
 from bench.throughput import free_port
 from bench.topology import Api, flush_redis, make_token, start_gunicorn
-from tests.fake_openai import content_text
-from tests.workers import Worker
+from tests.support.fake_openai import content_text
+from tests.support.workers import Worker
 
 WORKER_ENV = {"LOG_LEVEL": "INFO", "DB_CONN_MAX_AGE": "60"}
 MODEL = "smollm2"
@@ -124,8 +124,8 @@ def validate_versions(
 ) -> list[dict[str, Any]]:
     """Each summary version seen, through the validator, against the version seen before it
     and the messages between their watermarks."""
-    from memory_worker.summarizers import FoldMessage, SummarizerError
-    from memory_worker.summary_validation import replaced_tokens, validate_summary
+    from memory_worker.summaries.contract import FoldMessage, SummarizerError
+    from memory_worker.summaries.validation import replaced_tokens, validate_summary
 
     by_seq = {int(m["seq"]): m for m in messages}
     verdicts = []

@@ -1,11 +1,11 @@
 """The turn's model request under many threads: CPU per call of
-``OpenAIChatModel.complete`` sent directly (the default, conversations.model_http) and through
+``OpenAIChatModel.complete`` sent directly (the default, conversations.chat_model.http) and through
 the ``openai`` SDK (``CHAT_DIRECT_HTTP=false``), as a gunicorn process of 200 threads makes it.
 
     python -m bench.model_call [--threads 200] [--seconds 8] [--rounds 2] [--latency 1.0]
                                [--messages 60] [--out bench/results/model_call.json]
 
-The fake OpenAI-compatible server (tests/fake_openai.py) runs in its own process and answers
+The fake OpenAI-compatible server (tests/support/fake_openai.py) runs in its own process and answers
 after ``--latency`` seconds, so ``--threads`` requests are in flight at once, as in
 bench.slow_model. Each phase runs one way of sending for ``--seconds``: every thread sends a
 ``--messages``-message context (a turn's tail on sliding-window) back to back. Reported: this
@@ -87,8 +87,8 @@ def run_phase(
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    from conversations.openai_chat_model import OpenAIChatModel
-    from memory_worker.openai_transport import make_openai_client
+    from conversations.chat_model.openai_backend import OpenAIChatModel
+    from conversations.chat_model.transport import make_openai_client
 
     port = free_port()
     (ROOT / "artifacts").mkdir(exist_ok=True)

@@ -2,7 +2,7 @@
 fake model server recorded: for each turn's prompt, its longest prefix in common with the same
 chat's previous prompt (whole messages while they match, then the matching start of the first
 that differs), in tokens counted as bench.cost counts them; how much of that OpenAI's rule
-caches (1,024 tokens up, in steps of 128: ``tests.fake_openai.cacheable``); the turns whose
+caches (1,024 tokens up, in steps of 128: ``tests.support.fake_openai.cacheable``); the turns whose
 prompt changed above its verbatim messages (a fold's new summary, a pin), which lose the cached
 prefix; and what input is billed at a stated price for a cached token."""
 
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from bench.cost import MESSAGE_OVERHEAD_TOKENS, Turn, reply_tag, tokens, user_tag
-from tests.fake_openai import cacheable, common_start, content_text
+from tests.support.fake_openai import cacheable, common_start, content_text
 
 # The price of a cached input token, as a share of an uncached one: OpenAI's current small models
 # and Anthropic's cache reads (a cache write, 1.25x on Anthropic, is not counted).

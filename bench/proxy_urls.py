@@ -22,11 +22,11 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from conversations.chat_model.tokens import count_tokens
 from conversations.rows import NO_FLUSH_WAIT
-from conversations.services.backends import get_chat_model
+from conversations.services.chat_backend import get_chat_model
 from conversations.services.turn_model import release_pooled_connection
 from conversations.variants import resolve_variant
-from memory_worker.tokens import count_tokens
 
 
 class StatelessProxy(APIView):

@@ -4,7 +4,7 @@ Each session plants typed canaries (safety rules, hard constraints, facts, goal 
 preferences), each carrying an unguessable value such as ``VX-81Q2``, early in a long
 conversation of chit-chat, sent through the real turn API (DRF, in process) with the offline
 chat model and the offline summarizer, on a fresh SQLite database. After every turn the script
-plays the Celery worker (``consolidate_once`` until "nothing" or "deferred").
+plays the Celery worker (``fold_once`` until "nothing" or "deferred").
 
     python -m bench.retention [--seeds 12] [--rounds 5] [--presets all|name,...]
                               [--summarizer offline|scripted-model] [--model-forgets 0.0]
@@ -71,8 +71,8 @@ from bench.retention_workload import (
 )
 from bench.scripted_model import ScriptedModel
 from bench.topology_measures import is_repair_request
-from memory_worker.presets import DEFAULT_PRESET, PRESETS
-from tests.fake_openai import FakeOpenAI
+from memory_worker.engine.presets import DEFAULT_PRESET, PRESETS
+from tests.support.fake_openai import FakeOpenAI
 
 DEFAULT_SEEDS = 12
 DEFAULT_ROUNDS = 5

@@ -31,7 +31,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from tests.fake_openai import is_fold_input, read_fold_input, request_texts
+from tests.support.fake_openai import is_fold_input, read_fold_input, request_texts
 
 HEADINGS = (
     "Facts / Constraints",
@@ -152,7 +152,7 @@ def within(bullets: list[Bullet], cap: int) -> list[Bullet]:
 
 
 class ScriptedModel:
-    """``summary_fn`` for tests.fake_openai.FakeOpenAI."""
+    """``summary_fn`` for tests.support.fake_openai.FakeOpenAI."""
 
     def __init__(
         self, forget_rate: float = 0.0, *, ignores_repairs: bool = False, pads: bool = False

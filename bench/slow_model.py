@@ -65,7 +65,7 @@ from bench.throughput import (
     start_server,
 )
 from bench.turn_overhead import DEFAULT_DATABASE_URL
-from tests.workers import Worker
+from tests.support.workers import Worker
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -142,7 +142,7 @@ def make_clients(clients: int, history: int, *, floor: bool) -> tuple[str, list[
 
 def fold_figures(chat_ids: Sequence[int], since: datetime, until: datetime) -> dict[str, Any]:
     from conversations.models import Consolidation
-    from memory_worker.fold_ledger import lag_ms
+    from memory_worker.folding.ledger import lag_ms
 
     folds = Consolidation.objects.filter(
         chat_id__in=chat_ids, finished_at__gte=since, finished_at__lt=until

@@ -45,8 +45,8 @@ from bench.kill_recovery import start_beat, wait
 from bench.slow_model import service_env
 from bench.throughput import free_port, gunicorn_command, percentile
 from bench.topology import Api, make_token
-from tests.fake_openai import FakeOpenAI
-from tests.workers import Worker
+from tests.support.fake_openai import FakeOpenAI
+from tests.support.workers import Worker
 
 GUNICORN_LOG = "bench-stalled-redis-gunicorn.log"
 
@@ -117,8 +117,8 @@ def folds_due(chat_ids: Sequence[int]) -> list[int]:
     from django.utils import timezone
 
     from conversations.models import Chat
-    from memory_worker.folds import decide_for_chat
-    from memory_worker.state import load_snapshot
+    from memory_worker.folding.execute import decide_for_chat
+    from memory_worker.folding.snapshot import load_snapshot
 
     now = timezone.now()
     return [

@@ -6,7 +6,7 @@ first byte and its first token?
                             [--database-url postgres://postgres@127.0.0.1:5432/chatmem_bench]
                             [--out bench/results/streams.json]
 
-Runs the fake OpenAI-compatible server (``python -m tests.fake_openai``) and chatmem under
+Runs the fake OpenAI-compatible server (``python -m tests.support.fake_openai``) and chatmem under
 uvicorn (ASGI, ``--workers`` processes; docs/streaming.md says why ASGI for many open streams) as
 subprocesses, with PostgreSQL (a pool per process, opened before the run) and Redis as in
 production. After a warm-up of 4 streams per worker, each of ``--streams`` client threads owns a

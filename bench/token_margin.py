@@ -1,5 +1,5 @@
 """How chatmem counts a model it has no tokenizer for, against what a small model's tokenizer
-needs: the non-Latin margin of ``memory_worker.tokens`` (UNKNOWN_MODEL_NON_LATIN_MARGIN).
+needs: the non-Latin margin of ``conversations.chat_model.tokens`` (UNKNOWN_MODEL_NON_LATIN_MARGIN).
 
 For each sample text (English, Russian, Chinese, Thai, and a mix): cl100k's and o200k's counts,
 chatmem's count for an unknown model name, and what SmolLM2-135M's tokenizer needs by the per-script
@@ -21,7 +21,7 @@ import time
 import urllib.request
 from collections.abc import Callable
 
-from memory_worker import tokens
+from conversations.chat_model import tokens
 
 SAMPLES = {
     "english": (

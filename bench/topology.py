@@ -7,7 +7,7 @@ measures the same figures on what users deploy, every part a process of its own 
 - Redis (``--redis-url``; only that database is flushed, at the start and at the end);
 - chatmem under gunicorn (MEMORY_DISPATCH=celery, the Chat Completions model and summarizer);
 - ``--celery-workers`` real ``celery worker`` processes on the memory queue;
-- the fake OpenAI-compatible server (``tests.fake_openai``) in this process, recording every
+- the fake OpenAI-compatible server (``tests.support.fake_openai``) in this process, recording every
   request: chat replies after ``--model-latency`` seconds, summaries after
   ``--summarizer-latency``, written with ``--summarizer-habits`` (a summarizer at its worst:
   ``pads`` keeps the newest facts in half its room and fills the rest with prose,
@@ -80,16 +80,16 @@ from bench.topology_measures import (
     measure_config,
     topology_line,
 )
-from tests.fake_openai import SUMMARY_HABITS, FakeOpenAI, content_text
-from tests.workers import Worker
+from tests.support.fake_openai import SUMMARY_HABITS, FakeOpenAI, content_text
+from tests.support.workers import Worker
 
 # A database of its own, flushed at the start and the end: the tests use 15, bench.slow_model 7,
 # bench.workers 8, bench.throughput 9.
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/11"
 DEFAULT_POSTGRES_URL = "postgres://postgres@127.0.0.1:5432"
 GUNICORN_LOG = "bench-topology-gunicorn.log"
-# Workers as in production: connections kept (tests/workers.py closes them after every task so
-# that test databases can be dropped), INFO so that "ready." and every fold are logged.
+# Workers as in production: connections kept (tests/support/workers.py closes them after every task
+# so that test databases can be dropped), INFO so that "ready." and every fold are logged.
 WORKER_ENV = {"LOG_LEVEL": "INFO", "DB_CONN_MAX_AGE": "60"}
 HTTP_TIMEOUT = 300.0  # a turn waits on the model, and maybe on a synchronous fold
 IDLE_POLL_SECONDS = 0.2

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from bench import cost
-from tests.fake_openai import last_user_text, summary_text
+from tests.support.fake_openai import last_user_text, summary_text
 
 # --- one workload per chat -----------------------------------------------------------------
 
@@ -59,9 +59,9 @@ SUMMARY_WORDS_STEP = 25
 
 
 def capped_summary(body: dict[str, Any], habits: Sequence[str] = ()) -> str:
-    """tests.fake_openai's summary at bench.cost's word cap, with fewer words (the oldest
+    """tests.support.fake_openai's summary at bench.cost's word cap, with fewer words (the oldest
     bullets go first) until it is at most SUMMARY_TOKENS tokens; with the summarizer's bad
-    ``habits`` (tests.fake_openai.SUMMARY_HABITS)."""
+    ``habits`` (tests.support.fake_openai.SUMMARY_HABITS)."""
     words = cost.SUMMARY_CAP_WORDS
     text = summary_text(body, words, habits)
     while cost.tokens(text) > SUMMARY_TOKENS and words > SUMMARY_WORDS_STEP:

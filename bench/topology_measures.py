@@ -23,7 +23,7 @@ from bench.common import ROOT
 from bench.prompt_cache import CacheFigures, cache_figures, pooled
 from bench.throughput import percentile
 from bench.topology_chats import DIGEST_LINE, REPLY_TAG, chat_ordinal, turn_request_number
-from tests.fake_openai import RecordedRequest, content_text, last_user_text
+from tests.support.fake_openai import RecordedRequest, content_text, last_user_text
 
 # --- what a configuration's run recorded -----------------------------------------------------
 
@@ -337,7 +337,7 @@ def turn_figures(chats: Sequence[ChatRun]) -> dict[str, Any]:
     }
 
 
-# How the fold guard's repair request opens (memory_worker.summarizers.repair_request).
+# How the fold guard's repair request opens (memory_worker.summaries.contract.repair_request).
 REPAIR_OPENING = "That summary drops these lines"
 
 

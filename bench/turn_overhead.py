@@ -33,7 +33,7 @@ from bench.common import (
     machine_line,
     write_report,
 )
-from memory_worker.dispatch import RequestTrigger
+from memory_worker.coordination.dispatch import RequestReason
 
 DEFAULT_DATABASE_URL = "postgres://postgres@127.0.0.1:5432/chatmem_bench"
 TAIL = 40
@@ -86,9 +86,9 @@ def timed_turn(client: Any, chat_id: int, number: int) -> float:
 
 
 def fold_untimed(chat_id: int) -> None:
-    from memory_worker.folds import consolidate_once
+    from memory_worker.folding.execute import fold_once
 
-    consolidate_once(chat_id, RequestTrigger.TURN)
+    fold_once(chat_id, RequestReason.TURN)
 
 
 def percentile(values: Sequence[float], share: float) -> float:

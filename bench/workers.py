@@ -41,7 +41,7 @@ from bench.common import (
     write_report,
 )
 from bench.turn_overhead import DEFAULT_DATABASE_URL
-from tests.workers import Worker
+from tests.support.workers import Worker
 
 ROOT = Path(__file__).resolve().parent.parent
 TAIL, WINDOW = 40, 12
@@ -126,10 +126,10 @@ def children_rss_kib(workers: Sequence[Worker]) -> list[int]:
 
 
 def queue_all(chat_ids: Sequence[int]) -> None:
-    from memory_worker.tasks import consolidate_chat
+    from memory_worker.tasks import fold_chat
 
     for chat_id in chat_ids:
-        consolidate_chat.apply_async(args=(chat_id, "sweep"))
+        fold_chat.apply_async(args=(chat_id, "sweep"))
 
 
 def empty_broker(redis_url: str) -> None:

@@ -2,12 +2,11 @@
 every setting is read with (an empty variable means the default; a number as the presets' knobs
 are read)."""
 
+import math
 from pathlib import Path
 
 import environ
 from django.core.exceptions import ImproperlyConfigured
-
-from memory_worker.env_knobs import read_number
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -15,9 +14,25 @@ env = environ.Env()
 environ.Env.read_env(BASE_DIR / ".env", overwrite=False)
 
 
+def read_number(variable: str, raw: str, kind: type[int] | type[float]) -> int | float:
+    """``raw`` read as Python reads a float, so "1e3" is 1000 for an integer too, or a ValueError
+    naming the variable. Not ``int(raw)``, which refused "1e3", nor django-environ's float(),
+    which drops every character but digits, "," "." and "-" ("1e3" is 13.0). Every setting's
+    number is read this way (env_number)."""
+    what = "an integer" if kind is int else "a finite number"
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"{variable} must be {what}, got {raw!r}") from None
+    # float() reads "nan" and "inf"
+    if not math.isfinite(value) or (kind is int and not value.is_integer()):
+        raise ValueError(f"{variable} must be {what}, got {raw!r}")
+    return int(value) if kind is int else value
+
+
 def env_number(name: str, default: float, kind: type[int] | type[float]) -> float:
     """A number from the environment, or a start-up error naming the variable, read as the
-    presets' knobs are (memory_worker.env_knobs.read_number: "1e3" is 1000 for an integer too).
+    presets' knobs are (read_number: "1e3" is 1000 for an integer too).
     Empty means the default."""
     raw = env.str(name, default="").strip()
     if not raw:

@@ -192,7 +192,8 @@ REDIS_URL = env("REDIS_URL", default="")
 # The request path's Redis calls (the turn throttle, the post-commit enqueue) give up after this
 # long, and a timeout opens a breaker that skips them for REDIS_BREAKER_SECONDS: turns go on
 # unthrottled, and the chats whose fold came due are left to the beat sweep
-# (memory_worker.request_redis). Workers and beat keep the longer BROKER_SOCKET_TIMEOUT_SECONDS.
+# (memory_worker.coordination.request_redis). Workers and beat keep the longer
+# BROKER_SOCKET_TIMEOUT_SECONDS.
 REDIS_REQUEST_TIMEOUT_SECONDS = env_float("REDIS_REQUEST_TIMEOUT_SECONDS", 0.25)
 REDIS_BREAKER_SECONDS = env_float("REDIS_BREAKER_SECONDS", 30.0)
 BROKER_SOCKET_TIMEOUT_SECONDS = env_float("BROKER_SOCKET_TIMEOUT_SECONDS", 5.0)
@@ -217,17 +218,18 @@ CACHES = {
 
 LLM_TIMEOUT_SECONDS = env_float("LLM_TIMEOUT_SECONDS", 60.0)
 # A turn's non-streamed model request goes over the worker thread's own keep-alive connection
-# (conversations.model_http) rather than the SDK's shared pool; false: the SDK sends it. With an
-# HTTP(S) proxy in the environment the SDK always sends it.
+# (conversations.chat_model.http) rather than the SDK's shared pool; false: the SDK sends it. With
+# an HTTP(S) proxy in the environment the SDK always sends it.
 CHAT_DIRECT_HTTP = env_bool("CHAT_DIRECT_HTTP", True)
 MEMORY_LLM_TIMEOUT_SECONDS = env_float("MEMORY_LLM_TIMEOUT_SECONDS", 60.0)
 # Ordered deadlines (docs/design.md, the fold): LLM < soft < hard < the lock's last expiry (hard +
 # one lock TTL) < broker visibility timeout.
 MEMORY_TASK_SOFT_TIME_LIMIT = env_int("MEMORY_TASK_SOFT_TIME_LIMIT", 240)
 MEMORY_TASK_TIME_LIMIT = env_int("MEMORY_TASK_TIME_LIMIT", 300)
-# The per-chat lock's TTL, renewed by its holder every third of it (memory_worker.lease) until
-# the run ends or its hard time limit: a dead holder's chat is free again within this. Also how
-# stale a running fold's heartbeat may grow before the recovery takes the fold for dead.
+# The per-chat lock's TTL, renewed by its holder every third of it
+# (memory_worker.coordination.lease) until the run ends or its hard time limit: a dead holder's chat
+# is free again within this. Also how stale a running fold's heartbeat may grow before the recovery
+# takes the fold for dead.
 MEMORY_LOCK_TTL_SECONDS = env_int("MEMORY_LOCK_TTL_SECONDS", 20)
 BROKER_VISIBILITY_TIMEOUT = env_int("BROKER_VISIBILITY_TIMEOUT", 3600)
 MEMORY_SWEEP_INTERVAL_SECONDS = env_float("MEMORY_SWEEP_INTERVAL_SECONDS", 60.0)
@@ -236,7 +238,7 @@ MEMORY_SWEEP_INTERVAL_SECONDS = env_float("MEMORY_SWEEP_INTERVAL_SECONDS", 60.0)
 # refolded within that bound, this interval and one fold.
 MEMORY_RECOVERY_INTERVAL_SECONDS = env_float("MEMORY_RECOVERY_INTERVAL_SECONDS", 10.0)
 # A turn queues no consolidation task for a chat that has one queued and not started yet
-# (memory_worker.dispatch); a marker expires after this (0: no deduplication).
+# (memory_worker.coordination.dispatch); a marker expires after this (0: no deduplication).
 MEMORY_ENQUEUE_DEDUP_SECONDS = env_float("MEMORY_ENQUEUE_DEDUP_SECONDS", 60.0)
 # A turn over its hard bound waits this long for a consolidation task queued for its chat to
 # start (and then for that fold, up to MEMORY_LLM_TIMEOUT_SECONDS) before folding itself: a free
@@ -293,7 +295,7 @@ CELERY_BEAT_MAX_LOOP_INTERVAL = 60
 # No Celery expiry: beat would stamp it with its clock and the worker judge it by its own, so a
 # worker ahead of beat by more than an interval would discard every pass. A pass that comes
 # less than half an interval after another (a backlog while no worker ran) skips itself instead,
-# by database time (memory_worker.sweep.beat_pass_due).
+# by database time (memory_worker.scheduling.sweep.beat_pass_due).
 CELERY_BEAT_SCHEDULE = {
     "chatmem-sweep": {
         "task": "chatmem.sweep",
@@ -371,7 +373,7 @@ CHATMEM_DEFAULT_SYSTEM_PROMPT = env(
 TURN_SLOT_STALE_SECONDS = env_float("TURN_SLOT_STALE_SECONDS", LLM_TIMEOUT_SECONDS + 30)
 # The longest a turn holds its web worker: a wait for a fold in flight (up to
 # MEMORY_LLM_TIMEOUT_SECONDS), its own synchronous fold (its chunks stop by the turn's fold
-# deadline, memory_worker.deadlines.turn_fold_deadline: within as long again), then
+# deadline, memory_worker.coordination.deadlines.turn_fold_deadline: within as long again), then
 # the slot is renewed and the model answers within the slot's lifetime (its deadline and a
 # margin). A stopping web server (a deploy) lets the turns in flight
 # finish for this long: gunicorn.conf.py's graceful_timeout; docker-compose.yml's web
@@ -426,7 +428,7 @@ if MEMORY_DAILY_NOTES and "memory_worker.daily_notes.extract_daily_notes" not in
 
 # --- Agent state (the Summarize step after replies, docs/agent-state.md) --------------------
 # The seed's constants, under the seed's names. FULL_DETAIL_TURNS is the turn-digest preset's
-# tail_turns: memory_worker.env_knobs applies it (a chat's effective_policy shows it); this copy
+# tail_turns: memory_worker.knobs applies it (a chat's effective_policy shows it); this copy
 # is the seed's constant under its name, not among the state endpoint's limits.
 SUMMARIZE_THRESHOLD = env_int("SUMMARIZE_THRESHOLD", 400)
 FULL_DETAIL_TURNS = env_int("FULL_DETAIL_TURNS", 3)
@@ -444,9 +446,8 @@ AGENT_CONTEXT_MAX_TOKENS = env_int("AGENT_CONTEXT_MAX_TOKENS", 1000)
 AGENT_SUMMARY_BACKEND = env("AGENT_SUMMARY_BACKEND", default="")
 AGENT_SUMMARY_MODEL = env("AGENT_SUMMARY_MODEL", default="")  # empty = CHAT_MODEL
 
-# Operator defaults per preset, from the environment (the sliding-window and chunked knobs,
-# docs/policies.md); a chat's own policy_overrides win over these. Filled in by
-# memory_worker.env_knobs.
-from memory_worker.env_knobs import preset_env_overrides  # noqa: E402
-
-MEMORY_PRESET_ENV_OVERRIDES = preset_env_overrides(env)
+# Operator defaults per preset: None reads them from the environment (the sliding-window and
+# chunked knobs, docs/policies.md; memory_worker.knobs, once, when the app is ready, so these
+# settings load without the engine); a dict {preset: {knob: value}} sets them here instead. A
+# chat's own policy_overrides win over either.
+MEMORY_PRESET_ENV_OVERRIDES: dict[str, dict[str, object]] | None = None

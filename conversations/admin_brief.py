@@ -1,6 +1,6 @@
-"""The admin's summary editor: the API's edit (memory_worker.summary_edit) with the version the
-page was loaded at as a hidden field, so a fold that committed since is never overwritten
-unseen (the edit is refused and the newer summary shown)."""
+"""The admin's summary editor: the API's edit (memory_worker.folding.summary_edit) with the version
+the page was loaded at as a hidden field, so a fold that committed since is never overwritten unseen
+(the edit is refused and the newer summary shown)."""
 
 from typing import Any
 

@@ -4,7 +4,7 @@ from django.contrib import admin
 from django.db.models import F, QuerySet
 from django.http import HttpRequest
 
-from memory_worker.policy import Trigger
+from memory_worker.engine.policy import Trigger
 
 # A count, not a verdict: whether a chat is behind depends on its policy (a token-budget chat may
 # hold 100 short messages within its bound, a contract chat folds long before 60), and only the
@@ -29,7 +29,7 @@ class MemoryFilter(admin.SimpleListFilter):
             return queryset.alias(unfolded=unfolded).filter(unfolded__gt=MANY_UNFOLDED)
         if self.value() == "backing_off":
             # Set by every failed fold; cleared by the next success, or a retry that finds
-            # nothing due (memory_worker.retries.clear_failure_state).
+            # nothing due (memory_worker.folding.retries.clear_failure_state).
             return queryset.filter(brief__next_attempt_at__isnull=False)
         if self.value() == "degraded":
             return queryset.filter(brief__degraded=True)

@@ -9,7 +9,7 @@ from django.core.exceptions import ValidationError
 from conversations.models import Chat
 from conversations.services import chats as chat_service
 from conversations.variants import UnknownVariant
-from memory_worker.presets import PRESETS, PolicyError
+from memory_worker.engine.presets import PRESETS, PolicyError
 
 
 class PolicyOverridesField(forms.JSONField):

@@ -14,7 +14,7 @@ from django.utils.text import Truncator
 from conversations.services.context import SUMMARY_HEADER
 from conversations.services.fold_outlook import FoldOutlook
 from conversations.services.prompt_cache import PromptCacheTotals
-from memory_worker.policy import Measure
+from memory_worker.engine.policy import Measure
 
 FOLDED, VERBATIM = "folded", "verbatim"
 

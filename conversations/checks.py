@@ -8,10 +8,12 @@ from typing import Any
 from django.conf import settings
 from django.core.checks import Error, Warning, register
 
+from conversations.chat_model.tokens import tokenizer_problems
+from conversations.chat_model.transport import token_limit_field
 from conversations.services.chats import operator_defaults_room_problem
 from conversations.throttling import rate_problem
 from conversations.variants import model_variants
-from memory_worker.memory import out_of_range, token_limit_field, tokenizer_problems
+from memory_worker.memory import out_of_range
 
 
 def greenlets_patched() -> bool:

@@ -43,7 +43,7 @@ from prometheus_client import (
 )
 from prometheus_client.registry import REGISTRY
 
-from conversations.llm import (
+from conversations.chat_model.contract import (
     ChatCompletion,
     ChatModel,
     CompletionStream,

@@ -117,7 +117,7 @@ class Brief(models.Model):
     fallback_reason = models.TextField(blank=True)
     # The summary's lines a person wrote (an edit through the API or the admin), as
     # retention_rules.summary_lines gives them: folds keep them unless a folded message revokes
-    # them (memory_worker.fold_guard), and a fold drops those its summary no longer has.
+    # them (memory_worker.summaries.guard), and a fold drops those its summary no longer has.
     user_lines = models.JSONField(default=list, blank=True)
     # A fold came due and could not be queued (the broker timed out or refused; database time):
     # the sweep takes the chat at its next tick, whatever its last fold's age, and clears it.
@@ -144,7 +144,7 @@ class ConsolidationStatus(models.TextChoices):
     FAILED = "failed"
     SUPERSEDED = "superseded"
     # Its worker died mid-fold (kill -9, out of memory): nothing was written, and it is not the
-    # chat's failure (memory_worker.sweep).
+    # chat's failure (memory_worker.scheduling.sweep).
     INTERRUPTED = "interrupted"
     # A manual fold asked for when every message it may fold was folded: its trace.
     NOTHING_TO_FOLD = "nothing_to_fold"
@@ -181,16 +181,16 @@ class Consolidation(models.Model):
     # synchronous folds. finished_at - due_at is the consolidation lag.
     due_at = models.DateTimeField(null=True, blank=True)
     started_at = models.DateTimeField(auto_now_add=True)
-    # A running fold's sign of life, in database time: stamped when its row is written and
-    # renewed by a thread while the fold lives (memory_worker.fold_ledger.Heartbeat). The recovery
-    # takes a running row whose heartbeat is older than deadlines.fold_heartbeat_stale_after()
-    # for dead, whatever the chat's lock says (memory_worker.sweep). Empty on rows from before it.
+    # A running fold's sign of life, in database time: stamped when its row is written and renewed
+    # by a thread while the fold lives (memory_worker.folding.ledger.Heartbeat). The recovery takes
+    # a running row whose heartbeat is older than deadlines.fold_heartbeat_stale_after() for dead,
+    # whatever the chat's lock says (memory_worker.scheduling.sweep). Empty on rows from before it.
     heartbeat_at = models.DateTimeField(auto_now_add=True, null=True)
     finished_at = models.DateTimeField(null=True, blank=True)
     duration_ms = models.PositiveIntegerField(null=True, blank=True)
     error = models.TextField(blank=True)
     # The summarizer's error kind of a failed attempt: consecutive refusals of one range start
-    # its bisection (memory_worker.fold_isolation).
+    # its bisection (memory_worker.folding.isolation).
     error_kind = models.CharField(max_length=32, blank=True)
     # Seqs of this fold's range it withheld from the summarizer (it refused them alone).
     withheld_seqs = models.JSONField(default=list, blank=True)
@@ -211,8 +211,8 @@ class Consolidation(models.Model):
                 condition=models.Q(status="running"),
                 name="consolidation_running",
             ),
-            # The retention's deletions (memory_worker.fold_ledger.prune_ledger) find the old rows
-            # of these outcomes without reading the succeeded ones, which stay.
+            # The retention's deletions (memory_worker.folding.ledger.prune_ledger) find the old
+            # rows of these outcomes without reading the succeeded ones, which stay.
             models.Index(
                 fields=["finished_at"],
                 condition=models.Q(status__in=PRUNABLE_STATUSES),

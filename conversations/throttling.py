@@ -19,9 +19,9 @@ instead of three (a read, then Django's incr is EXISTS + INCRBY, each on a new c
 atomic, so concurrent requests of one user cannot all pass on the same stale count. The keys and
 values are the cache's own (``make_key``, plain integers), so either path reads the other's.
 
-Fail-open: turns never need Redis to answer, so when the cache cannot be reached the request
-goes through (and a warning is logged, ``throttle_skipped``) rather than failing. A cache that
-times out (a stalled Redis) opens the request path's breaker (memory_worker.request_redis): for
+Fail-open: turns never need Redis to answer, so when the cache cannot be reached the request goes
+through (and a warning is logged, ``throttle_skipped``) rather than failing. A cache that times out
+(a stalled Redis) opens the request path's breaker (memory_worker.coordination.request_redis): for
 REDIS_BREAKER_SECONDS turns are let through without asking it, each one counted."""
 
 import functools

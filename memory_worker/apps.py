@@ -1,7 +1,9 @@
 from django.apps import AppConfig
 from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
 
-from memory_worker import tokens
+from conversations.chat_model import tokens
+from memory_worker import knobs
 
 
 def token_settings() -> tokens.TokenSettings:
@@ -20,3 +22,8 @@ class MemoryWorkerConfig(AppConfig):
         from memory_worker import checks, hooks  # noqa: F401  (registers checks and receivers)
 
         tokens.read_settings_with(token_settings)
+        # A bad knob stops every process at start-up with its reason, not the first turn.
+        try:
+            knobs.operator_overrides()
+        except ValueError as error:
+            raise ImproperlyConfigured(str(error)) from None

@@ -7,9 +7,9 @@ from typing import Any
 from django.conf import settings
 from django.core.checks import Error, Warning, register
 
-from memory_worker.backends import SUMMARIZER_BACKENDS
-from memory_worker.chat_policy import effective_policy
-from memory_worker.presets import PRESETS, synchronous_only
+from memory_worker.engine.presets import PRESETS, synchronous_only
+from memory_worker.folding.effective_policy import effective_policy
+from memory_worker.summaries.backends import SUMMARIZER_BACKENDS
 
 LOCK_LIFETIME = "MEMORY_TASK_TIME_LIMIT + MEMORY_LOCK_TTL_SECONDS"
 

@@ -18,15 +18,15 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from conversations.models import DailyNote, Message
-from memory_worker.offline_summarizer import CATEGORY_RULES, is_offline_echo, sentences_of
-from memory_worker.openai_transport import (
+from conversations.chat_model.transport import (
     create_chat_completion,
     make_openai_client,
     token_limit,
     token_limit_field,
 )
-from memory_worker.summarizers import FACTS, FoldMessage
+from conversations.models import DailyNote, Message
+from memory_worker.summaries.contract import FACTS, FoldMessage
+from memory_worker.summaries.offline import CATEGORY_RULES, is_offline_echo, sentences_of
 
 log = logging.getLogger("chatmem.daily_notes")
 

@@ -50,18 +50,18 @@ from langchain_core.messages import (
 from langchain_core.runnables import RunnableLambda
 from langgraph.graph.message import REMOVE_ALL_MESSAGES
 
-from memory_worker.engine_state import ROLE_OVERHEAD_TOKENS, ChatState, Msg
-from memory_worker.policy import Decision, Policy, decide, decide_before_turn
-from memory_worker.presets import resolve_policy
-from memory_worker.summarizers import (
+from conversations.chat_model.tokens import count_tokens
+from memory_worker.engine.policy import Decision, Policy, decide, decide_before_turn
+from memory_worker.engine.presets import resolve_policy
+from memory_worker.engine.state import ROLE_OVERHEAD_TOKENS, ChatState, Msg
+from memory_worker.summaries.contract import (
     FoldMessage,
     SummarizerError,
     format_fold_input,
     shorten_request,
     summary_instructions,
 )
-from memory_worker.summary_validation import replaced_tokens, validate_summary
-from memory_worker.tokens import count_tokens
+from memory_worker.summaries.validation import replaced_tokens, validate_summary
 
 __all__ = [
     "MAX_FOLDS_PER_CALL",

@@ -15,8 +15,8 @@ from django.dispatch import receiver
 from django.utils.module_loading import import_string
 
 from conversations.models import Consolidation, ConsolidationStatus, DailyNote, Message
+from memory_worker.coordination.dispatch import TaskByName, hand_off
 from memory_worker.daily_notes import HOOK_PATH as DAILY_NOTES_HOOK
-from memory_worker.dispatch import TaskByName, hand_off
 from memory_worker.signals import messages_folded
 
 log = logging.getLogger("chatmem.hooks")

@@ -1,11 +1,11 @@
 """The pinned block (pure): the user's pins as the model receives them, one system message after
-the summary, and what the block counts in the policy's bound (memory_worker.policy)."""
+the summary, and what the block counts in the policy's bound (memory_worker.engine.policy)."""
 
 from collections.abc import Iterable
 
-from memory_worker.engine_state import ChatState, prompt_total
-from memory_worker.policy import PROMPT_WINDOW_SHARE, Policy, token_bound
-from memory_worker.tokens import count_tokens
+from conversations.chat_model.tokens import count_tokens
+from memory_worker.engine.policy import PROMPT_WINDOW_SHARE, Policy, token_bound
+from memory_worker.engine.state import ChatState, prompt_total
 
 PINNED_HEADER = "Pinned by the user (always kept verbatim; not part of the summary):\n"
 # Each item's line prefix and the newline before it, beside the item's own counted tokens.

@@ -1,6 +1,6 @@
 """Celery tasks: thin wrappers over the memory services. Arguments are ids only; names are
 stable so queued messages survive deploys, and the services publish them by name
-(memory_worker.dispatch.TaskByName)."""
+(memory_worker.coordination.dispatch.TaskByName)."""
 
 import logging
 import time
@@ -11,13 +11,19 @@ from celery import Task, shared_task
 from django.conf import settings
 
 from conversations.rows import DATABASE_ERRORS, database_now
-from memory_worker import agent_summaries, hooks, retries
-from memory_worker.dispatch import RequestTrigger, clear_manual_queued
-from memory_worker.fold_ledger import prune_ledger
-from memory_worker.outcomes import FoldResult
-from memory_worker.runs import CONSOLIDATE_CHAT, consolidate_with_lock, request_consolidation
-from memory_worker.runtime import chat_lock
-from memory_worker.sweep import beat_pass_due, recover_dead_runs, sweep_candidates
+from memory_worker import hooks
+from memory_worker.agents import summaries as agent_summaries
+from memory_worker.coordination.dispatch import RequestReason, clear_manual_queued
+from memory_worker.coordination.runtime import chat_lock
+from memory_worker.folding import retries
+from memory_worker.folding.ledger import prune_ledger
+from memory_worker.folding.outcomes import FoldStatus
+from memory_worker.scheduling.runs import (
+    CONSOLIDATE_CHAT,
+    fold_with_lock,
+    request_fold,
+)
+from memory_worker.scheduling.sweep import beat_pass_due, recover_dead_runs, sweep_candidates
 
 log = logging.getLogger("chatmem.tasks")
 
@@ -44,18 +50,18 @@ class WorkerDeadlinesTask(Task):  # type: ignore[misc]
     acks_late=True,
     base=WorkerDeadlinesTask,
 )
-def consolidate_chat(
+def fold_chat(
     chat_id: int,
-    trigger: str = RequestTrigger.TURN,  # a string in the message: converted below
+    trigger: str = RequestReason.TURN,  # a string in the message: converted below
     due_at: float | None = None,
     waited: float = 0.0,  # a keyword messages already in the broker may carry; unused
     db_retries: int = 0,
 ) -> list[str]:
     started = time.monotonic()  # Celery's time limits count from here
     # Before reading anything: a manual request from here on queues a new task (dispatch). The
-    # turn's queued marker is cleared once the lock is taken (runs.consolidate_with_lock).
-    requested = RequestTrigger(trigger)
-    if requested == RequestTrigger.MANUAL:
+    # turn's queued marker is cleared once the lock is taken (runs.fold_with_lock).
+    requested = RequestReason(trigger)
+    if requested == RequestReason.MANUAL:
         try:
             clear_manual_queued(chat_id)
         except Exception:
@@ -63,25 +69,23 @@ def consolidate_chat(
             log.warning("could not clear the manual marker", extra={"chat_id": chat_id})
     due = datetime.fromtimestamp(due_at, UTC) if due_at is not None else None
     try:
-        outcomes = consolidate_with_lock(
-            chat_id, requested, chat_lock(), due_at=due, started=started
-        )
+        outcomes = fold_with_lock(chat_id, requested, chat_lock(), due_at=due, started=started)
     except DATABASE_ERRORS as error:
-        # The lock is already released (consolidate_with_lock) and the ledger row marked
+        # The lock is already released (fold_with_lock) and the ledger row marked
         # interrupted if the database let it be (fold_ledger.record_interrupted).
         if not _retry_after_database_error(chat_id, requested, due_at, db_retries, error):
             raise
-        return [FoldResult.DATABASE_ERROR]
+        return [FoldStatus.DATABASE_ERROR]
     # The policy lives in the service; the task only queues what it says.
     delay = retries.fast_retry_delay(outcomes)
     if delay is not None:
-        _queue_again(chat_id, RequestTrigger.RETRY, delay)
+        _queue_again(chat_id, RequestReason.RETRY, delay)
     return [outcome.status for outcome in outcomes]
 
 
 def _retry_after_database_error(
     chat_id: int,
-    trigger: RequestTrigger,
+    trigger: RequestReason,
     due_at: float | None,
     db_retries: int,
     error: BaseException,
@@ -107,13 +111,13 @@ def _retry_after_database_error(
 
 
 def _queue_again(
-    chat_id: int, trigger: RequestTrigger, delay: float, kwargs: dict[str, float] | None = None
+    chat_id: int, trigger: RequestReason, delay: float, kwargs: dict[str, float] | None = None
 ) -> None:
     # A new delayed task rather than Celery's retry(): the attempt is already recorded, so this
     # one ends cleanly. If the broker refuses, the sweep retries a failed fold once
     # next_attempt_at is due; a waiting manual request is lost (logged) and can be asked again.
     try:
-        consolidate_chat.apply_async(
+        fold_chat.apply_async(
             args=(chat_id, trigger), kwargs=kwargs or {}, countdown=delay, retry=False
         )
     except Exception:
@@ -133,7 +137,7 @@ def sweep(scheduled: bool = False) -> int:
     recover_runs()  # also here: beat's own recovery entry may be missing (an older beat)
     chat_ids = sweep_candidates(now, chat_lock(), settings.MEMORY_SWEEP_BATCH)
     for chat_id in chat_ids:
-        request_consolidation(chat_id, RequestTrigger.SWEEP)
+        request_fold(chat_id, RequestReason.SWEEP)
     hooks.replay_missed_daily_notes(now)  # daily-notes hooks whose publish failed
     prune_ledger()
     log.info("sweep", extra={"event": "sweep", "enqueued": len(chat_ids)})
@@ -153,7 +157,7 @@ def recover_runs(scheduled: bool = False) -> int:
         return 0
     refolds = recover_dead_runs(now)
     for refold in refolds:  # after the rows' marking committed
-        request_consolidation(refold.chat_id, refold.trigger)
+        request_fold(refold.chat_id, refold.trigger)
     return len(refolds)
 
 

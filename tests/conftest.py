@@ -7,9 +7,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from memory_worker.request_redis import reset_breaker
-from tests.fake_openai import FakeOpenAI
-from tests.workers import point_celery_at
+from memory_worker.coordination.request_redis import reset_breaker
+from tests.support.fake_openai import FakeOpenAI
+from tests.support.workers import point_celery_at
 
 IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
 
@@ -68,9 +68,10 @@ def _no_background_dispatch(settings) -> None:  # type: ignore[no-untyped-def]
     settings.TURN_RATE_LIMIT = ""
     settings.CHAT_BACKEND = "offline"
     settings.MEMORY_SUMMARIZER_BACKEND = "offline"
-    # memory_worker.runtime._lock is lru_cached: one LocalChatLock would otherwise outlive the
-    # test, and a test that failed mid-run would leave a held lock or a pending flag behind.
-    from memory_worker.runtime import _lock
+    # memory_worker.coordination.runtime._lock is lru_cached: one LocalChatLock would otherwise
+    # outlive the test, and a test that failed mid-run would leave a held lock or a pending flag
+    # behind.
+    from memory_worker.coordination.runtime import _lock
 
     _lock.cache_clear()
     # The request path's Redis breaker is per process: one test's timeout (a stalled Redis, or
@@ -162,12 +163,12 @@ def other_api(other_user):  # type: ignore[no-untyped-def]
 def broker(settings, clean_redis):  # type: ignore[no-untyped-def]
     """The test Redis as broker and lock store, as the web process has it, with a lock TTL
     short enough for a test to outlast."""
-    from memory_worker.runtime import _lock
+    from memory_worker.coordination.runtime import _lock
 
     previous = point_celery_at(clean_redis)
     settings.REDIS_URL = clean_redis
     settings.MEMORY_DISPATCH = "celery"
-    settings.MEMORY_LOCK_TTL_SECONDS = 3  # as the workers' (tests.workers.FAST_DEADLINES)
+    settings.MEMORY_LOCK_TTL_SECONDS = 3  # as the workers' (tests.support.workers.FAST_DEADLINES)
     _lock.cache_clear()
     yield clean_redis
     point_celery_at(previous)

@@ -32,19 +32,19 @@ from django.utils.html import linebreaks
 
 from conversations import admin as chat_admin
 from conversations import admin_filters
+from conversations.chat_model.tokens import count_tokens
 from conversations.models import AgentState, Brief, Chat, Consolidation, DailyNote, Message
 from conversations.services import chats as chat_service
 from conversations.services.context import SUMMARY_HEADER
 from conversations.services.fold_outlook import fold_outlook
 from conversations.variants import resolve_variant
-from memory_worker.chat_policy import effective_policy
-from memory_worker.dispatch import RequestTrigger
-from memory_worker.folds import consolidate_once, decide_for_chat
-from memory_worker.manual_folds import ManualRequest
-from memory_worker.policy import TRIGGER_PRIORITY, Trigger
-from memory_worker.presets import PRESETS, PolicyError
-from memory_worker.state import load_snapshot
-from memory_worker.tokens import count_tokens
+from memory_worker.coordination.dispatch import RequestReason
+from memory_worker.engine.policy import TRIGGER_PRIORITY, Trigger
+from memory_worker.engine.presets import PRESETS, PolicyError
+from memory_worker.folding.effective_policy import effective_policy
+from memory_worker.folding.execute import decide_for_chat, fold_once
+from memory_worker.folding.snapshot import load_snapshot
+from memory_worker.scheduling.manual import ManualRequest
 from tests.conftest import contract_chat_after_turns, require
 
 pytestmark = pytest.mark.django_db
@@ -123,7 +123,7 @@ def chat_with_summary(api: Any, turns: int = 14) -> Chat:
         content = f"Remember that the launch code {number} is blue."
         response = api.post(f"/api/v1/chats/{chat_id}/turns/", {"content": content}, format="json")
         assert response.status_code == 201
-    consolidate_once(chat_id, RequestTrigger.MANUAL)
+    fold_once(chat_id, RequestReason.MANUAL)
     assert Brief.objects.get(chat_id=chat_id).last_consolidated > 0
     return Chat.objects.get(pk=chat_id)
 

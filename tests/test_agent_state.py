@@ -5,22 +5,22 @@ turn-digest fold, and where the state is shown. The run that applies the turns o
 has its own file, tests/test_agent_summaries.py.
 
 The off-request step is run the way a worker runs it (``summarize_turns``), like the
-consolidation tests call ``consolidate_once``: dispatch is off in unit tests."""
+consolidation tests call ``fold_once``: dispatch is off in unit tests."""
 
 import dataclasses
 from typing import Any
 
 import pytest
 
-from conversations.agent_state import PROPOSED_SUMMARY
+from conversations.agent_rules import PROPOSED_SUMMARY
+from conversations.chat_model.tokens import count_tokens
 from conversations.models import AgentState, Chat, Message, ResponseSummary
-from memory_worker import policy as engine
-from memory_worker.agent_summaries import summarize_turns
-from memory_worker.dispatch import RequestTrigger
-from memory_worker.engine_state import ROLE_OVERHEAD_TOKENS, prompt_tokens
-from memory_worker.folds import consolidate_once
-from memory_worker.state import engine_state, load_snapshot
-from memory_worker.tokens import count_tokens
+from memory_worker.agents.summaries import summarize_turns
+from memory_worker.coordination.dispatch import RequestReason
+from memory_worker.engine import policy as engine
+from memory_worker.engine.state import ROLE_OVERHEAD_TOKENS, prompt_tokens
+from memory_worker.folding.execute import fold_once
+from memory_worker.folding.snapshot import engine_state, load_snapshot
 
 pytestmark = pytest.mark.django_db
 
@@ -481,7 +481,7 @@ def test_the_bound_counts_the_agent_state(api) -> None:  # type: ignore[no-untyp
 def test_the_agent_state_can_make_the_turn_fold_first(api) -> None:  # type: ignore[no-untyped-def]
     """The agent state is part of the prompt: when it pushes the context over the hard bound,
     the turn folds synchronously like for any other growth (promise 2)."""
-    from memory_worker.chat_policy import policy_for_chat
+    from memory_worker.folding.effective_policy import policy_for_chat
 
     chat_id = new_chat(api, policy="contract")
     for number in range(3):
@@ -549,7 +549,7 @@ def test_a_valid_agent_object_cannot_make_the_chat_unusable(api, settings) -> No
 
 
 def test_the_bound_drops_the_least_important_parts_first() -> None:
-    from conversations import agent_state as rules
+    from conversations import agent_rules as rules
 
     def words(text: str) -> int:
         return len(text.split())
@@ -620,7 +620,7 @@ def test_turn_digest_fold_sends_the_full_reply_not_its_response_summary(  # type
     for number in range(3):
         assert turn(api, chat_id, f"later turn {number}").status_code == 201
     summarize_turns(chat_id)
-    outcome = consolidate_once(chat_id, RequestTrigger.TURN)
+    outcome = fold_once(chat_id, RequestReason.TURN)
     assert outcome.status == "succeeded"
     assert (outcome.decision.from_seq, outcome.decision.to_seq) == (1, 2)  # type: ignore[union-attr]
     fold_input = str(use_fake_openai.summarize_requests()[-1]["body"])

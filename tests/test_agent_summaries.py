@@ -1,5 +1,5 @@
-"""The agent state off the request path (memory_worker/agent_summaries.py, the run;
-memory_worker/agent_turns.py, what one turn applies; docs/agent-state.md): a turn hands the work to
+"""The agent state off the request path (memory_worker/agents/summaries.py, the run;
+memory_worker/agents/turns.py, what one turn applies; docs/agent-state.md): a turn hands the work to
 the dispatcher after commit, each turn is applied once and in order (a stale run is superseded, a
 later turn's task may run first, a turn may span batches), a /v1 tool loop is one turn summarised by
 its final reply whenever the worker runs and however long the loop, and a backlog is committed turn
@@ -14,12 +14,12 @@ import pytest
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
-import tests.fake_openai as fake_module
-from conversations.agent_state import offline_response_summary
+import tests.support.fake_openai as fake_module
+from conversations.agent_rules import offline_response_summary
 from conversations.models import AgentState, Chat, ResponseSummary
 from conversations.services import agent_state as service
-from memory_worker import agent_summaries
-from memory_worker.agent_summaries import summarize_turns
+from memory_worker.agents import summaries as agent_summaries
+from memory_worker.agents.summaries import summarize_turns
 from tests.test_agent_state import entity, new_chat, state, turn
 
 pytestmark = pytest.mark.django_db
@@ -319,7 +319,7 @@ def test_a_backlog_is_committed_turn_by_turn_and_the_rest_handed_on(  # type: ig
     # The task's clock only (the module-level name): the HTTP client keeps the real one.
     fake_time = SimpleNamespace(monotonic=lambda: clock["now"])
     monkeypatch.setattr(agent_summaries, "time", fake_time)
-    monkeypatch.setattr("memory_worker.deadlines.time", fake_time)
+    monkeypatch.setattr("memory_worker.coordination.deadlines.time", fake_time)
     settings.LLM_TIMEOUT_SECONDS = settings.MEMORY_LLM_TIMEOUT_SECONDS = 10.0
     settings.MEMORY_TASK_SOFT_TIME_LIMIT = 50  # the deadline: 45 s after the start
     complete = service.get_chat_model().__class__.complete
@@ -336,7 +336,7 @@ def test_a_backlog_is_committed_turn_by_turn_and_the_rest_handed_on(  # type: ig
         return True
 
     monkeypatch.setattr(
-        "memory_worker.agent_summaries.request_agent_summary", request_agent_summary
+        "memory_worker.agents.summaries.request_agent_summary", request_agent_summary
     )
     calls_before = len(use_fake_openai.requests)
     started = clock["now"]

@@ -463,7 +463,7 @@ def test_one_manual_fold_is_queued_per_chat_at_a_time(
 ) -> None:  # type: ignore[no-untyped-def]
     """A request while one is queued and not started queues nothing; once the task starts (it
     clears the marker before reading), the next request queues one that sees what came since."""
-    from memory_worker.dispatch import clear_manual_queued
+    from memory_worker.coordination.dispatch import clear_manual_queued
     from tests.conftest import contract_chat_after_turns
 
     settings.REDIS_URL = clean_redis
@@ -473,7 +473,7 @@ def test_one_manual_fold_is_queued_per_chat_at_a_time(
         requested.append(chat_id)
         return True
 
-    monkeypatch.setattr("memory_worker.manual_folds.request_consolidation", queue)
+    monkeypatch.setattr("memory_worker.scheduling.manual.request_fold", queue)
     chat_id = contract_chat_after_turns(api, 4)  # a manual fold would fold 2
     answers = [api.post(f"/api/v1/chats/{chat_id}/consolidate/") for _ in range(3)]
     assert [a.status_code for a in answers] == [202, 202, 202]

@@ -12,10 +12,10 @@ from rest_framework.test import APIClient
 
 from conversations.models import Brief, Chat, Message
 from conversations.services import bounded_context, turn_model, turn_slot
-from memory_worker.dispatch import RequestTrigger
-from memory_worker.folds import consolidate_once
+from memory_worker.coordination.dispatch import RequestReason
+from memory_worker.folding.execute import fold_once
 from tests.conftest import contract_chat_after_turns
-from tests.fake_openai import FakeOpenAI
+from tests.support.fake_openai import FakeOpenAI
 
 pytestmark = pytest.mark.django_db
 
@@ -203,7 +203,7 @@ def folded_summary_tokens(api: APIClient, overrides: dict[str, Any]) -> int:
         response = api.post(f"/api/v1/chats/{chat_id}/turns/", {"content": content}, format="json")
         assert response.status_code == 201, response.content
     # The turns folded synchronously already (contract).
-    consolidate_once(chat_id, RequestTrigger.MANUAL)
+    fold_once(chat_id, RequestReason.MANUAL)
     brief = Brief.objects.get(chat_id=chat_id)
     assert brief.last_consolidated > 0 and brief.summary
     return brief.summary_tokens
@@ -236,7 +236,7 @@ def test_the_summarizer_is_asked_for_the_chats_cap(
     chat_id = new_chat(api, policy="contract", policy_overrides={"summary_token_cap": 321})
     for number in range(8):
         api.post(f"/api/v1/chats/{chat_id}/turns/", {"content": f"fact {number}"}, format="json")
-    consolidate_once(chat_id, RequestTrigger.MANUAL)
+    fold_once(chat_id, RequestReason.MANUAL)
     instructions = use_fake_openai.summarize_requests()[-1]["body"]["messages"][0]["content"]
     assert "321" in instructions and "500" not in instructions
 
@@ -350,7 +350,7 @@ def test_a_manual_fold_not_queued_answers_in_the_error_shape(api: APIClient) -> 
 
 def slow_fold(monkeypatch: Any, during: Any) -> None:
     """The turn's synchronous fold calls ``during`` inside its summarizer call."""
-    from memory_worker import folds
+    from memory_worker.folding import execute as folds
 
     real = folds.get_summarizer
 
@@ -466,7 +466,7 @@ def test_a_chat_deleted_during_its_synchronous_fold_is_a_404(
 ) -> None:
     """The fold's commit finds no chat, the turn renews its slot and finds none either: the
     chat is gone, not taken over by another turn (it answered 409 turn_in_progress)."""
-    from memory_worker import folds
+    from memory_worker.folding import execute as folds
 
     chat_id = contract_chat_at_its_bound(api)
     real = folds.get_summarizer

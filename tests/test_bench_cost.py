@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from bench import cost
-from memory_worker.summarizers import FoldMessage, format_fold_input
-from tests.fake_openai import RecordedRequest
+from memory_worker.summaries.contract import FoldMessage, format_fold_input
+from tests.support.fake_openai import RecordedRequest
 
 ROOT = Path(__file__).resolve().parent.parent
 

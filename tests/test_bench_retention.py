@@ -16,14 +16,14 @@ from typing import Any
 
 from bench import retention, retention_crowded, retention_results, scripted_model
 from bench import retention_workload as workload
-from memory_worker.summarizers import (
+from memory_worker.summaries.contract import (
     RETRY_TARGET_FACTOR,
     FoldMessage,
     format_fold_input,
     shorten_request,
     summary_instructions,
 )
-from memory_worker.summary_validation import validate_summary
+from memory_worker.summaries.validation import validate_summary
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from bench import cost, topology, topology_chats, topology_measures
-from memory_worker.summarizers import FoldMessage, format_fold_input
-from tests.fake_openai import RecordedRequest
+from memory_worker.summaries.contract import FoldMessage, format_fold_input
+from tests.support.fake_openai import RecordedRequest
 
 ROOT = Path(__file__).resolve().parent.parent
 BASE = cost.build_workload(6, seed=3)

@@ -11,22 +11,22 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
+from conversations.chat_model.tokens import count_tokens
 from conversations.models import Brief, Chat, Consolidation, Message
 from conversations.services import chats as chat_service
-from memory_worker import folds
-from memory_worker import policy as engine
-from memory_worker.fold_commit import commit_fold
-from memory_worker.fold_ledger import record_running
-from memory_worker.invariants import chat_violations
-from memory_worker.state import load_snapshot
-from memory_worker.summarizers import SummaryResult
-from memory_worker.summary_edit import VersionMoved, edit_summary
-from memory_worker.tasks import consolidate_chat
-from memory_worker.tokens import count_tokens
+from memory_worker.engine import policy as engine
+from memory_worker.folding import execute as folds
+from memory_worker.folding.commit import commit_fold
+from memory_worker.folding.ledger import record_running
+from memory_worker.folding.snapshot import load_snapshot
+from memory_worker.folding.summary_edit import VersionMoved, edit_summary
+from memory_worker.summaries.contract import SummaryResult
+from memory_worker.tasks import fold_chat
 from tests.conftest import client_for, contract_chat_after_turns
-from tests.fake_openai import read_fold_input
+from tests.support.fake_openai import read_fold_input
+from tests.support.invariants import chat_violations
+from tests.support.workers import Worker, wait_until
 from tests.test_worker_faults import chat_with_fold_due, ledger_running, model_env
-from tests.workers import Worker, wait_until
 
 pytestmark = pytest.mark.django_db
 
@@ -403,7 +403,7 @@ def test_a_manual_fold_an_edit_supersedes_is_run_again_as_a_manual_fold(user, mo
     the policy's own triggers (none is due here, so that one would fold nothing)."""
     api = client_for(user)
     chat_id = contract_chat_after_turns(api, 4)  # 8 messages: under K + B, no fold due
-    assert folds.consolidate_once(chat_id, folds.RequestTrigger.TURN).status == "nothing"
+    assert folds.fold_once(chat_id, folds.RequestReason.TURN).status == "nothing"
     real = folds.guard
     edited: list[int] = []
 
@@ -413,7 +413,7 @@ def test_a_manual_fold_an_edit_supersedes_is_run_again_as_a_manual_fold(user, mo
         return real(*args, **kwargs)
 
     monkeypatch.setattr(folds, "guard", edit_meanwhile)
-    assert consolidate_chat(chat_id, "manual") == ["superseded", "succeeded"]
+    assert fold_chat(chat_id, "manual") == ["superseded", "succeeded"]
     rows = list(
         Consolidation.objects.filter(chat_id=chat_id)
         .order_by("id")

@@ -245,7 +245,7 @@ def test_on_a_terminal_arrow_keys_and_ctrl_a_edit_the_line_and_up_recalls_it(
     import subprocess
     import sys
 
-    from tests.workers import ROOT, test_database_url
+    from tests.support.workers import ROOT, test_database_url
 
     env = {
         key: value

@@ -9,10 +9,10 @@ from django.utils import timezone
 
 from conversations.models import Brief, Chat
 from conversations.variants import _parse_variants
-from memory_worker.dispatch import RequestTrigger
-from memory_worker.folds import consolidate_once, decide_for_chat
-from memory_worker.policy import Trigger
-from memory_worker.state import load_snapshot
+from memory_worker.coordination.dispatch import RequestReason
+from memory_worker.engine.policy import Trigger
+from memory_worker.folding.execute import decide_for_chat, fold_once
+from memory_worker.folding.snapshot import load_snapshot
 
 pytestmark = pytest.mark.django_db
 
@@ -71,7 +71,7 @@ def test_a_new_system_prompt_is_counted_for_the_bound(api: Any) -> None:
 def test_a_policy_change_echoes_the_effective_policy_and_keeps_the_memory(api: Any) -> None:
     chat = new_chat(api, policy="contract")
     take_turns(api, chat["id"], 8)
-    consolidate_once(chat["id"], RequestTrigger.MANUAL)
+    fold_once(chat["id"], RequestReason.MANUAL)
     brief = Brief.objects.get(chat_id=chat["id"])
     assert brief.last_consolidated > 0
     body = {"policy": "token-budget", "policy_overrides": {"max_tokens": 4800}}
@@ -97,7 +97,7 @@ def test_the_fold_after_a_policy_change_follows_the_new_policy(api: Any) -> None
     assert patch(api, chat["id"], {"policy": "contract"}).status_code == 200
     decision = decide_for_chat(Chat.objects.get(pk=chat["id"]), snapshot, now)
     assert decision is not None and decision.trigger == Trigger.OVERFLOW
-    consolidate_once(chat["id"], RequestTrigger.SWEEP)
+    fold_once(chat["id"], RequestReason.SWEEP)
     brief = Brief.objects.get(chat_id=chat["id"])
     assert (brief.last_consolidated, brief.version) == (decision.to_seq, 1)
     assert brief.summary

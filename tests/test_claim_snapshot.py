@@ -14,7 +14,7 @@ from django.utils import timezone
 
 from conversations.models import Chat, Message, Role
 from conversations.services import turn_slot, turn_store
-from memory_worker.state import MemorySnapshot, load_snapshot
+from memory_worker.folding.snapshot import MemorySnapshot, load_snapshot
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -77,7 +77,7 @@ def test_unknown_default_policy_is_refused_at_start_up(settings) -> None:  # typ
 
 
 def test_brief_works_while_redis_is_down(api, settings) -> None:  # type: ignore[no-untyped-def]
-    from memory_worker.runtime import _lock
+    from memory_worker.coordination.runtime import _lock
 
     chat_id = api.post("/api/v1/chats/", {}, format="json").json()["id"]
     settings.REDIS_URL = "redis://127.0.0.1:1/0"

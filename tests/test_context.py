@@ -13,7 +13,7 @@ import pytest
 
 from conversations.models import Brief, Chat, Message
 from conversations.services.context import SUMMARY_HEADER, build_model_messages
-from memory_worker.state import load_snapshot
+from memory_worker.folding.snapshot import load_snapshot
 from tests.test_agent_state import agent_turn, new_chat
 
 pytestmark = pytest.mark.django_db

@@ -10,7 +10,7 @@ import pytest
 
 from conversations.models import Brief, DailyNote, Message
 from memory_worker import daily_notes
-from tests.fake_openai import FakeOpenAI
+from tests.support.fake_openai import FakeOpenAI
 
 FACT = "The staging database password rotates every 30 days."
 
@@ -84,7 +84,7 @@ def test_a_fold_range_is_merged_once_and_facts_deduplicated(api: Any) -> None:
 
 
 def test_a_fold_fills_the_days_note_after_commit(api, settings, transactional_db) -> None:  # type: ignore[no-untyped-def]
-    from memory_worker.dispatch import drain_inline
+    from memory_worker.coordination.dispatch import drain_inline
 
     assert daily_notes.HOOK_PATH in settings.MEMORY_FLUSH_HOOKS  # on by default
     settings.MEMORY_DISPATCH = "inline"

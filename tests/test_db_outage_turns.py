@@ -14,8 +14,8 @@ from django.db import OperationalError, connection
 from rest_framework.authtoken.models import Token
 
 from conversations.api import views
+from conversations.chat_model.offline_backend import OfflineChatModel
 from conversations.models import Chat, Message
-from conversations.offline_chat_model import OfflineChatModel
 from conversations.rows import database_unreachable
 from conversations.services import exchanges
 

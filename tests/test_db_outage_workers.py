@@ -23,9 +23,13 @@ from django.utils import timezone
 
 from conversations import health
 from conversations.models import Brief, Consolidation
-from memory_worker import fold_commit, folds, retries, sweep, tasks
-from memory_worker.deadlines import fold_heartbeat_stale_after
-from memory_worker.runtime import chat_lock
+from memory_worker import tasks
+from memory_worker.coordination.deadlines import fold_heartbeat_stale_after
+from memory_worker.coordination.runtime import chat_lock
+from memory_worker.folding import commit as fold_commit
+from memory_worker.folding import execute as folds
+from memory_worker.folding import retries
+from memory_worker.scheduling import sweep
 from tests.conftest import contract_chat_after_turns
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -133,9 +137,7 @@ def test_a_pooled_connection_postgresql_dropped_fails_no_request(require_postgre
 
 def queued_retries(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, typing.Any]]:
     published: list[dict[str, typing.Any]] = []
-    monkeypatch.setattr(
-        tasks.consolidate_chat, "apply_async", lambda **options: published.append(options)
-    )
+    monkeypatch.setattr(tasks.fold_chat, "apply_async", lambda **options: published.append(options))
     return published
 
 
@@ -169,7 +171,7 @@ def test_a_fold_whose_commit_fails_on_the_database_is_retried(
 
     monkeypatch.setattr(fold_commit, "commit_in_one_statement", lost)
     monkeypatch.setattr(fold_commit, "commit_in_transaction", lost)
-    assert tasks.consolidate_chat(chat_id, "manual", due_at=1000.0) == ["database_error"]
+    assert tasks.fold_chat(chat_id, "manual", due_at=1000.0) == ["database_error"]
     row = Consolidation.objects.get(chat_id=chat_id)
     assert (row.status, row.error) == ("interrupted", "OperationalError (database error)")
     assert row.finished_at is not None
@@ -185,18 +187,18 @@ def test_a_fold_whose_commit_fails_on_the_database_is_retried(
     assert 0.8 * 30 <= published[0]["countdown"] <= 1.2 * 30
 
     # The next retry waits twice as long; the last one gives up with the error.
-    assert tasks.consolidate_chat(chat_id, "manual", db_retries=1) == ["database_error"]
+    assert tasks.fold_chat(chat_id, "manual", db_retries=1) == ["database_error"]
     assert published[1]["kwargs"] == {"db_retries": 2}
     assert 0.8 * 60 <= published[1]["countdown"] <= 1.2 * 60
     with pytest.raises(OperationalError):
-        tasks.consolidate_chat(chat_id, "manual", db_retries=retries.DATABASE_ERROR_RETRIES)
+        tasks.fold_chat(chat_id, "manual", db_retries=retries.DATABASE_ERROR_RETRIES)
     assert len(published) == 2
     assert lock_is_free(chat_id)
 
     # The database is back: the retry folds.
     monkeypatch.undo()
     published = queued_retries(monkeypatch)
-    assert tasks.consolidate_chat(chat_id, "manual", db_retries=1) == ["succeeded"]
+    assert tasks.fold_chat(chat_id, "manual", db_retries=1) == ["succeeded"]
     assert Brief.objects.get(chat_id=chat_id).last_consolidated > 0
     assert published == []
     assert set(Consolidation.objects.filter(chat_id=chat_id).values_list("status", flat=True)) == {
@@ -232,7 +234,7 @@ def test_a_connection_killed_during_the_summarizer_call(
             return self.inner.summarize(*args, **kwargs)
 
     monkeypatch.setattr(folds, "get_summarizer", lambda cap: Killed(real(cap)))
-    assert tasks.consolidate_chat(chat_id, "manual") == ["database_error"]
+    assert tasks.fold_chat(chat_id, "manual") == ["database_error"]
     row = Consolidation.objects.get(chat_id=chat_id)
     assert row.status == "interrupted" and "database error" in row.error
     assert Brief.objects.get(chat_id=chat_id).last_consolidated == 0

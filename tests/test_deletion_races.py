@@ -19,13 +19,14 @@ from django.db import OperationalError, connection, connections
 from django.utils import timezone
 
 from conversations.api import views
+from conversations.chat_model.offline_backend import OfflineChatModel
 from conversations.models import Brief, Chat, Consolidation, Message
-from conversations.offline_chat_model import OfflineChatModel
-from memory_worker import folds, retries
-from memory_worker.state import load_snapshot
+from memory_worker.folding import execute as folds
+from memory_worker.folding import retries
+from memory_worker.folding.snapshot import load_snapshot
 from tests.conftest import client_for
+from tests.support.workers import wait_until
 from tests.test_folds import chat_with_a_fold_due
-from tests.workers import wait_until
 
 DEADLINE = 15.0
 
@@ -201,7 +202,7 @@ def test_an_agent_state_commit_during_a_deletion(
     key is checked at commit; the deletion, holding the chat row, waited for the agent state
     row: a deadlock that failed the deletion. The commit now holds the chat first."""
     from conversations.models import AgentState, ResponseSummary
-    from memory_worker.agent_summaries import summarize_turns
+    from memory_worker.agents.summaries import summarize_turns
     from tests.test_agent_state import FILLER, replies_with
 
     replies_with(use_fake_openai, f"I'll save the recipes once you confirm. {FILLER}")

@@ -64,7 +64,7 @@ def test_compose_files_and_env_exist() -> None:
 
 def test_env_example_lists_every_setting_read_from_the_environment() -> None:
     settings_source = (ROOT / "chatmem_project" / "settings.py").read_text()
-    knobs_source = (ROOT / "memory_worker" / "env_knobs.py").read_text()
+    knobs_source = (ROOT / "memory_worker" / "knobs.py").read_text()
     read = set(re.findall(r'env(?:\.\w+)?\(\s*"([A-Z_0-9]+)"', settings_source))
     read |= set(re.findall(r'"([A-Z][A-Z_0-9]+)"', knobs_source))
     documented = set(
@@ -318,7 +318,7 @@ def test_workers_healthcheck_answers_for_a_running_worker_only(db: None, redis_u
     import subprocess
     import sys
 
-    from tests.workers import Worker, worker_env
+    from tests.support.workers import Worker, worker_env
 
     test = compose_services()["worker"]["healthcheck"]["test"]
     assert test[0] == "CMD-SHELL" and "-n " not in compose_services()["worker"]["command"]

@@ -1,19 +1,19 @@
 """One queued consolidation task per chat: a turn that finds a fold due publishes nothing while a
-task for that chat is queued and not started (memory_worker.dispatch), and the task gives the
-chat back to later turns when it starts, before it reads anything."""
+task for that chat is queued and not started (memory_worker.coordination.dispatch), and the task
+gives the chat back to later turns when it starts, before it reads anything."""
 
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from memory_worker import runs
-from memory_worker.dispatch import QUEUED_KEY, RequestTrigger, clear_queued
-from memory_worker.locks import LocalChatLock
-from memory_worker.outcomes import FoldOutcome, FoldResult
-from memory_worker.runs import request_consolidation
+from memory_worker.coordination.dispatch import QUEUED_KEY, RequestReason, clear_queued
+from memory_worker.coordination.locks import LocalChatLock
+from memory_worker.folding.outcomes import FoldOutcome, FoldStatus
+from memory_worker.scheduling import runs
+from memory_worker.scheduling.runs import request_fold
 from tests.conftest import client_for, contract_chat_after_turns
-from tests.workers import Worker, point_celery_at, wait_until
+from tests.support.workers import Worker, point_celery_at, wait_until
 
 pytestmark = [pytest.mark.redis]
 
@@ -42,36 +42,36 @@ def broker(settings, clean_redis) -> Iterator[Any]:  # type: ignore[no-untyped-d
 def test_turns_queue_one_task_per_chat_until_it_starts(broker) -> None:  # type: ignore[no-untyped-def]
     for _ in range(5):
         # Handed on: to the task already queued.
-        assert request_consolidation(7, RequestTrigger.TURN)
+        assert request_fold(7, RequestReason.TURN)
     assert broker.llen(QUEUE) == 1
-    assert request_consolidation(8, RequestTrigger.TURN)  # another chat has its own marker
+    assert request_fold(8, RequestReason.TURN)  # another chat has its own marker
     assert broker.llen(QUEUE) == 2
     clear_queued(7)  # what the task does when it starts
-    assert request_consolidation(7, RequestTrigger.TURN)
+    assert request_fold(7, RequestReason.TURN)
     assert broker.llen(QUEUE) == 3
 
 
 def test_manual_sweep_and_rerun_requests_always_publish(broker) -> None:  # type: ignore[no-untyped-def]
-    assert request_consolidation(7, RequestTrigger.TURN)
-    manual, sweep, rerun = RequestTrigger.MANUAL, RequestTrigger.SWEEP, RequestTrigger.RERUN
+    assert request_fold(7, RequestReason.TURN)
+    manual, sweep, rerun = RequestReason.MANUAL, RequestReason.SWEEP, RequestReason.RERUN
     for trigger in (manual, sweep, rerun, manual):
-        assert request_consolidation(7, trigger)
+        assert request_fold(7, trigger)
     assert broker.llen(QUEUE) == 5
 
 
 def test_the_marker_expires(broker, settings) -> None:  # type: ignore[no-untyped-def]
     settings.MEMORY_ENQUEUE_DEDUP_SECONDS = 0.2
-    assert request_consolidation(7, RequestTrigger.TURN)
+    assert request_fold(7, RequestReason.TURN)
     assert 0 < broker.pttl(QUEUED_KEY.format(7)) <= 200
     assert wait_until(lambda: not broker.exists(QUEUED_KEY.format(7)), timeout=5)
-    assert request_consolidation(7, RequestTrigger.TURN)
+    assert request_fold(7, RequestReason.TURN)
     assert broker.llen(QUEUE) == 2
 
 
 def test_zero_turns_deduplication_off(broker, settings) -> None:  # type: ignore[no-untyped-def]
     settings.MEMORY_ENQUEUE_DEDUP_SECONDS = 0
     for _ in range(3):
-        assert request_consolidation(7, RequestTrigger.TURN)
+        assert request_fold(7, RequestReason.TURN)
     assert broker.llen(QUEUE) == 3
 
 
@@ -85,11 +85,11 @@ def test_a_failed_publish_leaves_no_marker(broker) -> None:  # type: ignore[no-u
         dead_port = probe.getsockname()[1]
     live = point_celery_at(f"redis://127.0.0.1:{dead_port}/0")
     try:
-        assert not request_consolidation(7, RequestTrigger.TURN)  # logged, never raised
+        assert not request_fold(7, RequestReason.TURN)  # logged, never raised
     finally:
         point_celery_at(live)
     assert not broker.exists(QUEUED_KEY.format(7))
-    assert request_consolidation(7, RequestTrigger.TURN)
+    assert request_fold(7, RequestReason.TURN)
     assert broker.llen(QUEUE) == 1
 
 
@@ -110,13 +110,13 @@ def test_the_run_clears_the_marker_after_the_lock_and_before_it_reads(monkeypatc
     calls: list[str] = []
     monkeypatch.setattr(runs, "clear_queued", lambda chat_id: calls.append(f"clear {chat_id}"))
 
-    def consolidate_once(chat_id: int, trigger: str, **_: object) -> FoldOutcome:
+    def fold_once(chat_id: int, trigger: str, **_: object) -> FoldOutcome:
         calls.append(f"read {chat_id}")
-        return FoldOutcome(FoldResult.NOTHING)
+        return FoldOutcome(FoldStatus.NOTHING)
 
-    monkeypatch.setattr(runs, "consolidate_once", consolidate_once)
+    monkeypatch.setattr(runs, "fold_once", fold_once)
     monkeypatch.setattr(runs, "hand_on_pending", lambda *args: None)
-    runs.consolidate_with_lock(7, RequestTrigger.TURN, RecordingLock(calls))
+    runs.fold_with_lock(7, RequestReason.TURN, RecordingLock(calls))
     assert calls == ["lock 7", "clear 7", "read 7"]
 
 
@@ -126,14 +126,14 @@ def test_a_run_whose_marker_cannot_be_cleared_still_runs(monkeypatch) -> None:  
 
     ran: list[int] = []
 
-    def consolidate_once(chat_id: int, trigger: str, **_: object) -> FoldOutcome:
+    def fold_once(chat_id: int, trigger: str, **_: object) -> FoldOutcome:
         ran.append(chat_id)
-        return FoldOutcome(FoldResult.NOTHING)
+        return FoldOutcome(FoldStatus.NOTHING)
 
     monkeypatch.setattr(runs, "clear_queued", broken)
-    monkeypatch.setattr(runs, "consolidate_once", consolidate_once)
+    monkeypatch.setattr(runs, "fold_once", fold_once)
     monkeypatch.setattr(runs, "hand_on_pending", lambda *args: None)
-    runs.consolidate_with_lock(7, RequestTrigger.TURN, LocalChatLock(ttl_seconds=30))
+    runs.fold_with_lock(7, RequestReason.TURN, LocalChatLock(ttl_seconds=30))
     assert ran == [7]
 
 
@@ -150,8 +150,8 @@ def test_a_chat_behind_queues_one_task_and_a_worker_catches_it_up(
     from django.utils import timezone
 
     from conversations.models import Brief, Chat
-    from memory_worker.folds import decide_for_chat
-    from memory_worker.state import load_snapshot
+    from memory_worker.folding.execute import decide_for_chat
+    from memory_worker.folding.snapshot import load_snapshot
 
     chat_id = contract_chat_after_turns(client_for(user), 30)
     folds = [task for task in queued_tasks(broker) if task[0] == "chatmem.consolidate_chat"]

@@ -21,8 +21,8 @@ from chatmem_project.boot import MIN_SECRET_KEY_LENGTH
 from conversations.api.pagination import StandardPagination
 from conversations.checks import NON_NEGATIVE_WEB_SETTINGS, POSITIVE_WEB_SETTINGS
 from conversations.management.commands.chat import Command
-from tests.private_redis import free_port
-from tests.workers import wait_until
+from tests.support.private_redis import free_port
+from tests.support.workers import wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()

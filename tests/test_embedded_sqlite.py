@@ -22,7 +22,7 @@ call_command("migrate", verbosity=0)
 from django.contrib.auth import get_user_model
 from rest_framework.test import APIClient
 from conversations.models import Message
-from memory_worker.dispatch import drain_inline
+from memory_worker.coordination.dispatch import drain_inline
 
 def client_of(name):
     client = APIClient()

@@ -15,15 +15,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from memory_worker.engine_state import (
-    ChatState,
-    Msg,
-    after_boundaries,
-    history_tokens,
-    prompt_tokens,
-)
-from memory_worker.pinned import pin_room
-from memory_worker.policy import (
+from memory_worker.engine.policy import (
     PROMPT_WINDOW_SHARE,
     Decision,
     Policy,
@@ -35,7 +27,15 @@ from memory_worker.policy import (
     thresholds,
     token_budget_exceeded,
 )
-from memory_worker.presets import PRESETS, PolicyError, resolve_policy, synchronous_only
+from memory_worker.engine.presets import PRESETS, PolicyError, resolve_policy, synchronous_only
+from memory_worker.engine.state import (
+    ChatState,
+    Msg,
+    after_boundaries,
+    history_tokens,
+    prompt_tokens,
+)
+from memory_worker.pinned import pin_room
 
 EXAMPLES = int(os.environ.get("HYPOTHESIS_POLICY_EXAMPLES", "200"))
 START = datetime(2026, 1, 1, tzinfo=UTC)

@@ -5,8 +5,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from memory_worker.engine_state import ChatState, Msg, prompt_tokens
-from memory_worker.policy import (
+from memory_worker.engine.policy import (
     Decision,
     Policy,
     Trigger,
@@ -16,8 +15,9 @@ from memory_worker.policy import (
     decide_manual,
     thresholds,
 )
-from memory_worker.presets import PRESETS, PolicyError, policy_parameters, resolve_policy
-from memory_worker.turn_groups import split_for_summarizer
+from memory_worker.engine.presets import PRESETS, PolicyError, policy_parameters, resolve_policy
+from memory_worker.engine.state import ChatState, Msg, prompt_tokens
+from memory_worker.engine.turn_groups import split_for_summarizer
 
 NOW = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
 BIG_WINDOW = 1_000_000

@@ -2,14 +2,21 @@
 docs/policies.md). The knobs read numbers as every other setting does (docs/operations.md: "1e3" is
 1000 for an integer setting too)."""
 
+import os
 import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
 
 import environ
 import pytest
 
-from chatmem_project import settings
-from memory_worker.env_knobs import preset_env_overrides
-from memory_worker.presets import resolve_policy
+from chatmem_project import env as settings_env
+from memory_worker import knobs
+from memory_worker.engine.presets import resolve_policy
+from memory_worker.folding.effective_policy import env_overrides
+from memory_worker.knobs import preset_env_overrides
 
 
 def overrides_from(
@@ -123,4 +130,46 @@ def test_the_settings_read_numbers_the_same_way() -> None:
     refused = re.escape("MEMORY_SWEEP_BATCH must be an integer, got '2.5'")
     with pytest.raises(Exception, match=refused), pytest.MonkeyPatch.context() as patch:
         patch.setenv("MEMORY_SWEEP_BATCH", "2.5")
-        settings.env_int("MEMORY_SWEEP_BATCH", 500)
+        settings_env.env_int("MEMORY_SWEEP_BATCH", 500)
+
+
+# Where the knobs are read: once per process when the app is ready, not by the settings.
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_the_settings_load_without_importing_memory() -> None:
+    code = (
+        "import sys, chatmem_project.settings\n"
+        "loaded = sorted(m for m in sys.modules if m.split('.')[0] == 'memory_worker')\n"
+        "assert not loaded, loaded\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60, cwd=ROOT)
+
+
+def test_a_bad_knob_stops_a_process_at_start_up_with_its_reason() -> None:
+    environment = {**os.environ, "MEMORY_K_RAW_TURNS": "three"}
+    checked = subprocess.run(
+        [sys.executable, "manage.py", "check"],
+        cwd=ROOT,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert checked.returncode != 0
+    assert "MEMORY_K_RAW_TURNS must be an integer, got 'three'" in checked.stderr
+
+
+def test_a_chat_policy_takes_the_environments_knobs_unless_the_settings_give_them(
+    monkeypatch: pytest.MonkeyPatch, settings: Any
+) -> None:
+    monkeypatch.setenv("MEMORY_CONTEXT_SIZE", "100")
+    knobs.operator_overrides.cache_clear()
+    try:
+        settings.MEMORY_PRESET_ENV_OVERRIDES = None
+        assert env_overrides("sliding-window") == {"context_size": 100}
+        settings.MEMORY_PRESET_ENV_OVERRIDES = {"sliding-window": {"context_size": 60}}
+        assert env_overrides("sliding-window") == {"context_size": 60}
+    finally:
+        knobs.operator_overrides.cache_clear()

@@ -23,8 +23,8 @@ from hypothesis import strategies as st
 from openai.types.chat import ChatCompletionMessageParam, ChatCompletionToolParam
 from openai.types.responses import ResponsePromptParam
 
-from memory_worker.summarizers import FoldMessage, format_fold_input, summary_instructions
-from tests.fake_openai import (
+from memory_worker.summaries.contract import FoldMessage, format_fold_input, summary_instructions
+from tests.support.fake_openai import (
     PADDING,
     SUMMARY_HEADINGS,
     FakeOpenAI,
@@ -535,7 +535,15 @@ def test_stop_interrupts_a_sleeping_timeout_fault() -> None:
 
 
 def test_runs_standalone_until_sigterm() -> None:
-    command = [sys.executable, "-m", "tests.fake_openai", "--port", "0", "--latency", "0.01"]
+    command = [
+        sys.executable,
+        "-m",
+        "tests.support.fake_openai",
+        "--port",
+        "0",
+        "--latency",
+        "0.01",
+    ]
     process = subprocess.Popen(
         command, cwd=REPO_ROOT, stdout=subprocess.PIPE, text=True, env={**os.environ}
     )

@@ -5,10 +5,10 @@ stop. The fold service is driven directly, as a worker would."""
 import pytest
 
 from conversations.models import Brief, Consolidation
-from memory_worker.dispatch import RequestTrigger
-from memory_worker.folds import consolidate_once
-from memory_worker.invariants import chat_violations
-from memory_worker.summary_validation import validate_summary
+from memory_worker.coordination.dispatch import RequestReason
+from memory_worker.folding.execute import fold_once
+from memory_worker.summaries.validation import validate_summary
+from tests.support.invariants import chat_violations
 
 pytestmark = pytest.mark.django_db
 
@@ -35,7 +35,7 @@ def test_thirty_percent_summarizer_faults(api, use_fake_openai, settings) -> Non
             )
             # A synchronous fold may hit a fault: then the turn is refused (503), never stored.
             assert response.status_code in (201, 503), response.content
-            outcome = consolidate_once(chat_id, RequestTrigger.TURN)
+            outcome = fold_once(chat_id, RequestReason.TURN)
             if outcome.status == "succeeded":
                 committed.append(Brief.objects.get(chat_id=chat_id).summary)
     counters = use_fake_openai.counters()
@@ -48,7 +48,7 @@ def test_thirty_percent_summarizer_faults(api, use_fake_openai, settings) -> Non
     use_fake_openai.clear_faults()
     for chat_id in chat_ids:
         for _ in range(10):
-            if consolidate_once(chat_id, RequestTrigger.TURN).status == "nothing":
+            if fold_once(chat_id, RequestReason.TURN).status == "nothing":
                 break
         brief = Brief.objects.get(chat_id=chat_id)
         assert not brief.degraded and brief.consecutive_failures == 0

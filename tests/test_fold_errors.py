@@ -9,12 +9,12 @@ from typing import Any
 
 import pytest
 
+from conversations.chat_model.transport import SECRET_PATTERN
 from conversations.models import Brief, Consolidation
-from memory_worker import folds
-from memory_worker.dispatch import RequestTrigger
-from memory_worker.openai_transport import SECRET_PATTERN
-from memory_worker.summarizers import SummarizerError
-from tests.fake_openai import FakeOpenAI
+from memory_worker.coordination.dispatch import RequestReason
+from memory_worker.folding import execute as folds
+from memory_worker.summaries.contract import SummarizerError
+from tests.support.fake_openai import FakeOpenAI
 from tests.test_summarizers import (
     TWO_TURNS,
     ScriptedServer,
@@ -50,12 +50,14 @@ def test_the_providers_account_messages_stay_in_the_log(
 ) -> None:
     chat_id = chat_with_a_fold_due(api)
     use_fake_openai.queue_faults("summarize", [fault])
-    with caplog.at_level(logging.WARNING, logger="memory_worker.summarizers"):
-        assert folds.consolidate_once(chat_id, RequestTrigger.TURN).status == "failed"
+    with caplog.at_level(logging.WARNING, logger="memory_worker.summaries.contract"):
+        assert folds.fold_once(chat_id, RequestReason.TURN).status == "failed"
     for shown in shown_to_owner(api, chat_id):
         assert "HTTP " in shown  # the status, so the owner knows the model failed
         assert "(fake)" not in shown  # every fake provider message ends so
-    logged = [r.getMessage() for r in caplog.records if r.name == "memory_worker.summarizers"]
+    logged = [
+        r.getMessage() for r in caplog.records if r.name == "memory_worker.summaries.contract"
+    ]
     assert any("(fake)" in message for message in logged)
     assert not any("sk-test" in message for message in logged)  # the key, even masked
 
@@ -63,7 +65,7 @@ def test_the_providers_account_messages_stay_in_the_log(
 def test_a_request_the_provider_refused_says_why(api: Any, use_fake_openai: FakeOpenAI) -> None:
     chat_id = chat_with_a_fold_due(api)
     use_fake_openai.queue_faults("summarize", ["400"])
-    assert folds.consolidate_once(chat_id, RequestTrigger.TURN).status == "failed"
+    assert folds.fold_once(chat_id, RequestReason.TURN).status == "failed"
     for shown in shown_to_owner(api, chat_id):
         assert "Invalid request (fake)." in shown
 
@@ -77,7 +79,7 @@ def test_a_crash_shows_the_owner_its_kind_only(api: Any, monkeypatch: Any) -> No
 
     monkeypatch.setattr(folds, "get_summarizer", lambda *args: Crashing())
     with pytest.raises(RuntimeError):
-        folds.consolidate_once(chat_id, RequestTrigger.TURN)
+        folds.fold_once(chat_id, RequestReason.TURN)
     brief = Brief.objects.get(chat_id=chat_id)
     ledger = Consolidation.objects.get(chat_id=chat_id)
     for shown in (brief.last_error, ledger.error):
@@ -114,7 +116,7 @@ def test_a_failed_response_shows_its_code_only(
     }
     server.script(failed)
     with (
-        caplog.at_level(logging.WARNING, logger="memory_worker.summarizers"),
+        caplog.at_level(logging.WARNING, logger="memory_worker.summaries.contract"),
         pytest.raises(SummarizerError) as caught,
     ):
         responses_summarizer(server).summarize("", TWO_TURNS)

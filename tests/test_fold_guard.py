@@ -1,5 +1,5 @@
-"""The fold guard (memory_worker.fold_guard, memory_worker.guarded_summary): a new summary that
-drops a rule or an exact value of the old one, which no folded message changed, is refused,
+"""The fold guard (memory_worker.summaries.guard, memory_worker.summaries.guarded): a new summary
+that drops a rule or an exact value of the old one, which no folded message changed, is refused,
 repaired once, or fails; and the loss report lists what a fold's summary let go."""
 
 from collections.abc import Sequence
@@ -8,12 +8,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from memory_worker import fold_guard
-from memory_worker.guarded_summary import summarize_guarded
-from memory_worker.offline_summarizer import OfflineSummarizer
-from memory_worker.retention_rules import is_rule_or_value
-from memory_worker.summarizers import FoldMessage, SummaryResult
-from memory_worker.tokens import count_tokens
+from conversations.chat_model.tokens import count_tokens
+from memory_worker.summaries import guard as fold_guard
+from memory_worker.summaries.contract import FoldMessage, SummaryResult
+from memory_worker.summaries.guarded import summarize_guarded
+from memory_worker.summaries.offline import OfflineSummarizer
+from memory_worker.summaries.retention import is_rule_or_value
 
 OLD = """## Facts / Constraints
 - The door code is 4821.

@@ -1,7 +1,7 @@
 """Folds, called directly as a worker would (Zulip-style consume tests): a sliding-window fold,
 fencing, failures, the post-commit enqueue, the brief and ledger rows a fold writes (the
 summarizer calls included), what the summarizer reads of the folded messages, and a task's
-reruns (memory_worker.folds, fold_commit, runs)."""
+reruns (memory_worker.folding.execute, fold_commit, runs)."""
 
 import itertools
 import threading
@@ -14,14 +14,16 @@ import pytest
 from django.utils import timezone
 
 from conversations.models import Brief, Chat, Consolidation, Message
-from memory_worker import fold_commit, folds, runs
-from memory_worker.chat_summarizer import ChatCompletionsSummarizer
-from memory_worker.dispatch import RequestTrigger
-from memory_worker.lease import Lease
-from memory_worker.locks import LocalChatLock
-from memory_worker.state import load_snapshot
+from memory_worker.coordination.dispatch import RequestReason
+from memory_worker.coordination.lease import Lease
+from memory_worker.coordination.locks import LocalChatLock
+from memory_worker.folding import commit as fold_commit
+from memory_worker.folding import execute as folds
+from memory_worker.folding.snapshot import load_snapshot
+from memory_worker.scheduling import runs
+from memory_worker.summaries.chat_completions import ChatCompletionsSummarizer
 from tests.conftest import contract_chat_after_turns, require
-from tests.fake_openai import read_fold_input, transcript
+from tests.support.fake_openai import read_fold_input, transcript
 from tests.test_summarizers import FORGING_CONTENTS
 
 pytestmark = pytest.mark.django_db
@@ -44,21 +46,21 @@ def turns(api, chat_id, count, start=0):  # type: ignore[no-untyped-def]
 
 
 def recorder(requested: list[tuple[int, str]]):  # type: ignore[no-untyped-def]
-    def request_consolidation(chat_id: int, trigger: str, due_at: object = None) -> bool:
+    def request_fold(chat_id: int, trigger: str, due_at: object = None) -> bool:
         requested.append((chat_id, trigger))
         if trigger == "turn":  # a turn says when it found the fold due (consolidation lag)
             assert isinstance(due_at, datetime), due_at
         return True
 
-    return request_consolidation
+    return request_fold
 
 
 def test_sliding_window_folds_twelve_beyond_the_tail(api) -> None:  # type: ignore[no-untyped-def]
     chat_id = new_chat(api)  # sliding-window defaults: tail 40, window 12
     turns(api, chat_id, 25)  # 50 messages: backlog 10, nothing due
-    assert folds.consolidate_once(chat_id, RequestTrigger.TURN).status == "nothing"
+    assert folds.fold_once(chat_id, RequestReason.TURN).status == "nothing"
     turns(api, chat_id, 1, start=25)  # 52 messages: backlog 12
-    outcome = folds.consolidate_once(chat_id, RequestTrigger.TURN)
+    outcome = folds.fold_once(chat_id, RequestReason.TURN)
     assert outcome.status == "succeeded"
     assert outcome.decision is not None
     assert (outcome.decision.trigger, outcome.decision.from_seq, outcome.decision.to_seq) == (
@@ -123,7 +125,7 @@ def test_summarizer_failure_writes_nothing_and_backs_off(api, use_fake_openai) -
     chat_id = new_chat(api)
     turns(api, chat_id, 26)
     use_fake_openai.queue_faults("summarize", ["500"])
-    outcome = folds.consolidate_once(chat_id, RequestTrigger.TURN)
+    outcome = folds.fold_once(chat_id, RequestReason.TURN)
     assert outcome.status == "failed" and outcome.transient
     brief = Brief.objects.get(chat_id=chat_id)
     assert (brief.summary, brief.last_consolidated, brief.version) == ("", 0, 0)
@@ -131,8 +133,8 @@ def test_summarizer_failure_writes_nothing_and_backs_off(api, use_fake_openai) -
     assert brief.next_attempt_at is not None and brief.next_attempt_at > timezone.now()
     assert "500" in brief.last_error or "server" in brief.last_error.lower()
     # While backing off, turn triggers do not hammer the model; a manual request does run.
-    assert folds.consolidate_once(chat_id, RequestTrigger.TURN).status == "deferred"
-    assert folds.consolidate_once(chat_id, RequestTrigger.MANUAL).status == "succeeded"
+    assert folds.fold_once(chat_id, RequestReason.TURN).status == "deferred"
+    assert folds.fold_once(chat_id, RequestReason.MANUAL).status == "succeeded"
     brief.refresh_from_db()
     assert (brief.consecutive_failures, brief.next_attempt_at, brief.last_error) == (0, None, "")
 
@@ -142,7 +144,7 @@ def test_invalid_summaries_are_failures(api, use_fake_openai) -> None:  # type: 
     turns(api, chat_id, 26)
     for fault in ("empty", "truncated", "refusal"):
         use_fake_openai.queue_faults("summarize", [fault])
-        outcome = folds.consolidate_once(chat_id, RequestTrigger.MANUAL)
+        outcome = folds.fold_once(chat_id, RequestReason.MANUAL)
         assert outcome.status == "failed", fault
         assert not outcome.transient, fault
     assert Brief.objects.get(chat_id=chat_id).last_consolidated == 0
@@ -152,9 +154,7 @@ def test_turn_enqueues_only_when_a_fold_is_due(
     api, settings, monkeypatch, django_capture_on_commit_callbacks
 ) -> None:  # type: ignore[no-untyped-def]
     requested: list[tuple[int, str]] = []
-    monkeypatch.setattr(
-        "conversations.services.turn_store.request_consolidation", recorder(requested)
-    )
+    monkeypatch.setattr("conversations.services.turn_store.request_fold", recorder(requested))
     chat_id = new_chat(api)
     for number in range(26):
         with django_capture_on_commit_callbacks(execute=True):
@@ -165,7 +165,7 @@ def test_turn_enqueues_only_when_a_fold_is_due(
 
 def test_manual_consolidate_endpoint_queues(api, settings, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     requested: list[tuple[int, str]] = []
-    monkeypatch.setattr("memory_worker.manual_folds.request_consolidation", recorder(requested))
+    monkeypatch.setattr("memory_worker.scheduling.manual.request_fold", recorder(requested))
     chat_id = contract_chat_after_turns(api, 4)  # a manual fold would fold 2
     response = api.post(f"/api/v1/chats/{chat_id}/consolidate/")
     assert response.status_code == 202
@@ -175,8 +175,8 @@ def test_manual_consolidate_endpoint_queues(api, settings, monkeypatch) -> None:
 
 def test_inline_mode_folds_in_the_background(api, settings, transactional_db) -> None:  # type: ignore[no-untyped-def]
     """The embedded default: after a turn makes a fold due, the in-process runner folds it."""
-    from memory_worker.dispatch import drain_inline
-    from tests.workers import wait_until
+    from memory_worker.coordination.dispatch import drain_inline
+    from tests.support.workers import wait_until
 
     settings.MEMORY_DISPATCH = "inline"
     chat_id = new_chat(api, policy="contract")
@@ -212,8 +212,8 @@ def test_failed_synchronous_fold_whose_fallback_fails_too_is_503_and_stores_noth
 ) -> None:
     """The offline fallback (tests/test_turn_fold.py) failing as well: the fallback here is
     the failing model summarizer again."""
-    from memory_worker import turn_fold
-    from memory_worker.backends import get_summarizer
+    from memory_worker.scheduling import before_turn as turn_fold
+    from memory_worker.summaries.backends import get_summarizer
 
     monkeypatch.setattr(turn_fold, "offline_summarizer", get_summarizer)
     chat_id = new_chat(api, policy="contract")
@@ -254,7 +254,7 @@ def test_large_fold_is_summarized_in_chunks(api, use_fake_openai, settings) -> N
     settings.MEMORY_SUMMARIZER_INPUT_BUDGET = 120  # a few turns per summarizer call
     chat_id = new_chat(api)
     turns(api, chat_id, 26)
-    outcome = folds.consolidate_once(chat_id, RequestTrigger.TURN)
+    outcome = folds.fold_once(chat_id, RequestReason.TURN)
     assert outcome.status == "succeeded"
     assert outcome.decision is not None and outcome.decision.to_seq == 12  # the whole range
     requests = use_fake_openai.summarize_requests()
@@ -286,7 +286,7 @@ def test_a_later_chunk_failing_keeps_the_chunks_before_it(api, use_fake_openai, 
     chat_id = new_chat(api)
     turns(api, chat_id, 26)
     use_fake_openai.queue_faults("summarize", ["ok", "500"])
-    outcome = folds.consolidate_once(chat_id, RequestTrigger.TURN)
+    outcome = folds.fold_once(chat_id, RequestReason.TURN)
     assert (outcome.status, outcome.kind) == ("failed", "server_error")
     first, second = Consolidation.objects.filter(chat_id=chat_id).order_by("id")
     assert (first.status, second.status) == ("succeeded", "failed")
@@ -297,10 +297,10 @@ def test_a_later_chunk_failing_keeps_the_chunks_before_it(api, use_fake_openai, 
     # The policy decides again from the new watermark: the 2 messages left are under the
     # window, so the retry finds nothing due and ends the failure state...
     retry_at = brief.next_attempt_at + timedelta(seconds=1)
-    assert folds.consolidate_once(chat_id, RequestTrigger.RETRY, now=retry_at).status == "nothing"
+    assert folds.fold_once(chat_id, RequestReason.RETRY, now=retry_at).status == "nothing"
     assert Brief.objects.get(chat_id=chat_id).consecutive_failures == 0
     # ...and a fold starts where the committed chunk ended.
-    manual = folds.consolidate_once(chat_id, RequestTrigger.MANUAL)
+    manual = folds.fold_once(chat_id, RequestReason.MANUAL)
     assert manual.status == "succeeded"
     assert manual.decision is not None and manual.decision.from_seq == first.to_seq + 1
     assert Brief.objects.get(chat_id=chat_id).last_consolidated == 12
@@ -351,7 +351,7 @@ def record_flush(chat_id: int, messages: list[Message], version: int) -> None:
 
 
 def test_flush_hooks_run_after_a_committed_fold(api, settings, transactional_db) -> None:  # type: ignore[no-untyped-def]
-    from memory_worker.dispatch import drain_inline
+    from memory_worker.coordination.dispatch import drain_inline
     from memory_worker.signals import messages_folded
 
     FLUSHED.clear()
@@ -367,7 +367,7 @@ def test_flush_hooks_run_after_a_committed_fold(api, settings, transactional_db)
         settings.MEMORY_FLUSH_HOOKS = ["tests.test_folds.record_flush"]
         settings.MEMORY_DISPATCH = "inline"
         stale = load_snapshot(chat_id)
-        assert folds.consolidate_once(chat_id, RequestTrigger.MANUAL).status == "succeeded"
+        assert folds.fold_once(chat_id, RequestReason.MANUAL).status == "succeeded"
         drain_inline()
     finally:
         messages_folded.disconnect(on_fold)
@@ -454,11 +454,11 @@ def test_the_ledger_counts_the_stricter_retry_of_an_over_cap_summary(api, monkey
         )
 
     monkeypatch.setattr(
-        "memory_worker.chat_summarizer.create_chat_completion", create_chat_completion
+        "memory_worker.summaries.chat_completions.create_chat_completion", create_chat_completion
     )
     summarizer = ChatCompletionsSummarizer(cast(Any, None), "gpt-test", cap_tokens=40)
     monkeypatch.setattr(folds, "get_summarizer", lambda cap=None: summarizer)
-    outcome = folds.consolidate_once(chat_id, RequestTrigger.MANUAL)
+    outcome = folds.fold_once(chat_id, RequestReason.MANUAL)
     assert outcome.status == "succeeded" and outcome.ledger_id is not None, outcome
     row = Consolidation.objects.get(pk=outcome.ledger_id)
     assert (row.summarizer_calls, row.input_tokens, row.output_tokens) == (2, 300, 100)
@@ -474,14 +474,14 @@ def task_run(chat_id: int, lock: object) -> tuple[list[str], list[str]]:
     from django.test.utils import CaptureQueriesContext
 
     with CaptureQueriesContext(connection) as captured:
-        outcomes = runs.consolidate_with_lock(chat_id, RequestTrigger.TURN, lock)  # type: ignore[arg-type]
+        outcomes = runs.fold_with_lock(chat_id, RequestReason.TURN, lock)  # type: ignore[arg-type]
     return [o.status for o in outcomes], [q["sql"].split()[0] for q in captured.captured_queries]
 
 
 def test_a_task_whose_fold_leaves_nothing_due_reads_once_and_releases(api) -> None:  # type: ignore[no-untyped-def]
     from django.db import connection
 
-    from memory_worker.locks import LocalChatLock
+    from memory_worker.coordination.locks import LocalChatLock
 
     chat_id = new_chat(api)
     turns(api, chat_id, 26)  # 52 messages: one window of 12 beyond the tail
@@ -517,7 +517,7 @@ def test_a_run_renews_its_lock_while_it_folds_and_stops_when_it_ends(api, monkey
 
 
 def test_a_backlog_of_several_folds_is_folded_by_the_same_task(api) -> None:  # type: ignore[no-untyped-def]
-    from memory_worker.locks import LocalChatLock
+    from memory_worker.coordination.locks import LocalChatLock
 
     # context_size 100: the backlog stays under the bound, where max_fold_turns paces the folds.
     chat_id = new_chat(api, policy_overrides={"max_fold_turns": 6, "context_size": 100})
@@ -532,14 +532,14 @@ def test_a_backlog_of_several_folds_is_folded_by_the_same_task(api) -> None:  # 
 def test_a_task_out_of_time_hands_the_backlog_on(api, settings, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """No rerun starts that could outrun the task's soft time limit: the lock is released and a
     fresh task is queued for what is left."""
-    from memory_worker.locks import LocalChatLock
+    from memory_worker.coordination.locks import LocalChatLock
 
     chat_id = new_chat(api, policy_overrides={"max_fold_turns": 6, "context_size": 100})
     turns(api, chat_id, 38)  # three folds of 12 due, as above
     settings.MEMORY_LLM_TIMEOUT_SECONDS = 60
     settings.MEMORY_TASK_SOFT_TIME_LIMIT = 30  # not even one more summarizer call fits
     requested: list[tuple[int, str]] = []
-    monkeypatch.setattr(runs, "request_consolidation", recorder(requested))
+    monkeypatch.setattr(runs, "request_fold", recorder(requested))
     lock = LocalChatLock(ttl_seconds=60)
     statuses, _ = task_run(chat_id, lock)
     assert statuses == ["succeeded"]
@@ -553,7 +553,7 @@ def test_a_manual_fold_out_of_time_hands_its_rest_on_as_manual(
 ) -> None:  # type: ignore[no-untyped-def]
     """Handed on as a "rerun", the rest of a manual fold was judged by the policy's triggers,
     which need not want it: the API had answered 202 for a fold that never finished."""
-    from memory_worker.locks import LocalChatLock
+    from memory_worker.coordination.locks import LocalChatLock
 
     settings.MEMORY_SUMMARIZER_INPUT_BUDGET = 1  # a chunk per turn
     settings.MEMORY_LLM_TIMEOUT_SECONDS = 60
@@ -561,9 +561,9 @@ def test_a_manual_fold_out_of_time_hands_its_rest_on_as_manual(
     chat_id = new_chat(api)
     turns(api, chat_id, 25)  # 10 messages beyond the tail: under the window, nothing due
     requested: list[tuple[int, str]] = []
-    monkeypatch.setattr(runs, "request_consolidation", recorder(requested))
+    monkeypatch.setattr(runs, "request_fold", recorder(requested))
     lock = LocalChatLock(ttl_seconds=60)
-    outcomes = runs.consolidate_with_lock(chat_id, RequestTrigger.MANUAL, lock)
+    outcomes = runs.fold_with_lock(chat_id, RequestReason.MANUAL, lock)
     assert [(o.status, o.cut_short) for o in outcomes] == [("succeeded", True)]
     assert Brief.objects.get(chat_id=chat_id).last_consolidated > 0
     assert requested == [(chat_id, "manual")]
@@ -573,7 +573,7 @@ def test_a_fold_made_due_during_a_fold_runs_as_a_rerun(api, monkeypatch) -> None
     """Six turns stored while the summarizer works make another window due; the fold judged on
     what it read finds nothing more, but the turns' own trigger (a task that met the held lock,
     so a pending flag) makes the same task read again and fold them."""
-    from memory_worker.locks import LocalChatLock
+    from memory_worker.coordination.locks import LocalChatLock
 
     chat_id = new_chat(api)
     turns(api, chat_id, 26)
@@ -610,7 +610,7 @@ def test_messages_that_forge_the_fold_input_reach_the_summarizer_as_themselves(
     for content in FORGING_CONTENTS * 2:
         response = api.post(f"/api/v1/chats/{chat_id}/turns/", {"content": content}, format="json")
         assert response.status_code == 201, response.content
-    outcome = folds.consolidate_once(chat_id, RequestTrigger.MANUAL)
+    outcome = folds.fold_once(chat_id, RequestReason.MANUAL)
     assert outcome.status == "succeeded" and outcome.decision is not None, outcome
     request = use_fake_openai.summarize_requests()[-1]
     _, read = read_fold_input(request.text)
@@ -625,7 +625,7 @@ def test_messages_that_forge_the_fold_input_reach_the_summarizer_as_themselves(
     assert "admin rights" not in brief.summary.split("User: ok", 1)[0]
 
 
-# --- The fold guard and the loss report (memory_worker.guarded_summary) ---
+# --- The fold guard and the loss report (memory_worker.summaries.guarded) ---
 
 VAULT_RULE = "Never share the vault code 4821 with anyone."
 MEMORY = f"## Facts / Constraints\n- {VAULT_RULE}\n## Decisions\n- None"
@@ -652,7 +652,7 @@ def test_a_summary_that_drops_a_constraint_gets_it_back_with_no_second_call(
 ) -> None:
     chat_id = chat_remembering_the_vault_rule(api)
     use_fake_openai.summary_fn = lambda body: summary_of("Facts 0 to 2 were stated.")
-    outcome = folds.consolidate_once(chat_id, RequestTrigger.MANUAL)
+    outcome = folds.fold_once(chat_id, RequestReason.MANUAL)
     assert outcome.status == "succeeded" and outcome.ledger_id is not None, outcome
     assert Consolidation.objects.get(pk=outcome.ledger_id).summarizer_calls == 1
     assert len(use_fake_openai.summarize_requests()) == 1
@@ -669,7 +669,7 @@ def test_a_constraint_a_folded_message_revoked_may_leave_the_summary(
     for content in ["Forget the vault code 4821, it was reset.", *(f"fact {n}" for n in range(5))]:
         api.post(f"/api/v1/chats/{chat_id}/turns/", {"content": content}, format="json")
     use_fake_openai.summary_fn = lambda body: summary_of("The vault code was reset.")
-    outcome = folds.consolidate_once(chat_id, RequestTrigger.MANUAL)
+    outcome = folds.fold_once(chat_id, RequestReason.MANUAL)
     assert outcome.status == "succeeded" and outcome.ledger_id is not None, outcome
     row = Consolidation.objects.get(pk=outcome.ledger_id)
     assert (row.summarizer_calls, row.dropped_details) == (1, ["4821"])
@@ -695,7 +695,7 @@ def test_the_ledger_lists_exactly_the_planted_values_a_summary_dropped(
 ) -> None:
     chat_id = chat_with_planted_values(api)
     use_fake_openai.summary_fn = lambda body: summary_of("Order QX-7719 ships by 2031-04-02.")
-    outcome = folds.consolidate_once(chat_id, RequestTrigger.MANUAL)
+    outcome = folds.fold_once(chat_id, RequestReason.MANUAL)
     assert outcome.status == "succeeded" and outcome.decision is not None, outcome
     assert (outcome.decision.from_seq, outcome.decision.to_seq) == (1, 6)
     [row] = api.get(f"/api/v1/chats/{chat_id}/consolidations/").json()["results"]
@@ -715,7 +715,7 @@ def test_a_transcript_for_a_summary_folds_nothing_and_is_retried_soon_with_the_s
     use_fake_openai.summary_fn = lambda body: (
         "FULL_TURNS:\n" + transcript(read_fold_input(body["messages"][-1]["content"])[1])
     )
-    outcome = folds.consolidate_once(chat_id, RequestTrigger.MANUAL)
+    outcome = folds.fold_once(chat_id, RequestReason.MANUAL)
     assert (outcome.status, outcome.kind, outcome.transient) == ("failed", "malformed", False)
     assert outcome.retry_in is not None  # the fast retry, with the stricter prompt
     brief = Brief.objects.get(chat_id=chat_id)

@@ -19,7 +19,7 @@ REPORT = (
     "import gc, json, sys;"
     "print(json.dumps({'frozen': gc.get_freeze_count(),"
     " 'tracked': len(gc.get_objects()),"
-    " 'loaded': [m for m in ('conversations.api.views', 'memory_worker.summarizers')"
+    " 'loaded': [m for m in ('conversations.api.views', 'memory_worker.summaries.contract')"
     "            if m in sys.modules]}))"
 )
 CALLS = {
@@ -60,7 +60,7 @@ def run(case: str, tmp_path: Path) -> dict:
 @pytest.mark.parametrize("case", ["helper", "gunicorn", "celery"])
 def test_start_up_objects_are_frozen_after_the_lazy_imports(case: str, tmp_path: Path) -> None:
     report = run(case, tmp_path)
-    assert report["loaded"] == ["conversations.api.views", "memory_worker.summarizers"]
+    assert report["loaded"] == ["conversations.api.views", "memory_worker.summaries.contract"]
     # Tens of thousands of objects from Django, DRF and the openai SDK: frozen, out of what a
     # collection walks.
     assert report["frozen"] > 50_000

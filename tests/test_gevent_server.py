@@ -25,8 +25,8 @@ from bench.throughput import free_port, gunicorn_command
 from conversations.models import Chat, Message
 from conversations.services.chats import create_chat
 from tests.conftest import require
-from tests.fake_openai import FakeOpenAI
-from tests.http_turns import send_turn, serving_gunicorn
+from tests.support.fake_openai import FakeOpenAI
+from tests.support.http_turns import send_turn, serving_gunicorn
 
 ROOT = Path(__file__).resolve().parent.parent
 DEADLINE = 30.0  # seconds; every wait below polls up to this and then fails

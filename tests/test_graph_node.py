@@ -13,7 +13,7 @@ from typing import Annotated, Any, TypedDict
 import pytest
 
 from tests.conftest import require
-from tests.fake_openai import read_fold_input
+from tests.support.fake_openai import read_fold_input
 
 try:
     from langchain_core.language_models import BaseChatModel
@@ -29,15 +29,15 @@ try:
     from langgraph.graph import END, START, StateGraph
     from langgraph.graph.message import add_messages
 
+    from conversations.chat_model.tokens import count_tokens
     from memory_worker import graph_node
+    from memory_worker.engine.presets import resolve_policy
     from memory_worker.graph_node import (
         SUMMARY_MESSAGE_ID,
         RunningSummary,
         SummarizationNode,
         message_text,
     )
-    from memory_worker.presets import resolve_policy
-    from memory_worker.tokens import count_tokens
 
     HAVE_LANGGRAPH = True
 except ImportError as error:  # pragma: no cover - depends on the installed extras
@@ -303,7 +303,7 @@ def test_messages_without_ids_are_refused_clearly() -> None:
 
 
 def test_overrides_with_a_policy_object_are_refused() -> None:
-    from memory_worker.presets import PRESETS
+    from memory_worker.engine.presets import PRESETS
 
     with pytest.raises(ValueError, match="overrides apply to a preset name"):
         SummarizationNode(

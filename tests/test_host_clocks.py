@@ -1,9 +1,9 @@
 """Hosts whose clocks disagree (issue 27): real gunicorn web servers, a real ``celery worker`` and a
-sweep process (tests/clock_sweeper.py), each started with its wall clock 5 minutes off by the
-preload in tests/skewed_clock, against one PostgreSQL and one Redis. Every time one host compares
-with another's (a turn's slot, a running fold's age, a retry's due time, a cooldown's start) is
-the database's, so no skew steals a slot, abandons a live fold or moves a backoff or a cooldown.
-The in-process versions of these checks are in tests/test_sweep.py (Host clocks)."""
+sweep process (tests/support/clock_sweeper.py), each started with its wall clock 5 minutes off by
+the preload in tests/support/skewed_clock, against one PostgreSQL and one Redis. Every time one host
+compares with another's (a turn's slot, a running fold's age, a retry's due time, a cooldown's
+start) is the database's, so no skew steals a slot, abandons a live fold or moves a backoff or a
+cooldown. The in-process versions of these checks are in tests/test_sweep.py (Host clocks)."""
 
 import http.client
 import json
@@ -25,13 +25,13 @@ from conversations.models import Brief, Chat, Consolidation, Message
 from conversations.rows import database_now
 from conversations.services.chats import create_chat
 from tests.conftest import contract_chat_after_turns
-from tests.fake_openai import FakeOpenAI
-from tests.http_turns import serving_gunicorn
-from tests.workers import FAST_DEADLINES, ROOT, Worker, wait_until, worker_env
+from tests.support.fake_openai import FakeOpenAI
+from tests.support.http_turns import serving_gunicorn
+from tests.support.workers import FAST_DEADLINES, ROOT, Worker, wait_until, worker_env
 
-PASS = "PASS "  # tests/clock_sweeper.py's line for each pass
+PASS = "PASS "  # tests/support/clock_sweeper.py's line for each pass
 SLOW, FAST = -300.0, +300.0  # seconds off the true time: ±5 minutes, as the issue's acceptance
-SKEWED_CLOCK = ROOT / "tests" / "skewed_clock"
+SKEWED_CLOCK = ROOT / "tests" / "support" / "skewed_clock"
 DEADLINE = 30.0  # seconds; every wait polls up to this and then fails
 SKEW_TOLERANCE = 5.0  # seconds: a process's start-up, a loaded machine
 
@@ -78,12 +78,13 @@ def skewed_worker(
 
 
 class Sweeper:
-    """tests/clock_sweeper.py in a process of its own: recovery and sweep passes every 0.2 s."""
+    """tests/support/clock_sweeper.py in a process of its own: recovery and sweep passes every 0.2
+    s."""
 
     def __init__(self, env: dict[str, str]) -> None:
         self.passes: list[dict[str, Any]] = []
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "tests.clock_sweeper", "0.2"],
+            [sys.executable, "-m", "tests.support.clock_sweeper", "0.2"],
             cwd=ROOT,
             env=env,
             stdin=subprocess.PIPE,

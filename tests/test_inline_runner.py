@@ -1,9 +1,10 @@
-"""The embedded mode's in-process runner (memory_worker.dispatch, MEMORY_DISPATCH=inline)."""
+"""The embedded mode's in-process runner (memory_worker.coordination.dispatch,
+MEMORY_DISPATCH=inline)."""
 
 import threading
 import time
 
-from memory_worker.dispatch import drain_inline, submit_inline
+from memory_worker.coordination.dispatch import drain_inline, submit_inline
 
 
 def test_drain_waits_for_work_that_queued_work_queued() -> None:

@@ -16,11 +16,11 @@ from typing import Any
 import pytest
 from rest_framework.authtoken.models import Token
 
-from conversations.model_http import MAX_LOGGED_BODY, DirectStatusError
+from conversations.chat_model.http import MAX_LOGGED_BODY, DirectStatusError
+from conversations.chat_model.transport import redact, register_secrets
 from conversations.models import Brief, Consolidation
-from memory_worker import folds
-from memory_worker.dispatch import RequestTrigger
-from memory_worker.openai_transport import redact, register_secrets
+from memory_worker.coordination.dispatch import RequestReason
+from memory_worker.folding import execute as folds
 from tests.test_fold_errors import chat_with_a_fold_due
 
 pytestmark = pytest.mark.django_db
@@ -155,7 +155,7 @@ def test_no_fold_error_shows_or_logs_the_key_or_the_endpoint(
     chat_id = chat_with_a_fold_due(api)
     handler.status = status
     with caplog.at_level(logging.INFO):
-        assert folds.consolidate_once(chat_id, RequestTrigger.TURN).status == "failed"
+        assert folds.fold_once(chat_id, RequestReason.TURN).status == "failed"
     brief = api.get(f"/api/v1/chats/{chat_id}/brief/").content.decode()
     ledger = api.get(f"/api/v1/chats/{chat_id}/consolidations/").content.decode()
     # The rows themselves (the admin shows them), every column.

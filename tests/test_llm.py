@@ -11,15 +11,15 @@ from typing import Any
 
 import pytest
 
-from conversations import openai_chat_model
-from conversations.llm import ChatCompletion, ModelError
-from conversations.offline_chat_model import OfflineChatModel
-from conversations.openai_chat_model import OpenAIChatModel
-from conversations.services.backends import chat_backend_name, get_chat_model
-from memory_worker.backends import summarizer_backend_name
-from memory_worker.openai_transport import make_openai_client
-from memory_worker.tokens import count_tokens
-from tests.fake_openai import FakeOpenAI
+from conversations.chat_model import openai_backend as openai_chat_model
+from conversations.chat_model.contract import ChatCompletion, ModelError
+from conversations.chat_model.offline_backend import OfflineChatModel
+from conversations.chat_model.openai_backend import OpenAIChatModel
+from conversations.chat_model.tokens import count_tokens
+from conversations.chat_model.transport import make_openai_client
+from conversations.services.chat_backend import chat_backend_name, get_chat_model
+from memory_worker.summaries.backends import summarizer_backend_name
+from tests.support.fake_openai import FakeOpenAI
 
 # The scripted server lives with the summarizer tests; both suites talk to it the same way.
 from tests.test_summarizers import (
@@ -518,8 +518,9 @@ def test_offline_streams_word_by_word() -> None:
 
 def test_model_modules_do_not_import_django() -> None:
     code = (
-        "import sys, conversations.openai_chat_model, conversations.offline_chat_model,"
-        " memory_worker.chat_summarizer, memory_worker.responses_summarizer\n"
+        "import sys, conversations.chat_model.openai_backend,"
+        " conversations.chat_model.offline_backend,"
+        " memory_worker.summaries.chat_completions, memory_worker.summaries.responses\n"
         "assert not [m for m in sys.modules if m.split('.')[0] == 'django'], 'django imported'\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

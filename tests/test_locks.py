@@ -1,15 +1,16 @@
 """The per-chat lock contract, on real Redis and in-process: acquire-or-mark-pending and
 release-or-rerun are atomic, so a trigger during a run yields exactly one rerun; a short TTL
-that its holder renews (memory_worker.lease) until the run ends or reaches its deadline."""
+that its holder renews (memory_worker.coordination.lease) until the run ends or reaches its
+deadline."""
 
 import threading
 import time
 
 import pytest
 
-from memory_worker.lease import Lease
-from memory_worker.locks import LocalChatLock, RedisChatLock, Release
-from tests.workers import wait_until
+from memory_worker.coordination.lease import Lease
+from memory_worker.coordination.locks import LocalChatLock, RedisChatLock, Release
+from tests.support.workers import wait_until
 
 
 @pytest.fixture(params=["redis", "local"])
@@ -184,9 +185,9 @@ def test_a_lock_released_inside_its_lease_is_not_reported_lost(
 ) -> None:
     """A run releases its lock inside its lease (release_or_rerun), and the lease stops only
     when the run returns: a renewal in between finds the lock gone, which is no lost lock."""
-    from memory_worker import runs
-    from memory_worker.dispatch import RequestTrigger
-    from memory_worker.outcomes import FoldOutcome, FoldResult
+    from memory_worker.coordination.dispatch import RequestReason
+    from memory_worker.folding.outcomes import FoldOutcome, FoldStatus
+    from memory_worker.scheduling import runs
 
     ttl = 0.15
 
@@ -196,8 +197,8 @@ def test_a_lock_released_inside_its_lease_is_not_reported_lost(
             time.sleep(2 * ttl)  # the lease's thread renews meanwhile
             return released
 
-    monkeypatch.setattr(runs, "consolidate_once", lambda *a, **k: FoldOutcome(FoldResult.NOTHING))
+    monkeypatch.setattr(runs, "fold_once", lambda *a, **k: FoldOutcome(FoldStatus.NOTHING))
     caplog.set_level("WARNING", logger="chatmem.fold")
     lock = SlowToReturn(ttl_seconds=ttl)
-    assert len(runs.consolidate_with_lock(12, RequestTrigger.TURN, lock)) == 1
+    assert len(runs.fold_with_lock(12, RequestReason.TURN, lock)) == 1
     assert [r for r in caplog.records if getattr(r, "event", "") == "lock_lost"] == []

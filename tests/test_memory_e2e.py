@@ -7,10 +7,10 @@ import random
 import pytest
 
 from conversations.models import Consolidation, Message
-from memory_worker.dispatch import RequestTrigger
-from memory_worker.folds import consolidate_once
-from memory_worker.presets import PRESETS
-from tests.fake_openai import read_fold_input
+from memory_worker.coordination.dispatch import RequestReason
+from memory_worker.engine.presets import PRESETS
+from memory_worker.folding.execute import fold_once
+from tests.support.fake_openai import read_fold_input
 
 pytestmark = pytest.mark.django_db
 
@@ -39,7 +39,7 @@ def user_text(rng: random.Random, number: int) -> str:
 def work_off(chat_id: int) -> None:
     """What a worker does after a turn: fold until nothing is due."""
     for _ in range(5):
-        if consolidate_once(chat_id, RequestTrigger.TURN).status != "succeeded":
+        if fold_once(chat_id, RequestReason.TURN).status != "succeeded":
             return
 
 

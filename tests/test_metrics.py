@@ -28,8 +28,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from bench.throughput import free_port
 from conversations import metrics_endpoint
 from conversations.models import Brief, Chat, Consolidation
-from memory_worker.dispatch import RequestTrigger
-from memory_worker.folds import consolidate_once
+from memory_worker.coordination.dispatch import RequestReason
+from memory_worker.folding.execute import fold_once
+from tests.support.workers import ROOT, Worker, wait_until
 from tests.test_folds import (
     VAULT_RULE,
     chat_remembering_the_vault_rule,
@@ -37,7 +38,6 @@ from tests.test_folds import (
     is_repair,
     summary_of,
 )
-from tests.workers import ROOT, Worker, wait_until
 
 pytestmark = pytest.mark.django_db
 
@@ -75,7 +75,7 @@ def test_turns_and_folds_show_up_in_the_metrics(client: Any, api: Any) -> None:
         )
         assert response.status_code == 201
     api.post(f"/api/v1/chats/{chat_id}/turns/", {"content": ""}, format="json")  # a 400
-    consolidate_once(chat_id, RequestTrigger.MANUAL)
+    fold_once(chat_id, RequestReason.MANUAL)
     after = scrape(client)
 
     def grew(name: str, **labels: str) -> float:
@@ -105,7 +105,7 @@ def test_consolidation_lag_counts_from_the_turn_that_found_the_fold_due(
         api.post(f"/api/v1/chats/{chat_id}/turns/", {"content": f"turn {number}"}, format="json")
     before = scrape(client)
     due_at = timezone.now() - timedelta(seconds=3)
-    assert consolidate_once(chat_id, RequestTrigger.TURN, due_at=due_at).status == "succeeded"
+    assert fold_once(chat_id, RequestReason.TURN, due_at=due_at).status == "succeeded"
     after = scrape(client)
     ledger = Consolidation.objects.get(chat_id=chat_id, status="succeeded")
     assert ledger.due_at == due_at
@@ -121,10 +121,10 @@ def test_dropped_details_and_guard_verdicts_are_counted(
     before = scrape(client)
     lossy = chat_with_planted_values(api)
     use_fake_openai.summary_fn = lambda body: summary_of("Order QX-7719 ships by 2031-04-02.")
-    assert consolidate_once(lossy, RequestTrigger.MANUAL).status == "succeeded"
+    assert fold_once(lossy, RequestReason.MANUAL).status == "succeeded"
     repaired = chat_remembering_the_vault_rule(api)
     use_fake_openai.summary_fn = lambda body: summary_of(*([VAULT_RULE] if is_repair(body) else []))
-    assert consolidate_once(repaired, RequestTrigger.MANUAL).status == "succeeded"
+    assert fold_once(repaired, RequestReason.MANUAL).status == "succeeded"
     after = scrape(client)
 
     def grew(name: str, **labels: str) -> float:

@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
-from conversations.llm import ModelError
-from conversations.openai_chat_model import OpenAIChatModel
-from memory_worker.openai_transport import make_openai_client
+from conversations.chat_model.contract import ModelError
+from conversations.chat_model.openai_backend import OpenAIChatModel
+from conversations.chat_model.transport import make_openai_client
 from tests.test_summarizers import (
     API_KEY,
     Reply,

@@ -1,7 +1,7 @@
-"""The turn's direct Chat Completions request (conversations.model_http): the same outcome as the
-SDK's for every answer a model endpoint gives, a keep-alive connection per thread that is
-replaced when the server has closed it or it sat idle too long, and the SDK when a proxy applies.
-No database, no Django."""
+"""The turn's direct Chat Completions request (conversations.chat_model.http): the same outcome as
+the SDK's for every answer a model endpoint gives, a keep-alive connection per thread that is
+replaced when the server has closed it or it sat idle too long, and the SDK when a proxy applies. No
+database, no Django."""
 
 import json
 import ssl
@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
-from conversations import model_http
-from conversations.llm import ChatCompletion, ModelError
-from conversations.openai_chat_model import OpenAIChatModel
-from memory_worker.openai_transport import make_openai_client
+from conversations.chat_model import http as model_http
+from conversations.chat_model.contract import ChatCompletion, ModelError
+from conversations.chat_model.openai_backend import OpenAIChatModel
+from conversations.chat_model.transport import make_openai_client
 from tests.test_summarizers import (
     API_KEY,
     RATE_LIMITED,

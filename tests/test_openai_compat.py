@@ -18,9 +18,10 @@ from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
 from conversations.models import Brief, Chat, Message
-from conversations.services import backends, exchanges
+from conversations.services import chat_backend as backends
+from conversations.services import exchanges
 from conversations.services.context import SUMMARY_HEADER
-from tests.fake_openai import FakeOpenAI
+from tests.support.fake_openai import FakeOpenAI
 from tests.test_metrics import scrape, value
 
 HELLO: Any = [{"role": "user", "content": "hello"}]

@@ -12,16 +12,17 @@ import pytest
 from django.utils import timezone
 from rest_framework.authtoken.models import Token
 
+from conversations.chat_model.tokens import count_tokens
 from conversations.models import Chat, Consolidation
 from conversations.services import chats as chat_service
 from conversations.services import pins, turn_store
-from memory_worker import folds, manual_folds
-from memory_worker.dispatch import RequestTrigger
-from memory_worker.outcomes import FoldResult
-from memory_worker.tokens import count_tokens
+from memory_worker.coordination.dispatch import RequestReason
+from memory_worker.folding import execute as folds
+from memory_worker.folding.outcomes import FoldStatus
+from memory_worker.scheduling import manual as manual_folds
 from tests import test_openai_compat as compat
 from tests.conftest import client_for
-from tests.fake_openai import FakeOpenAI
+from tests.support.fake_openai import FakeOpenAI
 
 HELLO: Any = [{"role": "user", "content": "hello"}]
 PINS_BUILT = hasattr(pins, "list_pins")  # this branch carries a stub of the pins service
@@ -42,9 +43,9 @@ def requested(monkeypatch: Any) -> list[tuple[str, int, str]]:
 
         return request
 
-    monkeypatch.setattr(turn_store, "request_consolidation", recorder("turn"))
-    monkeypatch.setattr(manual_folds, "request_consolidation", recorder("v1"))
-    monkeypatch.setattr(chat_service, "request_consolidation", recorder("resume"))
+    monkeypatch.setattr(turn_store, "request_fold", recorder("turn"))
+    monkeypatch.setattr(manual_folds, "request_fold", recorder("v1"))
+    monkeypatch.setattr(chat_service, "request_fold", recorder("resume"))
     return calls
 
 
@@ -78,7 +79,7 @@ def test_a_paused_chat_queues_no_fold_but_stays_bounded_and_resuming_asks_for_on
     assert state_of(last)["unfolded"] <= 10  # contract: K + B
     resumed = send(client, "steered", fold="resume")
     assert state_of(resumed)["folds_paused"] is False
-    assert ("resume", chat.pk, RequestTrigger.RERUN) in requested
+    assert ("resume", chat.pk, RequestReason.RERUN) in requested
 
 
 def test_fold_now_asks_for_a_manual_fold_and_says_so(
@@ -92,7 +93,7 @@ def test_fold_now_asks_for_a_manual_fold_and_says_so(
     for number in range(12):
         send(client, "manual", f"message {number}")
     answer = send(client, "manual", fold="now")
-    assert ("v1", chat.pk, RequestTrigger.MANUAL) in requested
+    assert ("v1", chat.pk, RequestReason.MANUAL) in requested
     state = state_of(answer)
     assert (state["fold_queued"], state["fold"]) == (True, "queued")
     assert set(state) >= {"summary_version", "unfolded", "degraded", "folds_paused", "seqs"}
@@ -225,10 +226,10 @@ def test_a_paused_chat_is_folded_only_by_hand(user: Any) -> None:
     for number in range(5):
         api.post(f"/api/v1/chats/{chat_id}/turns/", {"content": f"n {number}"}, format="json")
     now = timezone.now()
-    for trigger in (RequestTrigger.TURN, RequestTrigger.SWEEP, RequestTrigger.RERUN):
-        assert folds.consolidate_once(chat_id, trigger, now).status == FoldResult.NOTHING
-    manual = folds.consolidate_once(chat_id, RequestTrigger.MANUAL, now)
-    assert manual.status == FoldResult.SUCCEEDED
+    for trigger in (RequestReason.TURN, RequestReason.SWEEP, RequestReason.RERUN):
+        assert folds.fold_once(chat_id, trigger, now).status == FoldStatus.NOTHING
+    manual = folds.fold_once(chat_id, RequestReason.MANUAL, now)
+    assert manual.status == FoldStatus.SUCCEEDED
 
 
 @pytest.mark.skipif(not PINS_BUILT, reason="pins come with the pins branch")

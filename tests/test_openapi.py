@@ -16,7 +16,7 @@ from django.core.management import call_command
 from django.urls import URLPattern, URLResolver, get_resolver
 from rest_framework.test import APIClient
 
-from memory_worker.presets import MAX_KNOB, PolicyError, _coerce, knob_names
+from memory_worker.engine.presets import MAX_KNOB, PolicyError, _coerce, knob_names
 from tests.test_bad_input import bearer
 
 API_PREFIX = "/api/v1/"

@@ -3,7 +3,7 @@ and streamed), the daily notes' extraction and the agent state's one-sentence su
 limit in the field the endpoint honours (OPENAI_TOKEN_LIMIT_FIELD), and
 a chat reply has a limit (CHAT_MAX_REPLY_TOKENS, or its default share of the window). Against
 the fake model server in a mode that honours one field only and otherwise runs on, as a looping
-small model does (tests/fake_openai.py, LIMIT_MODES), no call's output exceeds its limit."""
+small model does (tests/support/fake_openai.py, LIMIT_MODES), no call's output exceeds its limit."""
 
 import json
 from typing import Any
@@ -11,19 +11,19 @@ from typing import Any
 import pytest
 from rest_framework.test import APIClient
 
+from conversations.chat_model.transport import token_limit_field, with_token_limit
 from conversations.models import Brief, Chat, Message
 from conversations.services.agent_state import ONE_SENTENCE_TOKENS, ChatAgentModel
 from conversations.services.turn_model import reply_options
 from conversations.variants import ModelVariant
-from memory_worker import folds
-from memory_worker.backends import get_summarizer
-from memory_worker.chat_policy import policy_for_chat
+from memory_worker.coordination.dispatch import RequestReason
 from memory_worker.daily_notes import EXTRACTION_OUTPUT_TOKENS, extract_with_model
-from memory_worker.dispatch import RequestTrigger
-from memory_worker.openai_transport import token_limit_field, with_token_limit
-from memory_worker.summarizers import FoldMessage, SummarizerError
+from memory_worker.folding import execute as folds
+from memory_worker.folding.effective_policy import policy_for_chat
+from memory_worker.summaries.backends import get_summarizer
+from memory_worker.summaries.contract import FoldMessage, SummarizerError
 from tests.conftest import contract_chat_after_turns
-from tests.fake_openai import FakeOpenAI, approx_tokens, honoured_limit
+from tests.support.fake_openai import FakeOpenAI, approx_tokens, honoured_limit
 from tests.test_bad_input import bearer, completion
 
 REPLY_LIMIT = 200
@@ -156,7 +156,7 @@ def test_a_fold_whose_summary_runs_on_stores_nothing(api: APIClient, server: Fak
     chat_id = contract_chat_after_turns(api, 6)
     before = Brief.objects.get(chat_id=chat_id)
     server.limit_mode = mode
-    outcome = folds.consolidate_once(chat_id, RequestTrigger.MANUAL)
+    outcome = folds.fold_once(chat_id, RequestReason.MANUAL)
     assert (outcome.status, outcome.kind) == ("failed", "truncated")
     cap = policy_for_chat(Chat.objects.get(pk=chat_id)).summary_token_cap
     assert server.summarize_requests()

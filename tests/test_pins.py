@@ -7,15 +7,15 @@ from typing import Any
 
 import pytest
 
+from conversations.chat_model.tokens import count_tokens
 from conversations.models import Consolidation, Message, Pin
 from conversations.services.context import SUMMARY_HEADER
+from memory_worker.folding.snapshot import load_snapshot
 from memory_worker.pinned import PINNED_HEADER, pin_line
-from memory_worker.state import load_snapshot
-from memory_worker.summarizers import PINNED
-from memory_worker.tokens import count_tokens
+from memory_worker.summaries.contract import PINNED
 from tests.conftest import client_for
+from tests.support.workers import Worker
 from tests.test_worker_faults import model_env
-from tests.workers import Worker
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis, pytest.mark.worker]
 

@@ -14,16 +14,18 @@ from django.core.cache import cache
 from django.utils import timezone
 
 from conversations.models import Brief, Consolidation, Message
-from memory_worker import isolation_policy, sweep, tasks
-from memory_worker import policy as engine
-from memory_worker.dispatch import RequestTrigger
-from memory_worker.fold_isolation import IsolationFailed, isolate, with_withheld_lines
-from memory_worker.folds import consolidate_once
-from memory_worker.invariants import chat_violations
-from memory_worker.locks import LocalChatLock
-from memory_worker.runs import consolidate_with_lock
-from memory_worker.summarizers import FoldMessage, SummarizerError, SummaryResult
-from tests.fake_openai import FakeOpenAI, last_user_text, summary_text
+from memory_worker import tasks
+from memory_worker.coordination.dispatch import RequestReason
+from memory_worker.coordination.locks import LocalChatLock
+from memory_worker.engine import isolation as isolation_policy
+from memory_worker.engine import policy as engine
+from memory_worker.folding.execute import fold_once
+from memory_worker.folding.isolation import IsolationFailed, isolate, with_withheld_lines
+from memory_worker.scheduling import sweep
+from memory_worker.scheduling.runs import fold_with_lock
+from memory_worker.summaries.contract import FoldMessage, SummarizerError, SummaryResult
+from tests.support.fake_openai import FakeOpenAI, last_user_text, summary_text
+from tests.support.invariants import chat_violations
 
 MARKER = "FORBIDDEN-WORD"
 POISON_TURN = 3  # of TURNS: the user message of this turn holds the marker
@@ -60,12 +62,12 @@ def run_sweep(monkeypatch: pytest.MonkeyPatch) -> Callable[[], list[int]]:
     lock = LocalChatLock(ttl_seconds=60)
     queued: list[int] = []
 
-    def consolidate(chat_id: int, trigger: RequestTrigger) -> None:
+    def consolidate(chat_id: int, trigger: RequestReason) -> None:
         queued.append(chat_id)
-        consolidate_with_lock(chat_id, trigger, lock)
+        fold_with_lock(chat_id, trigger, lock)
 
     monkeypatch.setattr(tasks, "chat_lock", lambda: lock)
-    monkeypatch.setattr(tasks, "request_consolidation", consolidate)
+    monkeypatch.setattr(tasks, "request_fold", consolidate)
 
     def run() -> list[int]:
         queued.clear()
@@ -91,7 +93,7 @@ def test_a_refused_message_is_withheld_and_the_rest_folded_within_two_sweeps(
 ) -> None:
     chat_id, refused_seq = chat_with_a_refused_message(api, use_fake_openai)
     started = timezone.now()
-    first = consolidate_once(chat_id, RequestTrigger.TURN)  # the turn's fold, refused
+    first = fold_once(chat_id, RequestReason.TURN)  # the turn's fold, refused
     assert (first.status, first.kind) == ("failed", "request_refused")
     brief = Brief.objects.get(chat_id=chat_id)
     # Not the hour-long backoff of a rejected request: due by the next sweep, not degraded.
@@ -133,9 +135,9 @@ def test_a_refused_message_is_withheld_and_the_rest_folded_within_two_sweeps(
 @pytest.mark.django_db
 def test_a_single_refusal_does_not_bisect_yet(api: Any, use_fake_openai: FakeOpenAI) -> None:
     chat_id, _ = chat_with_a_refused_message(api, use_fake_openai)
-    assert consolidate_once(chat_id, RequestTrigger.MANUAL).status == "failed"
+    assert fold_once(chat_id, RequestReason.MANUAL).status == "failed"
     assert len(use_fake_openai.summarize_requests()) == 1
-    assert consolidate_once(chat_id, RequestTrigger.MANUAL).status == "succeeded"
+    assert fold_once(chat_id, RequestReason.MANUAL).status == "succeeded"
 
 
 @pytest.mark.django_db
@@ -146,7 +148,7 @@ def test_a_range_refused_for_another_reason_is_not_bisected(
     use_fake_openai.clear_faults()
     use_fake_openai.queue_faults("summarize", ["429", "429"])
     for _ in range(2):
-        assert consolidate_once(chat_id, RequestTrigger.MANUAL).kind == "rate_limit"
+        assert fold_once(chat_id, RequestReason.MANUAL).kind == "rate_limit"
     assert len(use_fake_openai.summarize_requests()) == 2
 
 
@@ -162,7 +164,7 @@ def test_a_message_too_large_for_the_summarizer_is_folded_offline_never_withheld
     use_fake_openai.clear_faults()
     use_fake_openai.too_large_summaries_containing(MARKER, fault=fault)
 
-    outcome = consolidate_once(chat_id, RequestTrigger.MANUAL)
+    outcome = fold_once(chat_id, RequestReason.MANUAL)
 
     assert outcome.status == "succeeded"
     brief = Brief.objects.get(chat_id=chat_id)
@@ -378,8 +380,8 @@ def test_a_fold_whose_bisection_ran_out_of_time_commits_its_prefix_and_goes_on(
         return summary_text(body, 300)
 
     use_fake_openai.summary_fn = summary
-    assert consolidate_once(chat_id, RequestTrigger.MANUAL).status == "failed"
-    outcome = consolidate_once(chat_id, RequestTrigger.MANUAL, deadline=time.monotonic() + 10_000)
+    assert fold_once(chat_id, RequestReason.MANUAL).status == "failed"
+    outcome = fold_once(chat_id, RequestReason.MANUAL, deadline=time.monotonic() + 10_000)
     assert (outcome.status, outcome.more_due) == ("succeeded", True)
     [row] = Consolidation.objects.filter(chat_id=chat_id, status="succeeded")
     brief = Brief.objects.get(chat_id=chat_id)
@@ -387,7 +389,7 @@ def test_a_fold_whose_bisection_ran_out_of_time_commits_its_prefix_and_goes_on(
     assert row.withheld_seqs == [] and chat_violations(chat_id) == []
     settings.MEMORY_LLM_TIMEOUT_SECONDS = 5.0
     for _ in range(2):  # the rest: refused once, then bisected
-        consolidate_once(chat_id, RequestTrigger.MANUAL)
+        fold_once(chat_id, RequestReason.MANUAL)
     brief = Brief.objects.get(chat_id=chat_id)
     assert [item["seq"] for item in brief.withheld] == [refused_seq]
     assert brief.last_consolidated > refused_seq and chat_violations(chat_id) == []
@@ -409,7 +411,7 @@ def test_a_bisected_fold_passes_the_fold_guard_like_any_other(
     use_fake_openai.summary_fn = lambda body: (
         "## Facts / Constraints\n- The shed came up.\n## Decisions\n- None"
     )
-    consolidate_once(chat_id, RequestTrigger.TURN)
+    fold_once(chat_id, RequestReason.TURN)
     for _ in range(2):
         a_sweep_interval_later(chat_id)
         assert chat_id in run_sweep()

@@ -6,8 +6,8 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from conversations.models import Brief, Message
-from memory_worker.dispatch import RequestTrigger
-from memory_worker.folds import consolidate_once
+from memory_worker.coordination.dispatch import RequestReason
+from memory_worker.folding.execute import fold_once
 from tests.conftest import require
 
 pytestmark = pytest.mark.django_db
@@ -63,7 +63,7 @@ def test_fold_query_count_is_constant_in_history_length(api) -> None:  # type: i
         for _ in range(6):  # a 12-message backlog beyond the tail
             api.post(f"/api/v1/chats/{chat_id}/turns/", {"content": "more"}, format="json")
         with CaptureQueriesContext(connection) as captured:
-            assert consolidate_once(chat_id, RequestTrigger.TURN).status == "succeeded"
+            assert fold_once(chat_id, RequestReason.TURN).status == "succeeded"
         counts.append(len(captured.captured_queries))
     assert counts[0] == counts[1]
 
@@ -94,6 +94,6 @@ def test_a_fold_makes_four_queries_on_postgresql(api) -> None:  # type: ignore[n
     for _ in range(26):  # sliding-window: a 12-message backlog beyond the 40-message tail
         api.post(f"/api/v1/chats/{chat_id}/turns/", {"content": "more"}, format="json")
     with CaptureQueriesContext(connection) as captured:
-        assert consolidate_once(chat_id, RequestTrigger.TURN).status == "succeeded"
+        assert fold_once(chat_id, RequestReason.TURN).status == "succeeded"
     statements = [query["sql"].split()[0] for query in captured.captured_queries]
     assert statements == ["SELECT", "SELECT", "INSERT", "WITH"], statements

@@ -24,7 +24,7 @@ from conversations.models import (
     Message,
 )
 from conversations.services.chats import create_chat
-from memory_worker.state import chat_with_snapshot_query, snapshot_query
+from memory_worker.folding.snapshot import chat_with_snapshot_query, snapshot_query
 
 LONG, SHORT, OTHER_CHATS, TAIL = 5000, 200, 199, 40
 

@@ -21,13 +21,15 @@ from django.utils import timezone
 from prometheus_client.registry import REGISTRY
 
 from conversations.models import Brief, Chat, Consolidation, Message
-from memory_worker import fold_ledger, folds, tasks
-from memory_worker.invariants import chat_violations
-from memory_worker.request_redis import reset_breaker
-from memory_worker.state import load_snapshot
+from memory_worker import tasks
+from memory_worker.coordination.request_redis import reset_breaker
+from memory_worker.folding import execute as folds
+from memory_worker.folding import ledger as fold_ledger
+from memory_worker.folding.snapshot import load_snapshot
 from tests.conftest import client_for, require
-from tests.private_redis import PrivateRedis, redis_server_available
-from tests.workers import FAST_DEADLINES, Worker, point_celery_at, wait_until
+from tests.support.invariants import chat_violations
+from tests.support.private_redis import PrivateRedis, redis_server_available
+from tests.support.workers import FAST_DEADLINES, Worker, point_celery_at, wait_until
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis, pytest.mark.worker]
 
@@ -54,7 +56,7 @@ def private_redis():  # type: ignore[no-untyped-def]
 
 @pytest.fixture
 def broker(settings, private_redis):  # type: ignore[no-untyped-def]
-    from memory_worker.runtime import _lock
+    from memory_worker.coordination.runtime import _lock
 
     previous = point_celery_at(private_redis.url)
     settings.REDIS_URL = private_redis.url

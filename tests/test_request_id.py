@@ -22,7 +22,8 @@ from chatmem_project.request_id import (
 )
 from conversations.models import Brief
 from tests.conftest import client_for
-from tests.fake_openai import FakeOpenAI
+from tests.support.fake_openai import FakeOpenAI
+from tests.support.workers import Worker, wait_until
 from tests.test_streaming_turns import (  # noqa: F401  (fixtures)
     DEADLINE,
     Stream,
@@ -35,7 +36,6 @@ from tests.test_streaming_turns import (  # noqa: F401  (fixtures)
     uvicorn_url,
 )
 from tests.test_worker import celery_broker  # noqa: F401  (fixture)
-from tests.workers import Worker, wait_until
 
 
 class Lines(logging.Handler):
@@ -127,7 +127,7 @@ def test_the_embedded_runner_logs_the_id_of_the_request_that_queued_its_fold(
     settings: Any, user: Any, transactional_db: None
 ) -> None:
     """The in-process runner's thread starts with an empty context: its fold lines had none."""
-    from memory_worker.dispatch import drain_inline
+    from memory_worker.coordination.dispatch import drain_inline
 
     settings.MEMORY_DISPATCH = "inline"
     settings.MEMORY_DAILY_NOTES = False  # no hook task left running into the flush

@@ -1,9 +1,9 @@
-"""memory_worker.retention_rules: what a summary keeps first, as every summarizer's guard and the
-offline summarizer read it (docs/policies.md, "What the summary keeps first")."""
+"""memory_worker.summaries.retention: what a summary keeps first, as every summarizer's guard and
+the offline summarizer read it (docs/policies.md, "What the summary keeps first")."""
 
 import pytest
 
-from memory_worker.retention_rules import (
+from memory_worker.summaries.retention import (
     FACT,
     RULE,
     VALUE,

@@ -11,16 +11,20 @@ import pytest
 from django.utils import timezone
 
 from conversations.models import Brief, Consolidation
-from memory_worker import folds, outcomes, retries, summarizers, sweep, tasks
-from memory_worker.backends import _summarizer, get_summarizer
-from memory_worker.dispatch import RequestTrigger
-from memory_worker.runs import request_consolidation
-from memory_worker.summarizers import TRANSIENT_KINDS, ErrorKind
+from memory_worker import tasks
+from memory_worker.coordination.dispatch import RequestReason
+from memory_worker.folding import execute as folds
+from memory_worker.folding import outcomes, retries
+from memory_worker.scheduling import sweep
+from memory_worker.scheduling.runs import request_fold
+from memory_worker.summaries import contract as summarizers
+from memory_worker.summaries.backends import _summarizer, get_summarizer
+from memory_worker.summaries.contract import TRANSIENT_KINDS, ErrorKind
 from tests import test_worker_faults as worker_faults
 from tests.conftest import contract_chat_after_turns
-from tests.workers import Worker, wait_until
+from tests.support.workers import Worker, wait_until
 
-# Faults of the fake model server (tests/fake_openai.py), by the class they must land in.
+# Faults of the fake model server (tests/support/fake_openai.py), by the class they must land in.
 TRANSIENT_FAULTS = ["429", "500", "timeout"]
 REJECTED_FAULTS = ["insufficient_quota", "401"]
 INVALID_FAULTS = ["empty", "truncated"]
@@ -187,10 +191,10 @@ def test_the_offline_fallback_is_planned_only_when_no_fast_retry_is(ladder) -> N
 
 
 def test_fast_retry_follows_the_newest_attempt() -> None:
-    failed = outcomes.FoldOutcome(outcomes.FoldResult.FAILED, retry_in=30.0)
-    hopeless = outcomes.FoldOutcome(outcomes.FoldResult.FAILED, retry_in=None)
-    deferred = outcomes.FoldOutcome(outcomes.FoldResult.DEFERRED)
-    succeeded = outcomes.FoldOutcome(outcomes.FoldResult.SUCCEEDED)
+    failed = outcomes.FoldOutcome(outcomes.FoldStatus.FAILED, retry_in=30.0)
+    hopeless = outcomes.FoldOutcome(outcomes.FoldStatus.FAILED, retry_in=None)
+    deferred = outcomes.FoldOutcome(outcomes.FoldStatus.DEFERRED)
+    succeeded = outcomes.FoldOutcome(outcomes.FoldStatus.SUCCEEDED)
     assert retries.fast_retry_delay([failed, deferred]) == 30.0
     assert retries.fast_retry_delay([failed, succeeded]) is None
     assert retries.fast_retry_delay([succeeded, hopeless]) is None
@@ -208,9 +212,7 @@ def chat_with_fold_due(api) -> int:  # type: ignore[no-untyped-def]
 def queued_retries(monkeypatch) -> list[dict[str, typing.Any]]:  # type: ignore[no-untyped-def]
     """Capture what the task would publish (the real publish is covered by the worker tests)."""
     published: list[dict[str, typing.Any]] = []
-    monkeypatch.setattr(
-        tasks.consolidate_chat, "apply_async", lambda **options: published.append(options)
-    )
+    monkeypatch.setattr(tasks.fold_chat, "apply_async", lambda **options: published.append(options))
     return published
 
 
@@ -229,7 +231,7 @@ def test_transient_failure_queues_a_delayed_retry(
     chat_id = chat_with_fold_due(api)
     use_fake_openai.queue_faults("summarize", [fault])
     before = timezone.now()
-    assert tasks.consolidate_chat(chat_id, "turn") == ["failed"]
+    assert tasks.fold_chat(chat_id, "turn") == ["failed"]
     brief = Brief.objects.get(chat_id=chat_id)
     assert (brief.consecutive_failures, brief.degraded) == (1, False)
     assert brief.next_attempt_at is not None
@@ -242,7 +244,7 @@ def test_transient_failure_queues_a_delayed_retry(
     assert published[0]["countdown"] >= 0.8 * 30
     # The retry, once due, folds.
     due_now(chat_id)
-    assert tasks.consolidate_chat(chat_id, "retry")[0] == "succeeded"
+    assert tasks.fold_chat(chat_id, "retry")[0] == "succeeded"
     assert len(published) == 1
     assert Brief.objects.get(chat_id=chat_id).last_consolidated > 0
 
@@ -256,16 +258,16 @@ def test_a_rejected_request_is_not_retried_fast(
     chat_id = chat_with_fold_due(api)
     use_fake_openai.queue_faults("summarize", [fault])
     before = timezone.now()
-    assert tasks.consolidate_chat(chat_id, "turn") == ["failed"]
+    assert tasks.fold_chat(chat_id, "turn") == ["failed"]
     assert published == []
     brief = Brief.objects.get(chat_id=chat_id)
     assert (brief.consecutive_failures, brief.degraded) == (1, False)
     assert brief.next_attempt_at is not None
     assert (brief.next_attempt_at - before).total_seconds() >= 0.8 * 3600
     # Turn triggers (and their reruns) wait; only a manual consolidation tries at once.
-    assert folds.consolidate_once(chat_id, RequestTrigger.TURN).status == "deferred"
+    assert folds.fold_once(chat_id, RequestReason.TURN).status == "deferred"
     assert len(use_fake_openai.summarize_requests()) == 1
-    assert folds.consolidate_once(chat_id, RequestTrigger.MANUAL).status == "succeeded"
+    assert folds.fold_once(chat_id, RequestReason.MANUAL).status == "succeeded"
     brief.refresh_from_db()
     assert (brief.degraded, brief.consecutive_failures, brief.next_attempt_at) == (False, 0, None)
 
@@ -284,7 +286,7 @@ def test_one_invalid_summary_is_retried_in_seconds_with_the_stricter_prompt(
     chat_id = chat_with_fold_due(api)
     use_fake_openai.queue_faults("summarize", [fault])
     before = timezone.now()
-    assert tasks.consolidate_chat(chat_id, "turn") == ["failed"]
+    assert tasks.fold_chat(chat_id, "turn") == ["failed"]
     brief = Brief.objects.get(chat_id=chat_id)
     assert (brief.consecutive_failures, brief.degraded) == (1, False)
     assert brief.next_attempt_at is not None
@@ -294,7 +296,7 @@ def test_one_invalid_summary_is_retried_in_seconds_with_the_stricter_prompt(
     )
     # The retry, when due, asks with the stricter prompt, and folds.
     due_now(chat_id)
-    assert tasks.consolidate_chat(chat_id, "retry") == ["succeeded"]
+    assert tasks.fold_chat(chat_id, "retry") == ["succeeded"]
     first, retry = system_prompts(use_fake_openai)
     assert "previous answer" not in first and "previous answer" in retry
     brief.refresh_from_db()
@@ -316,7 +318,7 @@ def test_a_worker_folds_in_seconds_after_one_empty_summary(
     worker = Worker(broker, "fast-retry", env=env)
     try:
         worker.wait_ready()
-        assert request_consolidation(chat_id, RequestTrigger.TURN)
+        assert request_fold(chat_id, RequestReason.TURN)
         folded = wait_until(
             lambda: Brief.objects.get(chat_id=chat_id).last_consolidated > 0, timeout=30
         )
@@ -337,10 +339,10 @@ def test_a_second_invalid_summary_in_a_row_is_left_to_the_ladder_and_a_third_deg
     chat_id = chat_with_fold_due(api)
     # Not a refusal second: a repeated refusal bisects the range first (test_poison_message).
     use_fake_openai.queue_faults("summarize", ["empty", "truncated"])
-    assert tasks.consolidate_chat(chat_id, "turn") == ["failed"]
+    assert tasks.fold_chat(chat_id, "turn") == ["failed"]
     due_now(chat_id)
     before = timezone.now()
-    assert tasks.consolidate_chat(chat_id, "retry") == ["failed"]
+    assert tasks.fold_chat(chat_id, "retry") == ["failed"]
     assert len(published) == 1  # the first failure's fast retry only
     brief = Brief.objects.get(chat_id=chat_id)
     assert (brief.consecutive_failures, brief.degraded) == (2, False)
@@ -348,14 +350,14 @@ def test_a_second_invalid_summary_in_a_row_is_left_to_the_ladder_and_a_third_deg
     assert (brief.next_attempt_at - before).total_seconds() >= 0.8 * 120
     assert api.get(f"/api/v1/chats/{chat_id}/brief/").json()["degraded_reason"] == ""
     # Turn triggers wait; only a manual consolidation tries at once.
-    assert folds.consolidate_once(chat_id, RequestTrigger.TURN).status == "deferred"
+    assert folds.fold_once(chat_id, RequestReason.TURN).status == "deferred"
     use_fake_openai.queue_faults("summarize", ["empty"])
-    assert folds.consolidate_once(chat_id, RequestTrigger.MANUAL).status == "failed"
+    assert folds.fold_once(chat_id, RequestReason.MANUAL).status == "failed"
     brief.refresh_from_db()
     assert (brief.consecutive_failures, brief.degraded) == (3, True)
     reason = api.get(f"/api/v1/chats/{chat_id}/brief/").json()["degraded_reason"]
     assert reason.startswith("3 folds in a row failed; the last (empty): "), reason
-    assert folds.consolidate_once(chat_id, RequestTrigger.MANUAL).status == "succeeded"
+    assert folds.fold_once(chat_id, RequestReason.MANUAL).status == "succeeded"
     brief.refresh_from_db()
     assert (brief.consecutive_failures, brief.degraded) == (0, False)
 
@@ -380,10 +382,10 @@ def test_a_background_fold_falls_back_once_no_fast_retry_is_left_and_the_brief_s
     chat_id = chat_with_fold_due(api)
     # Not a refusal second: a repeated refusal bisects the range first (test_poison_message).
     use_fake_openai.queue_faults("summarize", ["empty", "truncated"])
-    assert tasks.consolidate_chat(chat_id, "turn") == ["failed"]  # the fast retry first
+    assert tasks.fold_chat(chat_id, "turn") == ["failed"]  # the fast retry first
     assert len(published) == 1
     due_now(chat_id)
-    assert tasks.consolidate_chat(chat_id, "retry") == ["succeeded"]
+    assert tasks.fold_chat(chat_id, "retry") == ["succeeded"]
     assert len(published) == 1
     assert ledger_rows(chat_id) == [
         ("failed", "overflow"),
@@ -403,7 +405,7 @@ def test_a_background_fold_falls_back_once_no_fast_retry_is_left_and_the_brief_s
     # The next model fold rewrites the fallback summary and ends both states.
     for number in range(3):
         api.post(f"/api/v1/chats/{chat_id}/turns/", {"content": f"m{number}"}, format="json")
-    assert folds.consolidate_once(chat_id, RequestTrigger.MANUAL).status == "succeeded"
+    assert folds.fold_once(chat_id, RequestReason.MANUAL).status == "succeeded"
     brief.refresh_from_db()
     assert (brief.fallback_since, brief.fallback_reason, brief.degraded) == (None, "", False)
     assert ledger_rows(chat_id)[-1] == ("succeeded", "manual")
@@ -419,10 +421,10 @@ def test_a_transient_failure_keeps_its_fast_retries_before_any_fallback(
     use_fake_openai.queue_faults("summarize", ["500", "500", "500"])
     for _attempt in range(2):
         due_now(chat_id)
-        assert tasks.consolidate_chat(chat_id, "retry") == ["failed"]
+        assert tasks.fold_chat(chat_id, "retry") == ["failed"]
     assert len(published) == 2
     due_now(chat_id)  # the third in a row: degraded, so the fallback folds
-    assert tasks.consolidate_chat(chat_id, "retry") == ["succeeded"]
+    assert tasks.fold_chat(chat_id, "retry") == ["succeeded"]
     assert ledger_rows(chat_id)[-1] == ("succeeded", "summarizer_fallback")
 
 
@@ -433,7 +435,7 @@ def test_without_the_setting_a_background_fold_never_falls_back(
     queued_retries(monkeypatch)
     chat_id = chat_with_fold_due(api)
     use_fake_openai.queue_faults("summarize", ["400"])
-    assert tasks.consolidate_chat(chat_id, "turn") == ["failed"]
+    assert tasks.fold_chat(chat_id, "turn") == ["failed"]
     assert ledger_rows(chat_id) == [("failed", "overflow")]
     assert Brief.objects.get(chat_id=chat_id).fallback_since is None
 
@@ -447,7 +449,7 @@ def test_a_first_refusal_is_retried_soon_to_bisect_the_range(
     chat_id = chat_with_fold_due(api)
     use_fake_openai.queue_faults("summarize", [fault])
     before = timezone.now()
-    assert tasks.consolidate_chat(chat_id, "turn") == ["failed"]
+    assert tasks.fold_chat(chat_id, "turn") == ["failed"]
     assert len(published) == 1  # the worker's own retry
     brief = Brief.objects.get(chat_id=chat_id)
     assert (brief.consecutive_failures, brief.degraded) == (1, False)
@@ -466,7 +468,7 @@ def test_a_retry_delayed_past_half_the_visibility_timeout_is_left_to_the_sweep(
     published = queued_retries(monkeypatch)
     chat_id = chat_with_fold_due(api)
     use_fake_openai.queue_faults("summarize", ["500"])
-    assert tasks.consolidate_chat(chat_id, "turn") == ["failed"]
+    assert tasks.fold_chat(chat_id, "turn") == ["failed"]
     assert published == []
     assert Brief.objects.get(chat_id=chat_id).next_attempt_at is not None  # the sweep's cue
 
@@ -478,7 +480,7 @@ def test_fast_retries_stop_at_the_degraded_limit(api, use_fake_openai, ladder, m
     use_fake_openai.queue_faults("summarize", ["500", "429", "500", "500"])
     for _attempt in range(4):
         due_now(chat_id)  # as if each retry arrived when due
-        assert tasks.consolidate_chat(chat_id, "retry") == ["failed"]
+        assert tasks.fold_chat(chat_id, "retry") == ["failed"]
     countdowns = [options["countdown"] for options in published]
     assert len(countdowns) == 2, countdowns  # failures 1 and 2; from the 3rd only the sweep
     assert 0.8 * 30 <= countdowns[0] <= 1.2 * 30
@@ -493,25 +495,25 @@ def test_manual_folds_meeting_a_held_lock_leave_one_manual_rerun(api, monkeypatc
     """The holder's reruns judge by the policy's triggers, and here none is due: the requests'
     one pending mark says "manual", and the holder's exit asks for one manual run. The requests
     do not come back (each would make the holder run again)."""
-    from memory_worker import runs
-    from memory_worker.runtime import chat_lock
+    from memory_worker.coordination.runtime import chat_lock
+    from memory_worker.scheduling import runs
 
     published = queued_retries(monkeypatch)
     chat_id = contract_chat_after_turns(api, 4)  # 8 messages: under K + B, a manual fold folds 2
-    assert folds.consolidate_once(chat_id, RequestTrigger.TURN).status == "nothing"
+    assert folds.fold_once(chat_id, RequestReason.TURN).status == "nothing"
     lock = chat_lock()
     assert lock.acquire_or_mark_pending(chat_id, "another-run")
     for _request in range(3):
-        assert tasks.consolidate_chat(chat_id, "manual") == []
+        assert tasks.fold_chat(chat_id, "manual") == []
     assert published == []
-    requested: list[tuple[int, RequestTrigger]] = []
-    monkeypatch.setattr(runs, "request_consolidation", lambda c, t, d: requested.append((c, t)))
+    requested: list[tuple[int, RequestReason]] = []
+    monkeypatch.setattr(runs, "request_fold", lambda c, t, d: requested.append((c, t)))
     assert lock.release(chat_id, "another-run")
-    runs.hand_on_pending(chat_id, lock, RequestTrigger.RERUN, None)
-    runs.hand_on_pending(chat_id, lock, RequestTrigger.RERUN, None)  # served already
-    assert requested == [(chat_id, RequestTrigger.MANUAL)]
+    runs.hand_on_pending(chat_id, lock, RequestReason.RERUN, None)
+    runs.hand_on_pending(chat_id, lock, RequestReason.RERUN, None)  # served already
+    assert requested == [(chat_id, RequestReason.MANUAL)]
     assert not lock.is_pending(chat_id)
-    assert tasks.consolidate_chat(chat_id, "manual") == ["succeeded"]
+    assert tasks.fold_chat(chat_id, "manual") == ["succeeded"]
     assert Brief.objects.get(chat_id=chat_id).last_consolidated == 2
 
 
@@ -573,8 +575,8 @@ def test_a_chat_failing_a_429_a_turns_500_and_a_truncated_answer_is_not_degraded
     truncated answer in a row is no fluke: it climbs the ladder, and degrades the chat."""
     import time
 
-    from memory_worker import fold_ledger
-    from memory_worker.state import load_snapshot
+    from memory_worker.folding import ledger as fold_ledger
+    from memory_worker.folding.snapshot import load_snapshot
 
     ladder.MEMORY_INVALID_OUTPUT_RETRY_SECONDS = 5
     chat_id = new_chat(api)
@@ -630,7 +632,7 @@ def test_one_fold_attempt_is_one_model_call(api, use_fake_openai) -> None:  # ty
     _summarizer.cache_clear()
     chat_id = chat_with_fold_due(api)
     use_fake_openai.queue_faults("summarize", ["500"])
-    assert folds.consolidate_once(chat_id, RequestTrigger.TURN).status == "failed"
+    assert folds.fold_once(chat_id, RequestReason.TURN).status == "failed"
     assert len(use_fake_openai.summarize_requests()) == 1
 
 
@@ -644,7 +646,7 @@ def test_a_failed_manual_fold_does_not_leave_the_chat_degraded_for_ever(
 
     from django.utils import timezone
 
-    from memory_worker.locks import LocalChatLock
+    from memory_worker.coordination.locks import LocalChatLock
 
     # sliding-window with a 4-message tail: 10 messages leave 6 to fold, under its window of 12
     body = {"policy": "sliding-window", "policy_overrides": {"tail_messages": 4}}
@@ -653,14 +655,14 @@ def test_a_failed_manual_fold_does_not_leave_the_chat_degraded_for_ever(
         api.post(f"/api/v1/chats/{chat_id}/turns/", {"content": f"n{number}"}, format="json")
     ladder.MEMORY_DEGRADED_AFTER_FAILURES = 1
     use_fake_openai.queue_faults("summarize", ["401"])
-    assert folds.consolidate_once(chat_id, RequestTrigger.MANUAL).status == "failed"
+    assert folds.fold_once(chat_id, RequestReason.MANUAL).status == "failed"
     brief = Brief.objects.get(chat_id=chat_id)
     assert brief.degraded and brief.next_attempt_at is not None
     now = timezone.now()
     Brief.objects.filter(chat_id=chat_id).update(next_attempt_at=now - timedelta(seconds=1))
     lock = LocalChatLock(ttl_seconds=30)
     assert chat_id in sweep.sweep_candidates(now, lock, limit=10)
-    assert folds.consolidate_once(chat_id, RequestTrigger.SWEEP).status == "nothing"
+    assert folds.fold_once(chat_id, RequestReason.SWEEP).status == "nothing"
     brief = Brief.objects.get(chat_id=chat_id)
     assert (brief.degraded, brief.next_attempt_at, brief.consecutive_failures) == (False, None, 0)
     assert chat_id not in sweep.sweep_candidates(now, lock, limit=10)

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 from django.db.models import Model
 
-from memory_worker.agent_summaries import summarize_turns
+from memory_worker.agents.summaries import summarize_turns
 
 
 def field_values(instance: Model, names: Any = None) -> dict[str, Any]:
@@ -24,7 +24,7 @@ def mismatches(chat_id: int, token_key: str) -> list[str]:
 
     from conversations.authentication import TokenAuthentication
     from conversations.models import AgentState, Brief, Chat, Message
-    from memory_worker.state import (
+    from memory_worker.folding.snapshot import (
         UNFOLDED_FIELDS,
         load_snapshot,
         read_brief,
@@ -122,7 +122,7 @@ def test_a_difference_is_reported(api, user) -> None:  # type: ignore[no-untyped
 
     from rest_framework.authtoken.models import Token
 
-    from memory_worker import state
+    from memory_worker.folding import snapshot as state
 
     chat = api.post("/api/v1/chats/", {"title": "rows"}, format="json").json()["id"]
     assert (
@@ -193,7 +193,7 @@ def test_instances_are_what_from_db_builds(api) -> None:  # type: ignore[no-unty
     deferred fields (which still load on access), not adding, the same database."""
     from conversations import rows
     from conversations.models import Message
-    from memory_worker.state import UNFOLDED_FIELDS
+    from memory_worker.folding.snapshot import UNFOLDED_FIELDS
 
     chat = api.post("/api/v1/chats/", {"title": "rows"}, format="json").json()["id"]
     assert api.post(f"/api/v1/chats/{chat}/turns/", {"content": "hi"}, format="json").status_code

@@ -81,7 +81,7 @@ def generated_cases(report: str) -> int:
 def test_schemathesis_finds_nothing_with_two_users_at_once(
     live_server: Any, user: Any, other_user: Any, settings: Any, tmp_path: Path
 ) -> None:
-    from memory_worker.dispatch import drain_inline
+    from memory_worker.coordination.dispatch import drain_inline
 
     # "Consolidate now" answers 503 when nothing can run a fold; the embedded runner can.
     settings.MEMORY_DISPATCH = "inline"

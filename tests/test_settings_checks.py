@@ -33,10 +33,10 @@ from chatmem_project.boot import check_model_configured, check_secret_key
 from conversations.checks import check_web_settings
 from conversations.services.chats import create_chat
 from memory_worker.checks import check_memory_settings
-from tests.fake_openai import FakeOpenAI
-from tests.http_turns import send_turn, serving_gunicorn
+from tests.support.fake_openai import FakeOpenAI
+from tests.support.http_turns import send_turn, serving_gunicorn
+from tests.support.workers import worker_env
 from tests.test_gevent_server import url_of_the_test_database
-from tests.workers import worker_env
 
 ROOT = Path(__file__).resolve().parent.parent
 DEADLINE = 60

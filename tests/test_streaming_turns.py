@@ -23,8 +23,8 @@ from rest_framework.authtoken.models import Token
 from conversations.api.serializers import MessageSerializer
 from conversations.models import Chat, Message
 from tests.conftest import require
-from tests.fake_openai import FakeOpenAI
-from tests.http_turns import send_turn
+from tests.support.fake_openai import FakeOpenAI
+from tests.support.http_turns import send_turn
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -261,7 +261,7 @@ def test_done_is_sent_before_the_memory_hooks_run(  # type: ignore[no-untyped-de
         waited = client_has_done.wait(DEADLINE)
         checked.append((chat.pk, [m.seq for m in snapshot.unfolded], stored_now and waited))
 
-    monkeypatch.setattr(turn_store, "queue_consolidation_if_due", slow_check)
+    monkeypatch.setattr(turn_store, "queue_fold_if_due", slow_check)
     chat_id = new_chat(api)
     started = time.monotonic()
     stream = post_turn(chat_id, {"content": "hi", "stream": True})
@@ -429,7 +429,7 @@ def test_a_client_that_disconnects_mid_stream_still_gets_its_turn_stored(  # typ
 
 def use_fake_openai_reply(server: FakeOpenAI) -> str:
     """The reply the fake streamed to its first chat request (its replies are deterministic)."""
-    from tests.fake_openai import chat_reply_text
+    from tests.support.fake_openai import chat_reply_text
 
     return chat_reply_text(1, server.chat_requests()[0]["body"], server.reply_words)
 

@@ -17,8 +17,18 @@ from typing import Any
 
 import pytest
 
-from memory_worker.chat_summarizer import ChatCompletionsSummarizer
-from memory_worker.offline_summarizer import (
+from conversations.chat_model.tokens import count_tokens
+from conversations.chat_model.transport import make_openai_client
+from memory_worker.summaries.chat_completions import ChatCompletionsSummarizer
+from memory_worker.summaries.contract import (
+    FACTS,
+    HEADINGS,
+    FoldMessage,
+    SummarizerError,
+    format_fold_input,
+    summary_instructions,
+)
+from memory_worker.summaries.offline import (
     DETAIL,
     FACT_VALUE,
     STANDING,
@@ -28,18 +38,8 @@ from memory_worker.offline_summarizer import (
     oldest_first,
     weight_of,
 )
-from memory_worker.openai_transport import make_openai_client
-from memory_worker.responses_summarizer import ResponsesSummarizer
-from memory_worker.summarizers import (
-    FACTS,
-    HEADINGS,
-    FoldMessage,
-    SummarizerError,
-    format_fold_input,
-    summary_instructions,
-)
-from memory_worker.summary_validation import validate_summary
-from memory_worker.tokens import count_tokens
+from memory_worker.summaries.responses import ResponsesSummarizer
+from memory_worker.summaries.validation import validate_summary
 
 API_KEY = "sk-test-0123456789abcdef"
 PROMPT_ID = "pmpt_6917ebe9367c819396fe4840cf0f0e050c18a965a3366120"
@@ -886,7 +886,7 @@ def test_a_hosted_prompt_need_not_ask_for_headings() -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# The fold guard's repair (memory_worker.guarded_summary): each backend puts back what it is
+# The fold guard's repair (memory_worker.summaries.guarded): each backend puts back what it is
 # told its draft lost.
 
 RULES_SUMMARY = "## Facts / Constraints\n" + "\n".join(

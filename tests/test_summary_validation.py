@@ -1,4 +1,4 @@
-"""What a summary must be before it is written (memory_worker.summary_validation): chatmem's own
+"""What a summary must be before it is written (memory_worker.summaries.validation): chatmem's own
 headings, no transcript of the folded turns, no echo of the summarizer's input, and no longer
 than what it replaces. A refused summary is a "malformed" fold (the fast stricter retry).
 
@@ -8,10 +8,10 @@ tests/test_summary_validation.py``.
 
 import pytest
 
-from memory_worker.offline_summarizer import OfflineSummarizer
-from memory_worker.summarizers import FoldMessage, SummarizerError, format_fold_input
-from memory_worker.summary_validation import HEADINGS_ROOM, replaced_tokens, validate_summary
-from memory_worker.tokens import count_tokens
+from conversations.chat_model.tokens import count_tokens
+from memory_worker.summaries.contract import FoldMessage, SummarizerError, format_fold_input
+from memory_worker.summaries.offline import OfflineSummarizer
+from memory_worker.summaries.validation import HEADINGS_ROOM, replaced_tokens, validate_summary
 
 OLD_SUMMARY = """## Facts / Constraints
 - The user's locker code is 4821.

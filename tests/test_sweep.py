@@ -1,8 +1,8 @@
-"""The beat sweep (memory_worker/sweep.py and the sweep task): the chats it queues (retries due,
-chats whose fold could not be queued, cooled chats with a fold due, chats marked pending whose
-run died), its rotation through every
-chat, the runs a killed worker left "running", one chat unable to cancel the sweep (deleted or
-failing while judged), and the sweep's own queue, which memory workers consume."""
+"""The beat sweep (memory_worker/scheduling/sweep.py and the sweep task): the chats it queues
+(retries due, chats whose fold could not be queued, cooled chats with a fold due, chats marked
+pending whose run died), its rotation through every chat, the runs a killed worker left "running",
+one chat unable to cancel the sweep (deleted or failing while judged), and the sweep's own queue,
+which memory workers consume."""
 
 import json
 import logging
@@ -23,23 +23,19 @@ from django.utils import timezone
 
 from conversations.models import Brief, Chat, Consolidation
 from conversations.rows import database_now
-from memory_worker import (
-    deadlines,
-    fold_ledger,
-    folds,
-    request_redis,
-    retries,
-    runs,
-    sweep,
-    tasks,
-)
-from memory_worker.dispatch import RequestTrigger
-from memory_worker.locks import LocalChatLock
-from memory_worker.summarizers import SummaryResult
+from memory_worker import tasks
+from memory_worker.coordination import deadlines, request_redis
+from memory_worker.coordination.dispatch import RequestReason
+from memory_worker.coordination.locks import LocalChatLock
+from memory_worker.folding import execute as folds
+from memory_worker.folding import ledger as fold_ledger
+from memory_worker.folding import retries
+from memory_worker.scheduling import runs, sweep
+from memory_worker.summaries.contract import SummaryResult
 from tests.conftest import contract_chat_after_turns
+from tests.support.workers import ROOT, Worker, point_celery_at, wait_until
 from tests.test_fold_guard import room_for_one_more, rules_only
 from tests.test_folds import new_chat, turns
-from tests.workers import ROOT, Worker, point_celery_at, wait_until
 
 
 def turn(api, chat_id: int) -> None:  # type: ignore[no-untyped-def]
@@ -67,7 +63,7 @@ def sweep_recorder(monkeypatch) -> Iterator[dict[str, list[Any]]]:  # type: igno
     monkeypatch.setattr(tasks, "chat_lock", lambda: lock)
     seen: dict[str, list[Any]] = {"requested": [], "replayed": [], "lock": [lock]}
     monkeypatch.setattr(
-        tasks, "request_consolidation", lambda chat_id, trigger: seen["requested"].append(chat_id)
+        tasks, "request_fold", lambda chat_id, trigger: seen["requested"].append(chat_id)
     )
     monkeypatch.setattr(tasks.hooks, "replay_missed_daily_notes", seen["replayed"].append)
     yield seen
@@ -121,8 +117,8 @@ def test_a_fold_that_could_not_be_queued_is_swept_at_the_next_tick_whatever_its_
     settings.MEMORY_DISPATCH = "celery"
     assert sweep.sweep_candidates(database_now(), lock, limit=100) == []
     request_redis.trip_if_timeout(TimeoutError("Redis stalled"))
-    assert not runs.request_consolidation(due, RequestTrigger.TURN)
-    assert not runs.request_consolidation(quiet, RequestTrigger.TURN)
+    assert not runs.request_fold(due, RequestReason.TURN)
+    assert not runs.request_fold(quiet, RequestReason.TURN)
     assert Brief.objects.get(chat_id=due).enqueue_missed_at is not None
     request_redis.reset_breaker()
 
@@ -205,8 +201,8 @@ def test_a_running_row_whose_heartbeat_stopped_is_interrupted_and_refolded_at_on
     now = timezone.now()
     refolds = sweep.recover_dead_runs(now)
     assert refolds == [
-        sweep.Refold(dead, RequestTrigger.SWEEP),
-        sweep.Refold(manual, RequestTrigger.MANUAL),
+        sweep.Refold(dead, RequestReason.SWEEP),
+        sweep.Refold(manual, RequestReason.MANUAL),
     ]
     assert (status_of(dead_row), status_of(live_row), status_of(manual_row)) == (
         "interrupted",
@@ -220,7 +216,7 @@ def test_a_running_row_whose_heartbeat_stopped_is_interrupted_and_refolded_at_on
     # Once its heartbeat stops (the run died without finishing its row), the live row too.
     stopped = Now() - timedelta(seconds=deadlines.fold_heartbeat_stale_after() + 1)
     Consolidation.objects.filter(pk=live_row.pk).update(heartbeat_at=stopped)
-    assert sweep.recover_dead_runs(timezone.now()) == [sweep.Refold(live, RequestTrigger.SWEEP)]
+    assert sweep.recover_dead_runs(timezone.now()) == [sweep.Refold(live, RequestReason.SWEEP)]
 
 
 @pytest.mark.django_db
@@ -239,7 +235,7 @@ def test_a_turns_fold_whose_heartbeat_stopped_is_interrupted_and_left_to_the_nex
     Consolidation.objects.filter(pk__in=[old_unstamped.pk, young_unstamped.pk]).update(
         heartbeat_at=None
     )
-    assert sweep.recover_dead_runs(timezone.now()) == [sweep.Refold(chat_id, RequestTrigger.SWEEP)]
+    assert sweep.recover_dead_runs(timezone.now()) == [sweep.Refold(chat_id, RequestReason.SWEEP)]
     assert [status_of(row) for row in (young_turn, old_turn, old_unstamped, young_unstamped)] == [
         "running",
         "interrupted",
@@ -258,7 +254,7 @@ def test_a_fold_that_kills_its_worker_three_times_in_a_row_counts_as_a_crash(api
     for _ in range(retries.CRASH_AFTER_INTERRUPTIONS - 1):
         running_row(chat_id)
         assert sweep.recover_dead_runs(timezone.now()) == [
-            sweep.Refold(chat_id, RequestTrigger.SWEEP)
+            sweep.Refold(chat_id, RequestReason.SWEEP)
         ]
     third = running_row(chat_id)
     now = timezone.now()
@@ -278,7 +274,7 @@ def test_a_fold_that_kills_its_worker_three_times_in_a_row_counts_as_a_crash(api
     )
     running_row(chat_id, age=10_000, synchronous=True)
     fifth = running_row(chat_id)
-    assert sweep.recover_dead_runs(timezone.now()) == [sweep.Refold(chat_id, RequestTrigger.SWEEP)]
+    assert sweep.recover_dead_runs(timezone.now()) == [sweep.Refold(chat_id, RequestReason.SWEEP)]
     assert status_of(fifth) == "interrupted"
 
 
@@ -420,7 +416,7 @@ def test_the_sweep_is_routed_to_its_own_queue_which_memory_workers_consume() -> 
     assert app.amqp.router.route(dict(options), "chatmem.sweep")["queue"].name == "memory-sweep"
     assert app.amqp.router.route({}, "chatmem.sweep")["queue"].name == "memory-sweep"
     assert app.amqp.router.route({}, "chatmem.consolidate_chat")["queue"].name == "memory"
-    # A worker started with `-Q memory` (docker-compose.yml, docs, tests/workers.py, README)
+    # A worker started with `-Q memory` (docker-compose.yml, docs, tests/support/workers.py, README)
     # consumes the sweep's queue too; a worker of some other queue is left alone.
     for selected, expected in ((["memory"], {"memory", "memory-sweep"}), (["other"], {"other"})):
         queues = Queues(create_missing=True)
@@ -467,13 +463,13 @@ def test_a_worker_reaches_the_sweep_before_draining_the_fold_backlog(  # type: i
 ):
     """On the FIFO memory queue, beat's sweep would wait behind every fold task: behind more
     than one interval of backlog it would expire before a worker reached it, every minute,
-    exactly while the workers catch up. On its own queue, a worker (as tests/workers.py and
+    exactly while the workers catch up. On its own queue, a worker (as tests/support/workers.py and
     docker-compose.yml start it: `-Q memory`) takes it after at most one fold task."""
     from chatmem_project.celery import app
 
     backlog = 30
     for number in range(backlog):  # chats that do not exist: each task is a quick "nothing"
-        tasks.consolidate_chat.apply_async(args=(10**9 + number, "turn"))
+        tasks.fold_chat.apply_async(args=(10**9 + number, "turn"))
     tasks.sweep.apply_async(**app.conf.beat_schedule["chatmem-sweep"]["options"])  # as beat does
     worker = Worker(celery_broker, "sweepq")
     try:
@@ -488,7 +484,7 @@ def test_a_worker_reaches_the_sweep_before_draining_the_fold_backlog(  # type: i
         worker.stop()
 
 
-# --- Catching up when the provider recovers (memory_worker/provider_recovery.py) ------------
+# --- Catching up when the provider recovers (memory_worker/scheduling/recovery.py) ------------
 
 
 def failed_an_hour_ago(api, now, kind: str, minutes_ago: int):  # type: ignore[no-untyped-def]
@@ -583,7 +579,7 @@ def test_a_summary_edit_during_an_outage_is_not_the_provider_recovering(
 ) -> None:  # type: ignore[no-untyped-def]
     """An edit's ledger row (trigger ``edit``, no summarizer call) succeeds without the
     provider: the chats waiting on it keep to the one probe a sweep, not all retried at once."""
-    from memory_worker.summary_edit import edit_summary
+    from memory_worker.folding.summary_edit import edit_summary
 
     now = timezone.now()
     first = failed_an_hour_ago(api, now, "server_error", minutes_ago=10)
@@ -632,7 +628,7 @@ def test_the_sweep_deletes_old_ledger_rows_that_prove_nothing(api, settings) -> 
 def test_the_sweep_leaves_a_held_chats_pending_mark_to_its_holder(api, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """A live holder serves its chat's mark when it releases; the sweep takes only the marks
     no run holds, once, so the rerun is asked for once, by whoever takes the mark first."""
-    from memory_worker import runs
+    from memory_worker.scheduling import runs
 
     lock = LocalChatLock(ttl_seconds=30)
     now = timezone.now()
@@ -648,10 +644,10 @@ def test_the_sweep_leaves_a_held_chats_pending_mark_to_its_holder(api, monkeypat
         asked.append((chat_id, trigger))
         return True
 
-    monkeypatch.setattr(runs, "request_consolidation", request)
+    monkeypatch.setattr(runs, "request_fold", request)
     assert lock.release(held, "its-run")
-    runs.hand_on_pending(held, lock, RequestTrigger.RERUN, None)  # the holder's exit
-    runs.hand_on_pending(held, lock, RequestTrigger.RERUN, None)
+    runs.hand_on_pending(held, lock, RequestReason.RERUN, None)  # the holder's exit
+    runs.hand_on_pending(held, lock, RequestReason.RERUN, None)
     assert asked == [(held, "rerun")]
     assert sweep.sweep_candidates(now, lock, limit=100) == []
 
@@ -660,8 +656,9 @@ def test_the_sweep_leaves_a_held_chats_pending_mark_to_its_holder(api, monkeypat
 
 
 def skew_clock(monkeypatch, seconds: float) -> None:  # type: ignore[no-untyped-def]
-    """This process's clock ``seconds`` off, as the preload tests/skewed_clock/sitecustomize.py
-    makes a whole subprocess's (tests/test_host_clocks.py: web servers, workers, sweeps)."""
+    """This process's clock ``seconds`` off, as the preload
+    tests/support/skewed_clock/sitecustomize.py makes a whole subprocess's
+    (tests/test_host_clocks.py: web servers, workers, sweeps)."""
     monkeypatch.setattr(timezone, "now", lambda: REAL_NOW() + timedelta(seconds=seconds))
 
 
@@ -735,7 +732,7 @@ def test_a_live_fold_whose_lock_lapsed_is_not_interrupted_while_its_heartbeat_is
     assert lock.acquire_or_mark_pending(chat_id, "a-later-run")
     stopped = deadlines.fold_heartbeat_stale_after() + 1
     Consolidation.objects.filter(pk=live.pk).update(heartbeat_at=Now() - timedelta(seconds=stopped))
-    assert sweep.recover_dead_runs(database_now()) == [sweep.Refold(chat_id, RequestTrigger.SWEEP)]
+    assert sweep.recover_dead_runs(database_now()) == [sweep.Refold(chat_id, RequestReason.SWEEP)]
     assert (status_of(live), live.error) == ("interrupted", sweep.INTERRUPTED)
 
 
@@ -775,7 +772,7 @@ def test_a_fold_renews_its_heartbeat_before_each_summarizer_call(api, monkeypatc
             return self._call()
 
     monkeypatch.setattr(folds, "get_summarizer", SlowRepairing)
-    outcome = folds.consolidate_once(chat_id, RequestTrigger.MANUAL)
+    outcome = folds.fold_once(chat_id, RequestReason.MANUAL)
     assert outcome.status == "succeeded", outcome
     [(started, first), (_, second)] = beats
     assert first == started
@@ -832,7 +829,7 @@ def test_a_summarizer_call_longer_than_the_bound_keeps_its_folds_heartbeat_fresh
 
     summarizer = SleepingSummarizer(deadlines.fold_heartbeat_stale_after() * 2, recovery_pass)
     monkeypatch.setattr(folds, "get_summarizer", summarizer)
-    assert folds.consolidate_once(chat_id, RequestTrigger.MANUAL).status == "succeeded"
+    assert folds.fold_once(chat_id, RequestReason.MANUAL).status == "succeeded"
     refolds, age = seen
     assert refolds == [] and age < deadlines.fold_heartbeat_stale_after()
     assert not [t for t in threading.enumerate() if t.name.startswith("chatmem-heartbeat")]
@@ -857,6 +854,6 @@ def test_a_fold_stuck_in_a_call_past_its_deadline_is_taken_for_dead(  # type: ig
 
     stuck = deadlines.call_lifetime() + deadlines.fold_heartbeat_stale_after() + 0.5
     monkeypatch.setattr(folds, "get_summarizer", SleepingSummarizer(stuck, recovery_pass))
-    assert folds.consolidate_once(chat_id, RequestTrigger.MANUAL).status == "succeeded"
-    assert seen == [[sweep.Refold(chat_id, RequestTrigger.MANUAL)]]
+    assert folds.fold_once(chat_id, RequestReason.MANUAL).status == "succeeded"
+    assert seen == [[sweep.Refold(chat_id, RequestReason.MANUAL)]]
     assert Brief.objects.get(chat_id=chat_id).version == version + 1

@@ -9,8 +9,8 @@ import threading
 import pytest
 
 from memory_worker import tasks
+from tests.support.workers import FAST_DEADLINES, Worker, wait_until
 from tests.test_worker import celery_broker  # noqa: F401  (fixture)
-from tests.workers import FAST_DEADLINES, Worker, wait_until
 
 RELEASE = threading.Event()
 
@@ -23,7 +23,7 @@ def sleeping_hook(chat_id: int, messages: list[object], version: int) -> None:
 @pytest.mark.parametrize(
     ("task", "args"),
     [
-        (tasks.consolidate_chat, (1,)),
+        (tasks.fold_chat, (1,)),
         (tasks.sweep, ()),
         (tasks.run_flush_hook, ("hook", 1, 1, 2, 1)),
         (tasks.summarize_agent_turns, (1,)),
@@ -71,4 +71,4 @@ def test_a_task_no_lock_bounds_is_retried_a_bounded_number_of_times_after_worker
     assert task.acks_late and task.reject_on_worker_lost
     assert task.retry_on_worker_lost is True  # type: ignore[attr-defined]
     assert task.max_retries is not None and task.max_retries <= 5
-    assert tasks.consolidate_chat.retry_on_worker_lost is False  # type: ignore[attr-defined]
+    assert tasks.fold_chat.retry_on_worker_lost is False  # type: ignore[attr-defined]

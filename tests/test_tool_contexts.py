@@ -7,10 +7,10 @@ from typing import Any
 import pytest
 from rest_framework.test import APIClient
 
-from conversations.llm import ChatCompletion
+from conversations.chat_model.contract import ChatCompletion
 from conversations.models import Brief, Chat
 from conversations.services import exchanges
-from memory_worker.engine_state import ROLE_OVERHEAD_TOKENS
+from memory_worker.engine.state import ROLE_OVERHEAD_TOKENS
 from tests.test_bad_input import bearer
 
 pytestmark = pytest.mark.django_db
@@ -114,8 +114,8 @@ def test_a_call_answered_by_a_user_message_is_left_out_of_the_next_context(
 def test_a_tool_results_tokens_count_its_call_id(user: Any, model: ToolCallingModel) -> None:
     """The id reaches the model with the result; counted with the content only, a long tool
     loop's context passed its policy's token bound by ten or so tokens a result."""
+    from conversations.chat_model.tokens import count_tokens
     from conversations.models import Message
-    from memory_worker.tokens import count_tokens
 
     client = bearer(user)
     assert exchange(client, [{"role": "user", "content": "look it up"}]).status_code == 200

@@ -1,6 +1,6 @@
-"""The fold a turn needs before its model call (memory_worker.turn_fold), against a real Celery
-worker, PostgreSQL and Redis: one fold per range on every path. A turn over its hard bound
-waits for the fold in flight instead of summarizing the same range; with none in flight it
+"""The fold a turn needs before its model call (memory_worker.scheduling.before_turn), against a
+real Celery worker, PostgreSQL and Redis: one fold per range on every path. A turn over its hard
+bound waits for the fold in flight instead of summarizing the same range; with none in flight it
 folds under the chat's lock and hands on a trigger that arrived meanwhile."""
 
 import itertools
@@ -13,22 +13,22 @@ import pytest
 from django.db import connection
 
 from conversations.models import Brief, Chat, Consolidation, Message
-from memory_worker import folds as folds_module
-from memory_worker import runs
-from memory_worker.dispatch import RequestTrigger, fold_queued, mark_queued
-from memory_worker.folds import consolidate_once
-from memory_worker.invariants import chat_violations
-from memory_worker.locks import RedisChatLock
-from memory_worker.policy import Trigger
-from memory_worker.request_redis import breaker_open, reset_breaker
-from memory_worker.runs import request_consolidation
-from memory_worker.runtime import chat_lock, request_chat_lock
-from memory_worker.tasks import consolidate_chat
-from memory_worker.turn_fold import Wait, wait_for_lock
+from memory_worker.coordination.dispatch import RequestReason, fold_queued, mark_queued
+from memory_worker.coordination.locks import RedisChatLock
+from memory_worker.coordination.request_redis import breaker_open, reset_breaker
+from memory_worker.coordination.runtime import chat_lock, request_chat_lock
+from memory_worker.engine.policy import Trigger
+from memory_worker.folding import execute as folds_module
+from memory_worker.folding.execute import fold_once
+from memory_worker.scheduling import runs
+from memory_worker.scheduling.before_turn import Wait, wait_for_lock
+from memory_worker.scheduling.runs import request_fold
+from memory_worker.tasks import fold_chat
 from tests.conftest import client_for
+from tests.support.invariants import chat_violations
+from tests.support.workers import Worker, wait_until
 from tests.test_redis_restart import StalledRedis, point_web_at
 from tests.test_worker_faults import chat_with_fold_due, ledger_running, model_env
-from tests.workers import Worker, wait_until
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis, pytest.mark.worker]
 
@@ -47,7 +47,7 @@ def test_a_turn_over_its_bound_waits_for_the_workers_fold_and_summarizes_nothing
     worker = Worker(broker, "slowfold", env=model_env(use_fake_openai))
     try:
         worker.wait_ready()
-        assert request_consolidation(chat_id, RequestTrigger.TURN)
+        assert request_fold(chat_id, RequestReason.TURN)
         assert wait_until(lambda: ledger_running(chat_id), timeout=30), worker.log()
         with caplog.at_level(logging.INFO, logger="chatmem.fold"):
             response = post_turn(user, chat_id, "over the bound")
@@ -70,7 +70,7 @@ def test_a_turn_with_no_fold_in_flight_folds_under_the_lock_and_hands_on_a_trigg
     chat_id = chat_with_fold_due(user, settings)
     handed: list[tuple[int, str]] = []
     monkeypatch.setattr(
-        runs, "request_consolidation", lambda chat, trigger, due: handed.append((chat, trigger))
+        runs, "request_fold", lambda chat, trigger, due: handed.append((chat, trigger))
     )
     responses: list[Any] = []
 
@@ -147,7 +147,7 @@ def test_a_starting_task_gives_up_its_queued_marker_only_once_it_holds_the_lock_
 
     monkeypatch.setattr(RedisChatLock, "acquire_or_mark_pending", acquire)
     monkeypatch.setattr(runs, "clear_queued", clear)
-    outcomes = consolidate_chat(chat_id, "turn")
+    outcomes = fold_chat(chat_id, "turn")
     assert all(visible for _, visible in seen), seen
     steps = ["before the lock call", "after the lock call", "after the marker's delete"]
     if not lock_free:  # busy: the holder is marked again after the delete (test below)
@@ -176,7 +176,7 @@ def test_a_task_finding_the_lock_busy_marks_the_holder_again_after_giving_up_its
         real_clear(chat_id)
 
     monkeypatch.setattr(runs, "clear_queued", holder_reads_then_delete)
-    assert consolidate_chat(chat_id, "turn") == []
+    assert fold_chat(chat_id, "turn") == []
     assert lock.take_pending(chat_id)  # marked after the delete: the holder owes another run
 
 
@@ -188,7 +188,7 @@ def test_a_rerun_asked_for_before_the_turn_took_the_lock_is_still_served(
     chat_id = chat_with_fold_due(user, settings)
     handed: list[tuple[int, str]] = []
     monkeypatch.setattr(
-        runs, "request_consolidation", lambda chat, trigger, due: handed.append((chat, trigger))
+        runs, "request_fold", lambda chat, trigger, due: handed.append((chat, trigger))
     )
     chat_lock().mark_pending(chat_id)
     response = post_turn(user, chat_id, "over the bound")
@@ -238,7 +238,7 @@ def test_a_turns_fold_the_model_refused_withholds_its_range_instead_of_copying_i
     settings.MEMORY_DISPATCH = "off"
     for number in range(6):
         assert post_turn(user, chat_id, f"later {number}").status_code == 201
-    outcome = consolidate_once(chat_id, RequestTrigger.MANUAL)
+    outcome = fold_once(chat_id, RequestReason.MANUAL)
     assert outcome.status == "succeeded", outcome
     assert f"messages 1-{fallback.to_seq} withheld" in Brief.objects.get(chat_id=chat_id).summary
     assert chat_violations(chat_id) == []
@@ -331,7 +331,7 @@ def test_with_the_background_fallback_the_worker_folds_offline_and_recovers(
     worker = Worker(broker, "fallback", env=env)
     try:
         worker.wait_ready()
-        assert request_consolidation(chat_id, RequestTrigger.TURN)
+        assert request_fold(chat_id, RequestReason.TURN)
 
         def background_fallback() -> bool:
             return Consolidation.objects.filter(

@@ -3,8 +3,8 @@
 import pytest
 
 from conversations.models import Chat, Message
-from memory_worker.dispatch import RequestTrigger
-from memory_worker.folds import consolidate_once
+from memory_worker.coordination.dispatch import RequestReason
+from memory_worker.folding.execute import fold_once
 
 pytestmark = pytest.mark.django_db
 
@@ -63,7 +63,7 @@ def test_context_endpoint_is_exactly_what_the_model_receives(api, use_fake_opena
                 {"role": "user", "content": f"fact {number}: the sky is color {number}"},
             ]
         # Background fold (what a worker would do) between turns.
-        consolidate_once(chat_id, RequestTrigger.TURN)
+        fold_once(chat_id, RequestReason.TURN)
     context = api.get(f"/api/v1/chats/{chat_id}/context/").json()["messages"]
     assert context[0] == {"role": "system", "content": "Be brief."}
     assert context[1]["role"] == "system" and "## " in context[1]["content"]  # the summary

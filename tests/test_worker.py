@@ -4,7 +4,7 @@ import pytest
 
 from conversations.models import Brief, Consolidation
 from tests.conftest import client_for, contract_chat_after_turns
-from tests.workers import Worker, point_celery_at, wait_until
+from tests.support.workers import Worker, point_celery_at, wait_until
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis, pytest.mark.worker]
 
@@ -16,7 +16,7 @@ def celery_broker(settings, clean_redis):  # type: ignore[no-untyped-def]
     previous = point_celery_at(clean_redis)
     settings.REDIS_URL = clean_redis
     settings.MEMORY_DISPATCH = "celery"
-    from memory_worker.runtime import _lock
+    from memory_worker.coordination.runtime import _lock
 
     _lock.cache_clear()
     yield clean_redis

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from memory_worker.tasks import consolidate_chat
-from tests.workers import Worker, point_celery_at, wait_until
+from memory_worker.tasks import fold_chat
+from tests.support.workers import Worker, point_celery_at, wait_until
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis, pytest.mark.worker]
 
@@ -84,7 +84,7 @@ def test_a_worker_reuses_its_connection_across_tasks(
         worker.wait_ready()
         before = sessions_started()
         for chat_id in chat_ids:
-            consolidate_chat.apply_async(args=(chat_id, "sweep"))
+            fold_chat.apply_async(args=(chat_id, "sweep"))
 
         def all_folded() -> bool:
             folded = Brief.objects.filter(chat_id__in=chat_ids, last_consolidated__gt=0)

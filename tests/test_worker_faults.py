@@ -12,12 +12,12 @@ import redis
 
 from conversations.models import Brief, Consolidation
 from memory_worker import tasks
-from memory_worker.dispatch import RequestTrigger
-from memory_worker.invariants import chat_violations
-from memory_worker.locks import RedisChatLock
-from memory_worker.runs import request_consolidation
+from memory_worker.coordination.dispatch import RequestReason
+from memory_worker.coordination.locks import RedisChatLock
+from memory_worker.scheduling.runs import request_fold
 from tests.conftest import client_for, contract_chat_after_turns
-from tests.workers import FAST_DEADLINES, Worker, wait_until
+from tests.support.invariants import chat_violations
+from tests.support.workers import FAST_DEADLINES, Worker, wait_until
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis, pytest.mark.worker]
 
@@ -66,7 +66,7 @@ def test_burst_of_200_triggers_across_4_workers(
         for worker in workers:
             worker.wait_ready()
         for _ in range(200):
-            assert request_consolidation(chat_id, RequestTrigger.TURN)
+            assert request_fold(chat_id, RequestReason.TURN)
         assert wait_until(
             lambda: (
                 queue_is_empty(broker)
@@ -113,7 +113,7 @@ def test_worker_killed_mid_llm_call_is_refolded_by_another_within_a_minute(
     try:
         for worker in workers:
             worker.wait_ready()
-        assert request_consolidation(chat_id, RequestTrigger.TURN)
+        assert request_fold(chat_id, RequestReason.TURN)
         assert wait_until(lambda: use_fake_openai.counters()["in_flight"] == 1, timeout=30)
         [victim] = [w for w in workers if "Task chatmem.consolidate_chat[" in w.log()]
         victim.signal(signal.SIGKILL)
@@ -163,7 +163,7 @@ def test_a_backlog_slower_than_the_time_limit_is_folded_chunk_by_chunk(
     worker = Worker(broker, "chunks", env=env)
     try:
         worker.wait_ready()
-        assert request_consolidation(chat_id, RequestTrigger.TURN)
+        assert request_fold(chat_id, RequestReason.TURN)
         # Until the backlog beyond the tail is under the window again: W = 16 of 18.
         assert wait_until(
             lambda: (
@@ -192,7 +192,7 @@ def test_paused_worker_past_its_lock_writes_nothing(
     other = None
     try:
         sleeper.wait_ready()
-        assert request_consolidation(chat_id, RequestTrigger.TURN)
+        assert request_fold(chat_id, RequestReason.TURN)
         assert wait_until(lambda: use_fake_openai.counters()["in_flight"] == 1, timeout=30)
         sleeper.signal(signal.SIGSTOP)
         # The paused worker holds the chat's lock (3 s TTL, no longer renewed) in the test's
@@ -211,7 +211,7 @@ def test_paused_worker_past_its_lock_writes_nothing(
         ), "the paused worker's lock never expired"
 
         def folded_by_other() -> bool:
-            request_consolidation(chat_id, RequestTrigger.TURN)
+            request_fold(chat_id, RequestReason.TURN)
             return Brief.objects.get(chat_id=chat_id).version == 1
 
         assert wait_until(folded_by_other, timeout=30, interval=1.0), other.log()

@@ -8,7 +8,7 @@ from typing import Any
 
 from rest_framework import serializers
 
-from conversations import agent_state as rules
+from conversations import agent_rules as rules
 
 MAX_ENTITIES = 50
 MAX_STEP_RESULTS = 50

@@ -13,7 +13,7 @@ from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
-from conversations.llm import UPSTREAM_TIMEOUT, ModelError
+from conversations.chat_model.contract import UPSTREAM_TIMEOUT, ModelError
 from conversations.models import Chat
 from conversations.rows import database_unreachable, lost_a_conflict
 from conversations.services.bounded_context import ContextOverBound
@@ -21,7 +21,7 @@ from conversations.services.chats import NoRoomInWindow
 from conversations.services.pins import PinRefused
 from conversations.services.turn_slot import TurnInProgress
 from conversations.variants import UnknownVariant
-from memory_worker.presets import PolicyError
+from memory_worker.engine.presets import PolicyError
 
 log = logging.getLogger("chatmem.api")
 

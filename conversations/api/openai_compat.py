@@ -48,14 +48,14 @@ from conversations.api.openai_request import (
 )
 from conversations.api.streaming import KEEP_ALIVE
 from conversations.authentication import BearerTokenAuthentication
-from conversations.llm import CACHED_TOKENS
+from conversations.chat_model.contract import CACHED_TOKENS
 from conversations.services import chats as chat_service
 from conversations.services import exchanges
-from conversations.services.backends import answering_model
+from conversations.services.chat_backend import answering_model
 from conversations.services.turn_model import release_db_connection
 from conversations.throttling import TurnRateThrottle
 from conversations.variants import ModelVariant, model_variants
-from memory_worker.presets import PolicyError
+from memory_worker.engine.presets import PolicyError
 
 
 def error_type(status_code: int) -> str:

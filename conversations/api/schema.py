@@ -31,7 +31,7 @@ from conversations.api.serializers import (
     TurnResponseSerializer,
 )
 from conversations.services.chat_list import ORDERING_FIELDS
-from memory_worker.presets import PRESETS
+from memory_worker.engine.presets import PRESETS
 
 # DRF's CharField refuses NUL characters (and the URL check, in a query string).
 NO_NUL = "^[^\\u0000]*$"

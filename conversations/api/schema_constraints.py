@@ -8,7 +8,7 @@ from django.conf import settings
 
 from conversations.api.schema import NO_NUL
 from conversations.variants import model_variants
-from memory_worker.presets import knob_json_schema
+from memory_worker.engine.presets import knob_json_schema
 
 NON_BLANK = "^[^\\u0000]*[^\\s\\u0000][^\\u0000]*$"  # a message must say something
 # Unknown keys are refused.

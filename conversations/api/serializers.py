@@ -8,8 +8,8 @@ from rest_framework import serializers
 from conversations.api.agent_serializers import AgentContextSerializer
 from conversations.models import Brief, Chat, Consolidation, DailyNote, Message, Role
 from conversations.services import chats as chat_service
+from memory_worker.engine.presets import PRESETS, PolicyError, policy_parameters
 from memory_worker.memory import policy_for_chat, policy_for_new_settings, variant_context_tokens
-from memory_worker.presets import PRESETS, PolicyError, policy_parameters
 
 
 class StrictCharField(serializers.CharField):

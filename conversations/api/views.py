@@ -39,8 +39,8 @@ from conversations.services.turn_model import release_db_connection
 from conversations.services.turn_slot import Claimed, claim_owned_chat
 from conversations.throttling import ManualFoldRateThrottle, TurnRateThrottle
 from conversations.variants import chat_variant
+from memory_worker.engine.presets import DESCRIPTIONS, PRESETS, policy_parameters
 from memory_worker.memory import ManualRequest, edit_summary, effective_policy, request_manual_fold
-from memory_worker.presets import DESCRIPTIONS, PRESETS, policy_parameters
 
 PUT_NOT_ALLOWED = (
     'Method "PUT" not allowed: change a chat with PATCH, sending only the fields to change '

@@ -1,6 +1,6 @@
 """The agent state, the web side (docs/agent-state.md): a turn's agent context stored with it, the
-work handed to the worker after the turn commits (memory_worker.agent_summaries), the chat model the
-worker's summaries ask, and the state endpoint's reader."""
+work handed to the worker after the turn commits (memory_worker.agents.summaries), the chat model
+the worker's summaries ask, and the state endpoint's reader."""
 
 import logging
 from collections.abc import Mapping
@@ -8,10 +8,10 @@ from typing import Any
 
 from django.conf import settings
 
-from conversations import agent_state as rules
-from conversations.llm import ModelError
+from conversations import agent_rules as rules
+from conversations.chat_model.contract import ModelError
 from conversations.models import AgentState, Chat, Message, Role
-from conversations.services.backends import chat_backend_name, get_chat_model
+from conversations.services.chat_backend import chat_backend_name, get_chat_model
 from conversations.services.turn_model import REPLY_LIMIT_KEY
 from memory_worker.memory import TURN_DIGEST, agent_state_limits, request_agent_summary
 
@@ -57,7 +57,7 @@ ONE_SENTENCE_TOKENS = 120
 
 
 class ChatAgentModel:
-    """The model memory_worker.agent_turns asks: the configured chat model, when
+    """The model memory_worker.agents.turns asks: the configured chat model, when
     AGENT_SUMMARY_BACKEND (empty: the chat backend's choice) says "llm"."""
 
     def enabled(self) -> bool:

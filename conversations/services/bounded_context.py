@@ -11,10 +11,10 @@ from django.conf import settings
 from conversations.models import Brief, Chat
 from conversations.services.turn_slot import TurnSlotLease, raise_if_deleted, renew_turn_slot
 from conversations.variants import ModelVariant
-from memory_worker import policy as engine
-from memory_worker.engine_state import prompt_tokens
+from memory_worker.engine import policy as engine
+from memory_worker.engine.state import prompt_tokens
 from memory_worker.memory import (
-    FoldResult,
+    FoldStatus,
     MemorySnapshot,
     engine_state,
     fold_before_turn,
@@ -83,12 +83,12 @@ def bounded_snapshot(
             deadline=fold_deadline,
             slot=slot,
         )
-        if outcome.status == FoldResult.FAILED:
+        if outcome.status == FoldStatus.FAILED:
             raise ContextOverBound(
                 "Memory consolidation is needed before this turn and it failed "
                 f"({outcome.error}); nothing was stored, retry later."
             )
-        folds += outcome.status != FoldResult.WAITED
+        folds += outcome.status != FoldStatus.WAITED
         # succeeded, superseded, or waited for a fold in flight: re-read and check again
         renew_turn_slot(chat, token)
         snapshot = snapshot_of_live_chat(chat)

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from django.db.models import QuerySet
 
 from conversations.models import Chat
-from memory_worker.presets import PRESETS
+from memory_worker.engine.presets import PRESETS
 
 # The orderable fields, as the chat's representation names them. `id` breaks ties, so pages
 # of equal keys (many chats titled the same) do not overlap.

@@ -12,26 +12,26 @@ from django.db.models import Max
 from django.db.models.functions import Coalesce
 
 from conversations import rows
+from conversations.chat_model.tokens import count_tokens
 from conversations.models import Brief, Chat, Message
 from conversations.services.context import build_model_messages
 from conversations.services.pins import pins_problem, recount_pins
 from conversations.variants import ModelVariant, resolve_variant
-from memory_worker import policy as engine
-from memory_worker.engine_state import PROMPT_PRIMING_TOKENS, ROLE_OVERHEAD_TOKENS
+from memory_worker.engine import policy as engine
+from memory_worker.engine.presets import PolicyError
+from memory_worker.engine.state import PROMPT_PRIMING_TOKENS, ROLE_OVERHEAD_TOKENS
 from memory_worker.memory import (
     MemorySnapshot,
-    RequestTrigger,
+    RequestReason,
     breaker_open,
-    count_tokens,
     decide_for_chat,
     effective_policy,
     load_snapshot,
     policy_for_new_settings,
     request_chat_lock,
-    request_consolidation,
+    request_fold,
     trip_if_timeout,
 )
-from memory_worker.presets import PolicyError
 
 log = logging.getLogger("chatmem.chats")
 
@@ -105,7 +105,7 @@ def update_chat(owner_id: int, chat_id: int, changes: dict[str, object]) -> Chat
             raise PolicyError(problem)
         if resumed:
             # What fell due while paused is folded now, not at the next turn or cooldown.
-            transaction.on_commit(partial(request_consolidation, chat.pk, RequestTrigger.RERUN))
+            transaction.on_commit(partial(request_fold, chat.pk, RequestReason.RERUN))
     return chat
 
 

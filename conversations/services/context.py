@@ -33,7 +33,9 @@ def build_model_messages(
     if chat.system_prompt:
         messages.append({"role": Role.SYSTEM.value, "content": chat.system_prompt})
     pinned = pinned_block(pin.text for pin in snapshot.pins_shown())
-    if pinned:  # counted in the bound by memory_worker.state (MemorySnapshot.pinned_tokens)
+    if (
+        pinned
+    ):  # counted in the bound by memory_worker.folding.snapshot (MemorySnapshot.pinned_tokens)
         messages.append({"role": Role.SYSTEM.value, "content": pinned})
     if snapshot.summary:
         messages.append({"role": Role.SYSTEM.value, "content": SUMMARY_HEADER + snapshot.summary})
@@ -41,7 +43,9 @@ def build_model_messages(
     messages.extend(model_message(message) for message in snapshot.unfolded)
     first_new = len(messages)
     messages.extend(new_messages)
-    if snapshot.agent_context:  # counted in the bound by memory_worker.state.agent_context_tokens
+    if (
+        snapshot.agent_context
+    ):  # counted in the bound by memory_worker.folding.snapshot.agent_context_tokens
         agent: dict[str, object] = {"role": Role.SYSTEM.value, "content": snapshot.agent_context}
         messages.insert(agent_state_index(messages, first_verbatim, first_new), agent)
     return without_unanswered_tool_calls(messages)

@@ -22,11 +22,12 @@ from django.conf import settings
 from django.contrib.auth.models import User
 from django.db import IntegrityError, connections, transaction
 
-from conversations.llm import ChatCompletion, CompletionStream, ToolOptions
+from conversations.chat_model.contract import ChatCompletion, CompletionStream, ToolOptions
+from conversations.chat_model.tokens import count_tokens
 from conversations.models import Chat, Message, Role
 from conversations.services import chats as chat_service
-from conversations.services.backends import get_chat_model
 from conversations.services.bounded_context import bounded_snapshot
+from conversations.services.chat_backend import get_chat_model
 from conversations.services.context import build_model_messages
 from conversations.services.turn_model import reply_options, turn_prompt_tokens
 from conversations.services.turn_slot import release_turn_slot, turn_slot
@@ -46,8 +47,8 @@ from conversations.services.turn_stream import (
 )
 from conversations.services.turns import log_turn_failure
 from conversations.variants import ModelVariant, turn_variant
-from memory_worker.engine_state import ROLE_OVERHEAD_TOKENS
-from memory_worker.memory import MemorySnapshot, count_tokens
+from memory_worker.engine.state import ROLE_OVERHEAD_TOKENS
+from memory_worker.memory import MemorySnapshot
 
 log = logging.getLogger("chatmem.turn")
 

@@ -6,7 +6,7 @@ from datetime import datetime
 
 from conversations.models import Brief, Chat
 from conversations.rows import database_now
-from memory_worker import policy as engine
+from memory_worker.engine import policy as engine
 from memory_worker.memory import (
     engine_state,
     load_snapshot,

@@ -12,7 +12,7 @@ from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.db import transaction
 
 from conversations.models import Chat, Message, Pin
-from conversations.services.turn_store import queue_consolidation_if_due
+from conversations.services.turn_store import queue_fold_if_due
 from memory_worker.memory import (
     MemorySnapshot,
     PinnedItem,
@@ -70,7 +70,7 @@ def add_pin(
         )
         # Less room for the history now: a fold may be due.
         pinned = replace(snapshot, pins=(*snapshot.pins, PinnedItem(pin.pk, seq, content, tokens)))
-        transaction.on_commit(partial(queue_consolidation_if_due, locked, pinned))
+        transaction.on_commit(partial(queue_fold_if_due, locked, pinned))
     return pin
 
 
@@ -97,7 +97,7 @@ def change_pin_text(chat: Chat, pin_id: int, text: str) -> Pin:
                 for item in snapshot.pins
             ),
         )
-        transaction.on_commit(partial(queue_consolidation_if_due, locked, changed))
+        transaction.on_commit(partial(queue_fold_if_due, locked, changed))
     return pin
 
 

@@ -8,7 +8,7 @@ from django.db.models import Count, IntegerField, Sum
 from django.db.models.fields.json import KT
 from django.db.models.functions import Cast, Coalesce
 
-from conversations.llm import CACHED_TOKENS
+from conversations.chat_model.contract import CACHED_TOKENS
 from conversations.models import Chat, Message, Role
 
 

@@ -8,18 +8,20 @@ from collections.abc import Callable
 from django.conf import settings
 from django.db import connections
 
-from conversations.llm import (
+from conversations.chat_model.contract import (
     PROMPT_CACHE_KEY,
     ChatCompletion,
     ModelError,
     ModelMessages,
     ToolOptions,
 )
+from conversations.chat_model.tokens import count_tokens
+from conversations.chat_model.transport import LIMIT_KEYS
 from conversations.models import Chat
-from conversations.services.backends import get_chat_model
+from conversations.services.chat_backend import get_chat_model
 from conversations.variants import ModelVariant
-from memory_worker.engine_state import prompt_tokens
-from memory_worker.memory import LIMIT_KEYS, MemorySnapshot, count_tokens, engine_state
+from memory_worker.engine.state import prompt_tokens
+from memory_worker.memory import MemorySnapshot, engine_state
 
 # How a turn calls the model: messages, variant, request options -> the complete reply (or
 # ModelError).
@@ -48,7 +50,7 @@ def stream_model(
     emit: Callable[[str], None],
 ) -> ChatCompletion:
     """Stream the reply, emitting each delta as it arrives; return the complete reply (the
-    whole of it within the model's deadline: conversations.llm)."""
+    whole of it within the model's deadline: conversations.chat_model.contract)."""
     release_db_connection()  # held by nobody while the model talks; the store reconnects
     stream = get_chat_model().stream(messages, variant.model, options)
     try:
@@ -92,7 +94,7 @@ def cache_routing(chat_id: int, variant: ModelVariant) -> dict[str, object]:
     """OpenAI's ``prompt_cache_key``, one per chat: the provider routes a chat's requests to
     the machines that hold its prefix cached (PROMPT_CACHE_KEY_VARIANTS: the variants it is
     sent to, ``*`` every one). An endpoint that refuses the parameter is asked again without
-    it and never sent it again (conversations.openai_chat_model)."""
+    it and never sent it again (conversations.chat_model.openai_backend)."""
     wanted = {name.strip() for name in settings.PROMPT_CACHE_KEY_VARIANTS.split(",")}
     if "*" in wanted or variant.name in wanted:
         return {PROMPT_CACHE_KEY: f"chatmem-chat-{chat_id}"}

@@ -171,9 +171,10 @@ def raise_if_deleted(chat: Chat) -> None:
 
 @dataclass(frozen=True)
 class TurnSlotLease:
-    """The turn's slot as its synchronous fold keeps it (memory_worker.folds.execute_fold's
-    ``lease``): renewed before every summarizer chunk, so a backlog of chunks longer than
-    TURN_SLOT_STALE_SECONDS never leaves a live turn's slot looking abandoned to a retry."""
+    """The turn's slot as its synchronous fold keeps it
+    (memory_worker.folding.execute.execute_fold's ``lease``): renewed before every summarizer chunk,
+    so a backlog of chunks longer than TURN_SLOT_STALE_SECONDS never leaves a live turn's slot
+    looking abandoned to a retry."""
 
     chat: Chat
     token: uuid.UUID

@@ -14,16 +14,16 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from conversations import rows
-from conversations.llm import ChatCompletion, cached_prompt_tokens
+from conversations.chat_model.contract import ChatCompletion, cached_prompt_tokens
+from conversations.chat_model.tokens import count_tokens
 from conversations.models import Chat, Message, Role
 from conversations.services.agent_state import queue_agent_summary
 from conversations.variants import ModelVariant
 from memory_worker.memory import (
     MemorySnapshot,
-    RequestTrigger,
-    count_tokens,
+    RequestReason,
     decide_for_chat,
-    request_consolidation,
+    request_fold,
     with_appended,
 )
 
@@ -218,11 +218,11 @@ def queue_memory_work(chat: Chat, snapshot: MemorySnapshot, stored: list[Message
     ``snapshot``: the consolidation check, then the agent state's work (docs/agent-state.md),
     whichever API the turn came by."""
     after = with_appended(snapshot, stored)
-    transaction.on_commit(partial(queue_consolidation_if_due, chat, after))
+    transaction.on_commit(partial(queue_fold_if_due, chat, after))
     transaction.on_commit(partial(queue_agent_summary, chat, stored[0], snapshot.has_agent_state))
 
 
-def queue_consolidation_if_due(chat: Chat, snapshot: MemorySnapshot) -> None:
+def queue_fold_if_due(chat: Chat, snapshot: MemorySnapshot) -> None:
     """Runs after commit, on the request thread but after the turn is durable: a pure decision
     on state already in memory, then (only if a fold is due) one enqueue that never raises."""
     try:
@@ -230,6 +230,6 @@ def queue_consolidation_if_due(chat: Chat, snapshot: MemorySnapshot) -> None:
         now = rows.database_now()
         # A chat whose owner paused folds queues none (its turns fold only over the hard bound).
         if not chat.folds_paused and decide_for_chat(chat, snapshot, now) is not None:
-            request_consolidation(chat.pk, RequestTrigger.TURN, due_at=now)
+            request_fold(chat.pk, RequestReason.TURN, due_at=now)
     except Exception:
         log.exception("post-turn consolidation check failed", extra={"chat_id": chat.pk})

@@ -15,7 +15,8 @@ from functools import partial
 
 from django.db import connections
 
-from conversations.llm import ModelError
+from conversations.chat_model.contract import ModelError
+from conversations.chat_model.tokens import count_tokens
 from conversations.models import Chat, Role
 from conversations.rows import database_unreachable
 from conversations.services.bounded_context import ContextOverBound, bounded_snapshot
@@ -42,7 +43,7 @@ from conversations.services.turn_stream import (
     start_turn_thread,
 )
 from conversations.variants import turn_variant
-from memory_worker.memory import MemorySnapshot, count_tokens
+from memory_worker.memory import MemorySnapshot
 
 log = logging.getLogger("chatmem.turn")
 

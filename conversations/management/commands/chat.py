@@ -28,7 +28,7 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
 
 from conversations.api.parsers import unstorable
-from conversations.llm import ModelError
+from conversations.chat_model.contract import ModelError
 from conversations.management.terminal import LineReader, logs_to_file, printable
 from conversations.management.usernames import checked_username, find_user
 from conversations.models import Chat, Pin
@@ -38,7 +38,7 @@ from conversations.services import turns as turn_service
 from conversations.services.bounded_context import ContextOverBound
 from conversations.services.turn_slot import TurnInProgress
 from conversations.variants import UnknownVariant
-from memory_worker.presets import PolicyError
+from memory_worker.engine.presets import PolicyError
 
 HELP = "Type a message, or /brief, /context, /pin TEXT, /pins, /unpin ID, /help, /quit."
 PROMPT = "you> "

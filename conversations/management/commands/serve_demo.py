@@ -11,7 +11,7 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import connection
 from rest_framework.authtoken.models import Token
 
-from conversations.services.backends import chat_backend_name
+from conversations.services.chat_backend import chat_backend_name
 
 DEMO_PASSWORD = "demo-password"
 ANY_ADDRESS = ("0.0.0.0", "::", "[::]")
