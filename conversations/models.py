@@ -116,8 +116,9 @@ class Brief(models.Model):
     fallback_since = models.DateTimeField(null=True, blank=True)
     fallback_reason = models.TextField(blank=True)
     # The summary's lines a person wrote (an edit through the API or the admin), as
-    # retention_rules.summary_lines gives them: folds keep them unless a folded message revokes
-    # them (memory_worker.summaries.guard), and a fold drops those its summary no longer has.
+    # memory_worker.summaries.retention.summary_lines gives them: folds keep them unless a folded
+    # message revokes them (memory_worker.summaries.guard), and a fold drops those its summary no
+    # longer has.
     user_lines = models.JSONField(default=list, blank=True)
     # A fold came due and could not be queued (the broker timed out or refused; database time):
     # the sweep takes the chat at its next tick, whatever its last fold's age, and clears it.

@@ -72,7 +72,7 @@ def fold_chat(
         outcomes = fold_with_lock(chat_id, requested, chat_lock(), due_at=due, started=started)
     except DATABASE_ERRORS as error:
         # The lock is already released (fold_with_lock) and the ledger row marked
-        # interrupted if the database let it be (fold_ledger.record_interrupted).
+        # interrupted if the database let it be (folding.ledger.record_interrupted).
         if not _retry_after_database_error(chat_id, requested, due_at, db_retries, error):
             raise
         return [FoldStatus.DATABASE_ERROR]

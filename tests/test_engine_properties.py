@@ -200,7 +200,7 @@ class Conversation(RuleBasedStateMachine):
         assert self.commit(decision, self.version, self.w, fallback=fallback)
 
     def commit(self, decision: Decision, version: int, w: int, *, fallback: bool) -> bool:
-        """fold_commit's fenced UPDATE: only a fold that read this version and W commits."""
+        """folding.commit's fenced UPDATE: only a fold that read this version and W commits."""
         if (version, w) != (self.version, self.w):
             return False
         carried = set(range(decision.from_seq, decision.to_seq + 1))

@@ -291,7 +291,7 @@ def worker_clock_skew(worker: Worker, row: Consolidation) -> float:
 # The first invalid output's retry, jittered by ±20 % (retries.retry_plan): past half the
 # visibility timeout (FAST_DEADLINES: 10 s), so the worker queues no delayed retry of its own and
 # the sweep retries. An invalid output keeps its ladder; a provider-wide failure (a 500) would
-# be probed early by design (provider_recovery).
+# be probed early by design (scheduling.recovery).
 BACKOFF = 6.5
 
 

@@ -318,7 +318,7 @@ def test_turns_at_the_bound_still_answer_while_the_range_is_refused(
     api: Any, use_fake_openai: FakeOpenAI
 ) -> None:
     """No background fold runs here: every turn past the bound folds first, its model fold is
-    refused, and the offline summarizer folds the range instead (turn_fold); the turn answers."""
+    refused, and the offline summarizer folds the range instead (before_turn); the turn answers."""
     use_fake_openai.refuse_summaries_containing(MARKER)
     chat_id = int(api.post("/api/v1/chats/", {"policy": "contract"}, format="json").json()["id"])
     for number in range(14):

@@ -29,7 +29,7 @@ def turn_fold_deadline(started: float) -> float:
 def fold_heartbeat_stale_after() -> float:
     """How old a running fold's heartbeat (its ledger row's ``heartbeat_at``) may grow while
     the fold lives, in seconds: MEMORY_LOCK_TTL_SECONDS, the time a dead holder keeps its chat's
-    lock. A thread renews it four times as often (fold_ledger.Heartbeat), so a database blink
+    lock. A thread renews it four times as often (folding.ledger.Heartbeat), so a database blink
     or a short process stall is not a death. A row whose heartbeat is older is a dead fold's
     (memory_worker.scheduling.sweep)."""
     return float(settings.MEMORY_LOCK_TTL_SECONDS)

@@ -106,12 +106,12 @@ def hand_off(
 # marker every turn of a chat whose fold stays due (workers behind, or down) would queue one more
 # task, a pile in the broker and a broker write on every turn. Ordering: a turn commits, then takes
 # the marker (SET NX); the task takes the chat's lock (or marks the holder pending), then deletes
-# the marker, before it reads anything (runs.fold_with_lock). A turn that finds the marker
-# taken committed before the task's read, so the task sees it; a turn after the delete queues a
-# new task; a turn over its bound always sees the fold queued or in flight
-# (turn_fold.acquire_or_wait). Only turn triggers are deduplicated: manual runs skip the failure
-# backoff and the sweep and reruns are rare. The marker's TTL bounds how long a lost task message
-# could keep turns from queuing (the sweep finds such a chat anyway).
+# the marker, before it reads anything (runs.fold_with_lock). A turn that finds the marker taken
+# committed before the task's read, so the task sees it; a turn after the delete queues a new task;
+# a turn over its bound always sees the fold queued or in flight
+# (scheduling.before_turn.acquire_or_wait). Only turn triggers are deduplicated: manual runs skip
+# the failure backoff and the sweep and reruns are rare. The marker's TTL bounds how long a lost
+# task message could keep turns from queuing (the sweep finds such a chat anyway).
 QUEUED_KEY = "chatmem:queued:{}"
 
 

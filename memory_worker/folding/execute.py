@@ -119,7 +119,7 @@ def execute_fold(
     by then (``time_for_a_chunk``); the outcome then says more is due and the caller hands on.
     The outcome is the last chunk's; ``decision`` stays the whole range's. ``summarizer``: the
     configured one (for the chat's cap) unless given; ``fallback_reason``: it is the offline
-    fallback of a model fold that failed, for that reason (fold_commit.commit_fold);
+    fallback of a model fold that failed, for that reason (folding.commit.commit_fold);
     ``withhold``: that failure was a refusal, so the range is withheld, not summarized
     (``commit_withheld``). ``lease``: what the fold keeps while it works (the chat's lock; a
     turn's slot), renewed before each chunk; once lost, no call starts and the outcome says
@@ -340,7 +340,7 @@ def fall_back(
     offline summarizer (a ledger row of its own, trigger ``summarizer_fallback``), from the
     same snapshot: a failure leaves the brief's version as it was, so the fence still holds;
     withheld instead when the model ``refused`` it. A turn's fold has its own fallback
-    (turn_fold), whatever the setting."""
+    (scheduling.before_turn), whatever the setting."""
     log.warning(
         "the summarizer failed a background fold; folding with the offline summarizer",
         extra={"event": "fold_fallback", "chat_id": chat.pk, "error": reason},
@@ -380,7 +380,7 @@ def summarize_and_commit(
     """The summarizer call (and the fold guard's repair, memory_worker.summaries.guarded), with no
     transaction open, then the commit (or the failure's record) of the chunk whose ledger row
     ``record_running`` wrote (``heartbeat``'s). A background fold whose range the summarizer has
-    refused often enough (isolation_policy.isolation_due) is bisected in the same attempt
+    refused often enough (engine.isolation.isolation_due) is bisected in the same attempt
     (memory_worker.folding.isolation); a turn's fold is not: it falls back to the offline summarizer
     (memory_worker.scheduling.before_turn) and must not spend the turn's time on probes."""
     ledger = heartbeat.ledger

@@ -60,7 +60,7 @@ def isolate(
     deadline: float | None = None,
 ) -> Isolated:
     """``messages`` (refused as a whole with ``refusal``) summarized onto ``summary`` in pieces;
-    at most ``isolation_policy.isolation_call_budget`` summarizer attempts, none started that
+    at most ``engine.isolation.isolation_call_budget`` summarizer attempts, none started that
     could not end by ``deadline`` (deadlines.time_for_a_chunk). Stopped early, it returns what
     it folded if that ends at a turn boundary: the rest is a later fold's."""
     budget = isolation_policy.isolation_call_budget(len(messages))

@@ -96,7 +96,7 @@ class Heartbeat:
 
     def beat(self) -> bool | None:
         """Renewed now, before a summarizer call: the thread beats for that call's lifetime.
-        Whether the row is still running (fold_ledger.beat)."""
+        Whether the row is still running (ledger.beat)."""
         self._until = time.monotonic() + call_lifetime()
         return beat(self.ledger)
 

@@ -65,12 +65,12 @@ REJECTED_KINDS = frozenset({"quota", "client_error", "request_refused", "too_lar
 
 
 # The request was over the summarizer's window (a context-length 400): no refusal; a background
-# fold splits the chunk at once (folds.fold_in_smaller_chunks), a turn's falls back (turn_fold).
+# fold splits the chunk at once (folds.fold_in_smaller_chunks), a turn's falls back (before_turn).
 TOO_LARGE = "too_large"
 
 
 # The provider refused the request for what it holds, or the model refused to summarize it: one
-# message may be the cause, so repeated refusals of a range bisect it (fold_isolation).
+# message may be the cause, so repeated refusals of a range bisect it (folding.isolation).
 REFUSAL_KINDS = frozenset({"request_refused", "refused"})
 
 
@@ -97,7 +97,7 @@ def degrading_failures(streak: Sequence[Failure]) -> int:
     first, the newest last) count towards degraded. Not counted:
 
     - a turn's fold's failure: the turn folds the range with the offline summarizer at once
-      (turn_fold), so the chat's memory kept up; the background folds' streak tells whether
+      (before_turn), so the chat's memory kept up; the background folds' streak tells whether
       the model keeps failing the chat;
     - a sampling fluke: an invalid output alone among other failures (neither the failure
       before it nor the one after it, where there is one, is an invalid output). One truncated
@@ -170,7 +170,7 @@ def retry_plan(
     within the fast retries).
 
     ``isolate_next``: a refusal whose next attempt bisects the range
-    (isolation_policy.isolation_due). That attempt can fix it, so it comes soon: a fast retry,
+    (engine.isolation.isolation_due). That attempt can fix it, so it comes soon: a fast retry,
     and due by the next sweep. So does the next attempt after a chunk too large for the
     summarizer (TOO_LARGE): it splits the chunk too."""
     if streak is None:
@@ -349,7 +349,7 @@ def prior_refusals(chat_id: int, version: int, from_seq: int) -> int:
     return count
 
 
-# More than the policy ever asks for (isolation_policy.REFUSALS_BEFORE_ISOLATION).
+# More than the policy ever asks for (engine.isolation.REFUSALS_BEFORE_ISOLATION).
 REFUSALS_LOOKED_AT = 10
 
 

@@ -108,7 +108,7 @@ def fold_with_lock(
     finally:
         # Only now, still before reading anything (dispatch), the queued marker goes: a turn over
         # its bound must see this fold queued, then held (or pending on the holder), never
-        # neither, or it folds the range itself (turn_fold.acquire_or_wait). A lock call that
+        # neither, or it folds the range itself (before_turn.acquire_or_wait). A lock call that
         # failed gives it up too: no task is left to serve it.
         _give_up_queued_marker(chat_id)
     if not claimed:

@@ -145,7 +145,7 @@ def sweep_candidates(now: datetime, lock: ChatLock, limit: int) -> list[int]:
     """Chats the beat sweep should look at: failed chats whose retry is due, chats whose
     cooldown has passed with messages beyond the watermark, and chats marked pending that no
     run holds. Provider-wide failures are caught up first once the provider answers again
-    (provider_recovery)."""
+    (scheduling.recovery)."""
     catch_up(now, limit)
     retry_due = Brief.objects.filter(
         next_attempt_at__lte=now, chat__folds_paused=False

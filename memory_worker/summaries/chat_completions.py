@@ -45,7 +45,7 @@ class ChatCompletionsSummarizer:
     """Summaries from any OpenAI-compatible Chat Completions endpoint (OpenAI, vLLM, Ollama...).
 
     ``token_limit_field``: where the output limit goes, the field the endpoint honours
-    (openai_transport.token_limit_field). Over-cap output is caught by counting all the same.
+    (chat_model.transport.token_limit_field). Over-cap output is caught by counting all the same.
     """
 
     name = "chat"

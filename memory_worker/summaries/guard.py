@@ -68,7 +68,7 @@ CAP_SLACK = 0.1
 # since a summarizer rewords.
 STATEMENT_WORDS_KEPT = 0.6
 # Where a standing item a summary dropped goes back: the summary's section of that name, in
-# whatever markup (summary_splice.with_line), or a new one in the headings' order.
+# whatever markup (splice.with_line), or a new one in the headings' order.
 RULES_HEADING = "Facts / Constraints"
 GOALS_HEADING = "Goals / Preferences"
 # A message restating a line's subject shares most of its words: "my locker number" is not
@@ -136,7 +136,7 @@ def losses(
 
 
 def new_standing_losses(folded: Sequence[Said], kept: "SummaryText", seen: set[str]) -> list[Loss]:
-    """The standing items the user said in ``folded`` (retention_rules.is_standing: rules,
+    """The standing items the user said in ``folded`` (retention.is_standing: rules,
     preferences, where the work stands) and the facts stated with their value, that the new
     summary dropped though it had room (a fact's room: what only carries a value in passing),
     and no later message of the user's took back (a reply restating it is no revision): a
@@ -233,7 +233,7 @@ class SummaryText:
 
     def room(self, worth: int) -> int | None:
         """Free tokens below the cap's usable part, plus what the lines that would give way to
-        a line worth ``worth`` take (retention_rules.yields_to): small talk kept at the cap was
+        a line worth ``worth`` take (retention.yields_to): small talk kept at the cap was
         room a value could have had, and a line that only carries a value room for a rule."""
         if self.free is None:
             return None

@@ -279,7 +279,7 @@ def statements_of(text: str, role: str) -> Iterator[str]:
     """The text's sentences, with those of one line that belong together as one item: a rule
     and the rule or exception after it ("Deploys need two approvals. Never deploy on a
     Friday."), a statement and the status after it ("Phase 2 of 4 is done.")
-    (retention_rules.grouped). Under the cap an item goes whole or not at all, never half of a
+    (retention.grouped). Under the cap an item goes whole or not at all, never half of a
     rule. An assistant's sentences stay apart: they are advice or echoes, not the user's rules."""
     for line in text.splitlines():
         sentences = list(sentences_of(line))
