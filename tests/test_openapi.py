@@ -354,7 +354,7 @@ FIRST_SCHEMAS_AT_ONCE = """
 import threading, django
 django.setup()
 from django.test import RequestFactory
-from conversations.api.schema_view import SchemaView
+from conversations.api.views import SchemaView
 view, start, statuses = SchemaView.as_view(), threading.Barrier(8), []
 def fetch():
     start.wait()

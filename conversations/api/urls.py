@@ -2,8 +2,7 @@ from django.urls import include, path
 from drf_spectacular.views import SpectacularSwaggerView
 from rest_framework.routers import DefaultRouter
 
-from conversations.api.schema_view import SchemaView
-from conversations.api.views import ChatViewSet, PolicyListView
+from conversations.api.views import ChatViewSet, PolicyListView, SchemaView
 
 router = DefaultRouter()
 router.register("chats", ChatViewSet, basename="chat")

@@ -1,10 +1,12 @@
 """REST API v1. Views only translate HTTP to service calls; every queryset is scoped to the
 requesting user, so another user's chat is a 404 on every endpoint."""
 
+import threading
 from typing import Any
 
 from django.db.models import QuerySet
 from django.http import HttpRequest, StreamingHttpResponse
+from drf_spectacular.views import SpectacularAPIView
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.exceptions import MethodNotAllowed, NotFound, ValidationError
@@ -294,3 +296,17 @@ class PolicyListView(APIView):
                 ]
             }
         )
+
+
+# The schema's endpoint, /api/v1/schema/ (what it describes is conversations.api.schema).
+_SCHEMA_GENERATION = threading.Lock()
+
+
+class SchemaView(SpectacularAPIView):
+    """drf-spectacular builds a schema with process-wide state (its extensions import their
+    target classes on first use and reset them on failure): two first requests at once in one
+    process (gunicorn's threads) raced there and one was a 500. One generation at a time."""
+
+    def _get_schema_response(self, request: Request) -> Response:
+        with _SCHEMA_GENERATION:
+            return super()._get_schema_response(request)
