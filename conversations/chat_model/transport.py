@@ -228,6 +228,13 @@ def token_limit(field: TokenLimitField, limit: int) -> dict[str, int]:
 NO_API_KEY = "no-key"
 
 
+def endpoint_configured(api_key: str, base_url: str | None) -> bool:
+    """Whether turns and folds call a model endpoint by default rather than the offline
+    backends: a key, or a base URL alone (a local server such as Ollama, vLLM or llama.cpp needs
+    no key)."""
+    return bool(api_key or base_url)
+
+
 def make_openai_client(
     base_url: str | None, api_key: str, timeout: float, max_retries: int = 0
 ) -> openai.OpenAI:

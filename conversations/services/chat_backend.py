@@ -8,15 +8,19 @@ from django.conf import settings
 from conversations.chat_model.contract import CappedChatModel, ChatModel
 from conversations.chat_model.offline_backend import OFFLINE_MODEL_NAME, OfflineChatModel
 from conversations.chat_model.openai_backend import OpenAIChatModel
-from conversations.chat_model.transport import make_openai_client, token_limit_field
+from conversations.chat_model.transport import (
+    endpoint_configured,
+    make_openai_client,
+    token_limit_field,
+)
 from conversations.metrics import TimedChatModel
 
 
 def chat_backend_name() -> str:
     if settings.CHAT_BACKEND:
         return str(settings.CHAT_BACKEND)
-    # A base URL alone is a local server (Ollama, vLLM, llama.cpp) that needs no key.
-    return "openai" if settings.OPENAI_API_KEY or settings.OPENAI_BASE_URL else "offline"
+    configured = endpoint_configured(settings.OPENAI_API_KEY, settings.OPENAI_BASE_URL)
+    return "openai" if configured else "offline"
 
 
 def answering_model(requested: str) -> str:

@@ -5,7 +5,11 @@ from functools import lru_cache
 
 from django.conf import settings
 
-from conversations.chat_model.transport import make_openai_client, token_limit_field
+from conversations.chat_model.transport import (
+    endpoint_configured,
+    make_openai_client,
+    token_limit_field,
+)
 from memory_worker.summaries.chat_completions import ChatCompletionsSummarizer
 from memory_worker.summaries.contract import Summarizer
 from memory_worker.summaries.offline import OfflineSummarizer
@@ -17,7 +21,8 @@ SUMMARIZER_BACKENDS = ("chat", "responses", "offline")
 def summarizer_backend_name() -> str:
     if settings.MEMORY_SUMMARIZER_BACKEND:
         return str(settings.MEMORY_SUMMARIZER_BACKEND)
-    return "chat" if settings.OPENAI_API_KEY or settings.OPENAI_BASE_URL else "offline"
+    configured = endpoint_configured(settings.OPENAI_API_KEY, settings.OPENAI_BASE_URL)
+    return "chat" if configured else "offline"
 
 
 # One per cap in use (chats may override theirs): each holds its own HTTP client.
