@@ -14,7 +14,7 @@ import pytest
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
-import tests.support.fake_openai as fake_module
+import tests.support.fake_openai.server as fake_module  # where the server asks requested_tool
 from conversations.agent_rules import offline_response_summary
 from conversations.models import AgentState, Chat, ResponseSummary
 from conversations.services import agent_state as service
