@@ -20,12 +20,14 @@ from conversations.admin_brief import edit_link, summary_edit_urls
 from conversations.admin_filters import MemoryFilter, TriggerFilter
 from conversations.admin_forms import ChatForm
 from conversations.admin_memory import table, when
+from conversations.admin_timeline import timeline_svg
 from conversations.agent_admin import AgentStateInline, agent_state_shown
 from conversations.models import Brief, Chat, Consolidation, DailyNote, Message
 from conversations.pin_admin import PinInline
 from conversations.services import chats as chat_service
 from conversations.services.chats import next_context
 from conversations.services.fold_outlook import FoldOutlook, fold_outlook
+from conversations.services.memory_timeline import memory_timeline
 from conversations.services.prompt_cache import prompt_cache_totals
 from memory_worker.memory import ManualRequest, lag_ms, request_manual_fold
 
@@ -154,6 +156,7 @@ class ChatAdmin(admin.ModelAdmin):
         "summary",
         "prompt_cache",
         "memory_notes",
+        "memory_timeline",
         "context_preview",
         "recent_messages",
         "ledger",
@@ -180,6 +183,7 @@ class ChatAdmin(admin.ModelAdmin):
         return [
             editable,
             ("Memory", {"fields": memory}),
+            ("Memory over time", {"fields": ["memory_timeline"]}),
             ("What the model sees next", {"fields": ["context_preview"]}),
             ("History (append-only)", {"fields": ["recent_messages", "ledger"]}),
             ("Daily notes", {"fields": ["daily_notes"]}),
@@ -259,6 +263,10 @@ class ChatAdmin(admin.ModelAdmin):
     @admin.display(description="also")
     def memory_notes(self, chat: Chat) -> str:
         return format_html_join(mark_safe("<br>"), "{}: {}", memory_notes(chat.brief))
+
+    @admin.display(description="timeline")
+    def memory_timeline(self, chat: Chat) -> str:
+        return timeline_svg(memory_timeline(chat))
 
     @admin.display(description="context preview")
     def context_preview(self, chat: Chat) -> str:

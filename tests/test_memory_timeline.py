@@ -1,0 +1,120 @@
+"""The admin's memory timeline (conversations.services.memory_timeline, admin_timeline): every
+committed fold drawn where it landed with its kind, the summary's size after each, the chat's
+bounds and thresholds; a long chat drawn sampled, small at any length."""
+
+from __future__ import annotations
+
+import re
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.utils import timezone
+
+from conversations.admin_timeline import MAX_POINTS, timeline_svg
+from conversations.models import Brief, Chat, Consolidation, ConsolidationStatus, Message, Role
+from conversations.services.memory_timeline import (
+    Fold,
+    Limits,
+    Timeline,
+    Turn,
+    fold_kind,
+    memory_timeline,
+)
+from memory_worker.engine.policy import Trigger
+from tests.test_admin import admin_user, chat_with_summary  # noqa: F401
+
+
+def marks(svg: str, css: str) -> list[dict[str, str]]:
+    found = []
+    for tag in re.findall(rf'<(?:line|circle) class="{css}[^"]*"[^>]*>', svg):
+        found.append(dict(re.findall(r'([\w-]+)="([^"]*)"', tag)))
+    return found
+
+
+def test_each_committed_fold_is_drawn_with_its_kind_and_summary_size(api: Any) -> None:
+    chat = chat_with_summary(api)
+    committed = Consolidation.objects.filter(chat=chat, status=ConsolidationStatus.SUCCEEDED)
+    timeline = memory_timeline(chat)
+    assert len(timeline.turns) == chat.messages.filter(role=Role.ASSISTANT).count()
+    assert [f.id for f in timeline.folds] == sorted(c.id for c in committed)
+    svg = str(timeline_svg(timeline))
+    drawn = marks(svg, "fold")
+    assert sorted(int(m["data-fold-id"]) for m in drawn) == sorted(c.id for c in committed)
+    kinds = {c.id: fold_kind(c.trigger, c.synchronous) for c in committed}
+    assert {int(m["data-fold-id"]): m["data-kind"] for m in drawn} == kinds
+    sizes = {int(m["data-fold-id"]): int(m["data-tokens"]) for m in marks(svg, "summary-size")}
+    assert sizes == {c.id: c.summary_tokens_after for c in committed}
+
+
+def test_the_bounds_and_thresholds_are_the_engines_for_the_chats_policy(api: Any) -> None:
+    chat = chat_with_summary(api)  # contract: a message bound (K + B) and its threshold
+    timeline = memory_timeline(chat)
+    svg = str(timeline_svg(timeline))
+    lines = {m["data-line"]: int(m["data-value"]) for m in marks(svg, "bound")}
+    lines |= {m["data-line"]: int(m["data-value"]) for m in marks(svg, "threshold")}
+    assert lines["message bound"] == timeline.limits.message_bound
+    assert lines["message threshold"] == timeline.limits.message_trigger
+    # The prompt bound (90 % of a 128k window) is far above a short chat's prompts: named, not
+    # drawn squashed against the axis.
+    assert "prompt bound" not in lines and "prompt bound 115,200" in svg
+
+
+def test_a_turns_unfolded_messages_are_those_after_the_last_fold_before_it(api: Any) -> None:
+    chat = chat_with_summary(api, turns=4)
+    first_fold = timezone.now()
+    Consolidation.objects.filter(chat=chat).update(finished_at=first_fold)
+    Message.objects.filter(chat=chat).update(created_at=first_fold - timedelta(seconds=1))
+    later = api.post(f"/api/v1/chats/{chat.pk}/turns/", {"content": "one more"}, format="json")
+    assert later.status_code == 201
+    watermark = Brief.objects.get(chat=chat).last_consolidated
+    turns = memory_timeline(chat).turns
+    # before any fold: the earlier messages and the turn's own user message
+    assert [t.unfolded for t in turns[:4]] == [2 * i + 1 for i in range(4)]
+    assert turns[-1].unfolded == turns[-1].seq - 1 - watermark
+
+
+@pytest.mark.parametrize(
+    ("trigger", "synchronous", "kind"),
+    [
+        (Trigger.OVERFLOW, False, "background"),
+        (Trigger.HARD_BOUND, True, "synchronous"),
+        (Trigger.HARD_BOUND_FALLBACK, True, "fallback"),
+        (Trigger.SUMMARIZER_FALLBACK, False, "fallback"),
+        (Trigger.MANUAL, False, "manual"),
+        (Trigger.EDIT, False, "edit"),
+    ],
+)
+def test_a_folds_kind_follows_its_trigger(trigger: str, synchronous: bool, kind: str) -> None:
+    assert fold_kind(trigger, synchronous) == kind
+
+
+def long_timeline(turns: int, every: int) -> Timeline:
+    start = timezone.now()
+    rows = [
+        Turn(2 * i + 2, start + timedelta(seconds=i), 1000 + 37 * (i % every), 2 * (i % every))
+        for i in range(turns)
+    ]
+    folds = [
+        Fold(n, "background", "overflow", 1, 2 * i, start, 300 + n % 200, i)
+        for n, i in enumerate(range(every, turns, every))
+    ]
+    limits = Limits(115_200, 108_000, 4500, 3900, 75, 71, 500)
+    return Timeline(rows, folds, limits)
+
+
+def test_a_ten_thousand_turn_chat_is_drawn_sampled_and_small() -> None:
+    svg = str(timeline_svg(long_timeline(10_000, 15)))
+    assert len(svg.encode()) < 300_000
+    prompt = re.search(r'data-series="prompt"[^>]*points="([^"]*)"', svg)
+    assert prompt is not None and len(prompt.group(1).split()) <= MAX_POINTS
+    # A peak survives the sampling: every bucket keeps its largest value.
+    assert 'data-folds="666"' in svg and len(marks(svg, "fold")) == 666
+
+
+def test_the_admin_chat_page_shows_the_timeline(client: Any, admin_user: Any, api: Any) -> None:  # noqa: F811
+    chat = chat_with_summary(api)
+    client.force_login(admin_user)
+    page = client.get(f"/admin/conversations/chat/{chat.pk}/change/").content.decode()
+    assert 'class="chatmem-timeline"' in page and "Memory over time" in page
+    assert Chat.objects.filter(pk=chat.pk).exists()
