@@ -18,6 +18,7 @@ from django.utils.safestring import mark_safe
 from conversations import admin_memory as shown
 from conversations.admin_brief import edit_link, summary_edit_urls
 from conversations.admin_filters import MemoryFilter, TriggerFilter
+from conversations.admin_fleet import fleet_urls
 from conversations.admin_forms import ChatForm
 from conversations.admin_memory import table, when
 from conversations.admin_timeline import timeline_svg
@@ -221,7 +222,7 @@ class ChatAdmin(admin.ModelAdmin):
         chat_service.save_chat(obj)
 
     def get_urls(self) -> list[Any]:
-        return [*summary_edit_urls(self), *super().get_urls()]
+        return [*fleet_urls(self), *summary_edit_urls(self), *super().get_urls()]
 
     def get_deleted_objects(self, objs: Any, request: HttpRequest) -> tuple[Any, ...]:
         chats = list(objs)

@@ -212,6 +212,9 @@ class Consolidation(models.Model):
                 condition=models.Q(status="running"),
                 name="consolidation_running",
             ),
+            # The fleet page's figures read one window of folds (an hour, a day) by when they
+            # finished, not the whole ledger (conversations.services.fleet).
+            models.Index(fields=["finished_at"], name="consolidation_finished"),
             # The retention's deletions (memory_worker.folding.ledger.prune_ledger) find the old
             # rows of these outcomes without reading the succeeded ones, which stay.
             models.Index(
