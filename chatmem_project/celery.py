@@ -125,8 +125,11 @@ def close_old_connections(sender: Any = None, **_: object) -> None:
 @worker_process_init.connect
 def freeze_startup_objects(**_: object) -> None:
     """Each pool process keeps the collector off what it inherited and imported at start
-    (chatmem_project.gc_tuning)."""
+    (chatmem_project.gc_tuning), and counts itself in the worker's metrics."""
     gc_tuning.freeze_startup_objects()
+    from conversations.metrics import WORKER_POOL_PROCESSES
+
+    WORKER_POOL_PROCESSES.set(1)
 
 
 @worker_process_shutdown.connect

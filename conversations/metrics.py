@@ -38,6 +38,7 @@ if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
 from prometheus_client import (
     CollectorRegistry,
     Counter,
+    Gauge,
     Histogram,
     multiprocess,
 )
@@ -123,6 +124,13 @@ ENQUEUE_SKIPPED = Counter(
     "chatmem_enqueue_skipped_total",
     "Memory work not offered to the broker while a Redis timeout held the request path's "
     "breaker open (the sweep finds the chats).",
+)
+# Each Celery pool process sets 1 at start; the worker's scrape sums its live processes.
+WORKER_POOL_PROCESSES = Gauge(
+    "chatmem_worker_pool_processes",
+    "Celery pool processes alive in this worker (its scrape target); count() the targets for "
+    "the number of workers.",
+    multiprocess_mode="livesum",
 )
 THROTTLE_SKIPPED = Counter(
     "chatmem_throttle_skipped_total",

@@ -19,6 +19,7 @@ from prometheus_client.registry import Collector
 
 from conversations.metrics import registry
 from conversations.models import Chat
+from conversations.services.fleet import queue_backlog
 
 log = logging.getLogger("chatmem.metrics")
 
@@ -57,6 +58,7 @@ class MemoryStateCache:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.totals: dict[str, float] | None = None
+        self.backlog: dict[str, int] | None = None
         self.computed_at = -math.inf
         self.tried_at = -math.inf
 
@@ -72,6 +74,8 @@ class MemoryStateCache:
             return self.totals
 
     def refresh(self, now: float) -> None:
+        # The broker's queues, asked at the same pace (None: no broker, or it did not answer).
+        self.backlog = queue_backlog()
         try:
             self.totals = within_statement_timeout(memory_state_totals)
         except DatabaseError:
@@ -91,6 +95,16 @@ class MemoryStateCollector(Collector):
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         totals = MEMORY_STATE.current()
+        backlog = MEMORY_STATE.backlog
+        if backlog is not None:
+            queued = GaugeMetricFamily(
+                "chatmem_queue_tasks",
+                "Tasks waiting in each memory queue of the broker.",
+                labels=["queue"],
+            )
+            for queue, waiting in backlog.items():
+                queued.add_metric([queue], waiting)
+            yield queued
         if totals is None:
             return
         yield GaugeMetricFamily(

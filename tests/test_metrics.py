@@ -331,6 +331,9 @@ def test_a_starting_worker_clears_the_samples_of_its_previous_run(
     try:
         worker.wait_ready()
         assert wait_until(lambda: "chatmem_" in scrape_port(port), 10), worker.log()
+        # Its one pool process counted itself: the dashboard's worker count.
+        pool = "chatmem_worker_pool_processes 1.0"
+        assert wait_until(lambda: pool in scrape_port(port), 10), scrape_port(port)
         body = scrape_port(port)
     finally:
         worker.stop()

@@ -75,6 +75,7 @@ FUNCTION_IMPORTS_ALLOWED = {
     ("conversations.apps", "ready"),
     ("memory_worker.apps", "ready"),
     ("chatmem_project.celery", "serve_worker_metrics"),
+    ("chatmem_project.celery", "freeze_startup_objects"),
 }
 
 
