@@ -23,7 +23,7 @@ MESSAGES_TOP, MESSAGES_HEIGHT = 290, 110
 HEIGHT = 460
 COLOURS = {
     "background": "#2b7bb9",
-    "synchronous": "#d62728",
+    "synchronous": "#e377c2",
     "manual": "#9467bd",
     "fallback": "#ff7f0e",
     "edit": "#2ca02c",

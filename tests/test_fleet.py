@@ -15,6 +15,7 @@ from django.test.utils import CaptureQueriesContext
 from conversations.models import Brief, Chat, Consolidation, ConsolidationStatus
 from conversations.rows import database_now
 from conversations.services.fleet import fleet, percentiles
+from tests.support.browser import ARTIFACTS, admin_browser
 from tests.test_admin import admin_user  # noqa: F401
 
 SUCCEEDED, FAILED = ConsolidationStatus.SUCCEEDED, ConsolidationStatus.FAILED
@@ -128,3 +129,33 @@ def test_the_fleet_takes_the_same_queries_for_a_larger_ledger(ledger: dict[str, 
     with CaptureQueriesContext(connection) as more:
         fleet()
     assert len(more.captured_queries) == len(few.captured_queries)
+
+
+def test_the_fleet_page_in_a_browser_counts_what_the_ledger_holds(
+    live_server: Any, ledger: dict[str, Chat]
+) -> None:
+    from selenium.webdriver.common.by import By
+
+    Brief.objects.filter(chat=ledger["deep"]).update(degraded=True, consecutive_failures=4)
+    with admin_browser(live_server, "fleet-failure.png") as driver:
+        driver.find_element(By.LINK_TEXT, "Chats").click()
+        driver.find_element(By.CSS_SELECTOR, 'a[href$="/chat/fleet/"]').click()  # object tools
+        shown = {
+            (cell.get_attribute("data-figure"), cell.get_attribute("data-window")): cell.text
+            for cell in driver.find_elements(By.CSS_SELECTOR, "#fleet-folds td[data-figure]")
+        }
+        now = database_now()
+        for label, span in (("last hour", timedelta(hours=1)), ("last day", timedelta(days=1))):
+            rows = Consolidation.objects.filter(finished_at__gte=now - span)
+            folds = rows.exclude(trigger="edit")
+            assert shown[("committed", label)] == str(folds.filter(status=SUCCEEDED).count())
+            assert shown[("failed", label)] == str(rows.filter(status=FAILED).count())
+            assert shown[("superseded", label)] == str(rows.filter(status=SUPERSEDED).count())
+        degraded = driver.find_element(By.CSS_SELECTOR, '#fleet-now td[data-figure="degraded"]')
+        assert degraded.text == "1"
+        driver.find_element(
+            By.CSS_SELECTOR, f'#fleet-attention tr[data-chat="{ledger["deep"].pk}"] a'
+        ).click()
+        assert f"/admin/conversations/chat/{ledger['deep'].pk}/change/" in driver.current_url
+        driver.back()
+        assert driver.save_screenshot(str(ARTIFACTS / "fleet.png"))

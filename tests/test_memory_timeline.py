@@ -22,6 +22,8 @@ from conversations.services.memory_timeline import (
     memory_timeline,
 )
 from memory_worker.engine.policy import Trigger
+from memory_worker.folding.summary_edit import edit_summary
+from tests.support.browser import ARTIFACTS, admin_browser
 from tests.test_admin import admin_user, chat_with_summary  # noqa: F401
 
 
@@ -118,3 +120,33 @@ def test_the_admin_chat_page_shows_the_timeline(client: Any, admin_user: Any, ap
     page = client.get(f"/admin/conversations/chat/{chat.pk}/change/").content.decode()
     assert 'class="chatmem-timeline"' in page and "Memory over time" in page
     assert Chat.objects.filter(pk=chat.pk).exists()
+
+
+def test_the_chart_in_a_browser_shows_the_bounds_the_ledgers_folds_and_summary_sizes(
+    live_server: Any, api: Any
+) -> None:
+    from selenium.webdriver.common.by import By
+
+    chat = chat_with_summary(api)
+    brief = Brief.objects.get(chat=chat)
+    edit_summary(chat, brief.summary + "\n- Edited by a person.", brief.version, editor="alice")
+    committed = list(Consolidation.objects.filter(chat=chat, status=ConsolidationStatus.SUCCEEDED))
+    with admin_browser(live_server, "memory-timeline-failure.png") as driver:
+        driver.get(f"{live_server.url}/admin/conversations/chat/{chat.pk}/change/")
+        chart = driver.find_element(By.CSS_SELECTOR, "svg.chatmem-timeline")
+        assert chart.find_elements(By.CSS_SELECTOR, "line.bound")  # the message bound
+        lines = {
+            (int(str(m.get_attribute("data-fold-id"))), m.get_attribute("data-kind"))
+            for m in chart.find_elements(By.CSS_SELECTOR, "line.fold")
+        }
+        assert lines == {(c.id, fold_kind(c.trigger, c.synchronous)) for c in committed}
+        assert {"manual", "edit"} <= {kind for _, kind in lines}
+        sizes = {
+            int(str(m.get_attribute("data-fold-id"))): int(str(m.get_attribute("data-tokens")))
+            for m in chart.find_elements(By.CSS_SELECTOR, "circle.summary-size")
+        }
+        assert sizes == {c.id: c.summary_tokens_after for c in committed}
+        legend = chart.find_element(By.CSS_SELECTOR, "g.legend").text
+        assert f"manual folds: {sum(k == 'manual' for _, k in lines)}" in legend
+        driver.execute_script("arguments[0].scrollIntoView()", chart)
+        assert chart.screenshot(str(ARTIFACTS / "memory-timeline.png"))
