@@ -26,6 +26,7 @@ from bench.report_goals import (
     machine,
 )
 from bench.report_sections import (
+    admin_pages_section,
     cache_section,
     faults_section,
     local_model_section,
@@ -85,6 +86,7 @@ def render(results_dir: Path) -> str:
     r = Results(results_dir)
     sections = [topology_section(r), cache_section(r), *retention_sections(r)]
     sections += [speed_section(r), faults_section(r), local_model_section(r)]
+    sections.append(admin_pages_section(r))
     (common, count), *_ = Counter(machine(doc) for doc in r.values()).most_common()
     dates = sorted(doc["date"] for doc in r.values())
     fill = {"common": common, "count": count, "files": len(r)}

@@ -67,6 +67,9 @@ GOALS = {
     "recovery": "Redis back: every chat due folds within 2 sweep intervals, {interval} (issue 27)",
     "local": "llama.cpp, SmolLM2-135M, 30 turns: 0 failed, no fold over cap or deadline, every "
     "summary valid (issue 30)",
+    "timeline": "a {turns:,}-turn chat's memory timeline: its queries and SVG in < 1 s, the SVG "
+    "< 300 KB (issue 35)",
+    "fleet": "the admin's fleet page over {rows:,} ledger rows in < 300 ms (issue 35)",
 }
 
 TESTS = [

@@ -333,3 +333,20 @@ def local_model_section(r: Results) -> Section:
     note += 'llama.cpp") says, with `MEMORY_SUMMARIZER_FALLBACK=offline`.'
     rows = [goal("local", m, ok, "local_model_run.json")]
     return Section("A real local model server", note, [(GOAL, rows)])
+
+
+def admin_pages_section(r: Results) -> Section:
+    d = r["admin_pages.json"]
+    timeline, fleet = d["timeline"], d["fleet"]
+    m = f"{timeline['median_ms']:,.1f} ms, {timeline['svg_bytes']:,} bytes ({timeline['folds']} "
+    m += "folds drawn)"
+    ok = timeline["median_ms"] < 1000 and timeline["svg_bytes"] < 300_000
+    rows = [goal("timeline", m, ok, "admin_pages.json", turns=timeline["turns"])]
+    index = "index" if "consolidation_finished" in fleet["window_plan"] else "no index"
+    m = f"{fleet['median_ms']:,.1f} ms (a day's counts read through the {index} on finished_at)"
+    rows.append(
+        goal("fleet", m, fleet["median_ms"] < 300, "admin_pages.json", rows=fleet["ledger_rows"])
+    )
+    note = "PostgreSQL, in process: the admin's own code without HTTP, medians of "
+    note += f"{d['repeats']} after a warm-up; rows written with generate_series."
+    return Section("The admin's memory pages", note, [(GOAL, rows)])
