@@ -2,7 +2,8 @@
 nothing from a CDN). Top: each reply's prompt tokens, the summary's size after each fold, and the
 token bounds with the background thresholds below them; bottom: the unfolded messages each turn
 carried against the message bound. Each fold is a vertical mark where it committed, coloured by
-kind, its range and summary in a tooltip (an SVG <title>).
+kind, its range and summary in a tooltip (an SVG <title>); a triangle marks each turn that
+waited for the fold in flight.
 
 A long chat is drawn sampled: at most MAX_POINTS points per line, each the largest value of the
 turns it stands for (so a peak that neared a bound still shows), and at most MAX_FOLD_MARKS fold
@@ -29,11 +30,13 @@ COLOURS = {
     "edit": "#2ca02c",
 }
 PROMPT, SUMMARY, BOUND, THRESHOLD = "#444", "#17becf", "#d62728", "#e7a33b"
+WAITED = "#8c564b"
 # Shared by every mark of a kind: said once, not on each of a long chat's marks.
 STYLE = (
     "<style>.chatmem-timeline .fold{stroke-opacity:.55;stroke-width:1}"
     + "".join(f".chatmem-timeline .fold-{k}{{stroke:{c}}}" for k, c in COLOURS.items())
-    + f".chatmem-timeline .summary-size{{fill:{SUMMARY}}}</style>"
+    + f".chatmem-timeline .summary-size{{fill:{SUMMARY}}}"
+    + f".chatmem-timeline .waited{{fill:{WAITED}}}</style>"
 )
 
 
@@ -76,7 +79,8 @@ def timeline_svg(timeline: Timeline) -> SafeString:
     unfolded = _points(turns, lambda t: t.unfolded, x, y_messages)
     parts.append(_polyline("unfolded", PROMPT, unfolded))
     parts.append(_fold_marks(folds, x))
-    parts.append(_legend(folds, len(turns)))
+    parts.append(_waited_marks(turns, x))
+    parts.append(_legend(folds, len(turns), sum(t.waited for t in turns)))
     svg = (
         f'<svg xmlns="http://www.w3.org/2000/svg" class="chatmem-timeline" role="img" '
         f'viewBox="0 0 {WIDTH} {HEIGHT}" width="{WIDTH}" height="{HEIGHT}" '
@@ -163,6 +167,17 @@ def _fold_marks(folds: Sequence[Fold], x: Callable[[float], float]) -> str:
     return "".join(marks)
 
 
+def _waited_marks(turns: Sequence[Turn], x: Callable[[float], float]) -> str:
+    """A triangle under each turn that waited for the fold in flight (the latest MAX_FOLD_MARKS)."""
+    waited = [(index, turn) for index, turn in enumerate(turns) if turn.waited]
+    bottom = TOKENS_TOP + TOKENS_HEIGHT
+    return "".join(
+        f'<path class="waited" data-seq="{turn.seq}" d="M{x(index):.1f} {bottom - 7} l-4 7 h8 z">'
+        f"<title>turn {turn.seq}: waited for the fold in flight</title></path>"
+        for index, turn in waited[-MAX_FOLD_MARKS:]
+    )
+
+
 def _level(name: str, css: str, value: int, y: Callable[[float], float]) -> str:
     colour = BOUND if css == "bound" else THRESHOLD
     dash = "" if css == "bound" else ' stroke-dasharray="5 4"'
@@ -194,13 +209,14 @@ def _axis(label: str, top: int, height: int, maximum: float) -> str:
     )
 
 
-def _legend(folds: Sequence[Fold], turns: int) -> str:
+def _legend(folds: Sequence[Fold], turns: int, waited: int) -> str:
     counts = {kind: sum(f.kind == kind for f in folds) for kind in KINDS}
     items = [
         ("prompt tokens / unfolded messages", PROMPT, "series"),
         ("summary tokens", SUMMARY, "series"),
         ("bound", BOUND, "series"),
         ("threshold", THRESHOLD, "series"),
+        (f"turns that waited for a fold: {waited}", WAITED, "waited"),
     ]
     items += [(f"{kind} folds: {counts[kind]}", COLOURS[kind], kind) for kind in KINDS]
     drawn = min(len(folds), MAX_FOLD_MARKS)

@@ -5,6 +5,7 @@ bounds and thresholds; a long chat drawn sampled, small at any length."""
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
@@ -112,6 +113,14 @@ def test_a_ten_thousand_turn_chat_is_drawn_sampled_and_small() -> None:
     assert prompt is not None and len(prompt.group(1).split()) <= MAX_POINTS
     # A peak survives the sampling: every bucket keeps its largest value.
     assert 'data-folds="666"' in svg and len(marks(svg, "fold")) == 666
+
+
+def test_a_turn_that_waited_for_a_fold_is_marked_and_counted() -> None:
+    timeline = long_timeline(40, 15)
+    turns = [replace(t, waited=t.seq in (20, 52)) for t in timeline.turns]
+    svg = str(timeline_svg(replace(timeline, turns=turns)))
+    assert re.findall(r'<path class="waited" data-seq="(\d+)"', svg) == ["20", "52"]
+    assert "turns that waited for a fold: 2" in svg
 
 
 def test_the_admin_chat_page_shows_the_timeline(client: Any, admin_user: Any, api: Any) -> None:  # noqa: F811

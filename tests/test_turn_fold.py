@@ -61,6 +61,9 @@ def test_a_turn_over_its_bound_waits_for_the_workers_fold_and_summarizes_nothing
     stored = Message.objects.get(chat_id=chat_id, seq=13)  # the turn's user message
     assert fold.finished_at is not None and fold.finished_at <= stored.created_at
     assert [r for r in caplog.records if getattr(r, "event", "") == "sync_fold_wait"]
+    # The reply keeps how long its turn waited: the admin's timeline marks the turn.
+    reply = Message.objects.get(chat_id=chat_id, seq=14)
+    assert reply.metadata["waited_for_fold_ms"] > 0
 
 
 def test_a_turn_with_no_fold_in_flight_folds_under_the_lock_and_hands_on_a_trigger(

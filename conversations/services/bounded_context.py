@@ -5,6 +5,7 @@ list itself: services.context."""
 
 import time
 import uuid
+from dataclasses import dataclass
 
 from django.conf import settings
 
@@ -37,6 +38,15 @@ class ContextOverBound(Exception):
         self.retryable = retryable
 
 
+@dataclass(frozen=True, slots=True)
+class Bounded:
+    """The snapshot a turn's context is built from, and how long the turn waited for a fold in
+    flight before it fit (None: it did not wait), which its reply's metadata keeps."""
+
+    snapshot: MemorySnapshot
+    waited_ms: int | None = None
+
+
 def bounded_snapshot(
     chat: Chat,
     token: uuid.UUID,
@@ -45,7 +55,7 @@ def bounded_snapshot(
     *,
     first: MemorySnapshot | None = None,
     opens_turn: bool = True,
-) -> MemorySnapshot:
+) -> Bounded:
     """The memory snapshot to build the context from (``first``, when the caller has read it
     since claiming the slot ``token``), folding first when the context with the new message
     would exceed the policy's hard bound."""
@@ -59,6 +69,7 @@ def bounded_snapshot(
     fold_deadline = turn_fold_deadline(started)
     slot = TurnSlotLease(chat, token)
     folds = 0
+    waited_ms: int | None = None
     snapshot = first if first is not None else snapshot_of_live_chat(chat)
     while folds < SYNC_FOLD_ATTEMPTS:
         state = engine_state(chat, snapshot, variant.context_tokens)
@@ -66,7 +77,7 @@ def bounded_snapshot(
         if not pre_turn.fits:
             raise ContextOverBound(too_big_message(opens_turn), retryable=False)
         if pre_turn.fold is None:
-            return snapshot
+            return Bounded(snapshot, waited_ms)
         if folds and not time_for_a_chunk(fold_deadline):
             # The turn folded what its deadline allowed, and that is not enough: what it folded
             # stays, and a retry (or the chat's background fold) goes on from there.
@@ -89,6 +100,8 @@ def bounded_snapshot(
                 f"({outcome.error}); nothing was stored, retry later."
             )
         folds += outcome.status != FoldStatus.WAITED
+        if outcome.status == FoldStatus.WAITED:
+            waited_ms = round((time.monotonic() - started) * 1000)
         # succeeded, superseded, or waited for a fold in flight: re-read and check again
         renew_turn_slot(chat, token)
         snapshot = snapshot_of_live_chat(chat)

@@ -198,6 +198,7 @@ class Prepared:
     incoming_tokens: list[int]
     context: list[dict[str, object]]
     prompt_tokens: int  # the context's, as the bound counts it
+    waited_ms: int | None  # how long the turn waited for a fold in flight (None: not at all)
 
     def options(self, tools: ToolOptions | None) -> dict[str, object]:
         """The client's options with the reply's output limit (turn_model.reply_options)."""
@@ -212,12 +213,15 @@ def prepare(chat: Chat, incoming: list[Incoming], *, variant_name: str | None) -
         tokens = [incoming_tokens(m, variant.model) for m in incoming]
         # Tool results continue the newest stored turn: a fold before them must keep it whole.
         opens_turn = incoming[0].role == Role.USER.value
-        snapshot = bounded_snapshot(
+        bounded = bounded_snapshot(
             chat, token, variant, new_messages_tokens(tokens), opens_turn=opens_turn
         )
+        snapshot = bounded.snapshot
         context = build_model_messages(chat, snapshot, [model_entry(m) for m in incoming])
         prompt = turn_prompt_tokens(chat, snapshot, variant, new_messages_tokens(tokens))
-    return Prepared(chat, token, variant, snapshot, incoming, tokens, context, prompt)
+    return Prepared(
+        chat, token, variant, snapshot, incoming, tokens, context, prompt, bounded.waited_ms
+    )
 
 
 def incoming_tokens(message: Incoming, model: str) -> int:
@@ -266,7 +270,7 @@ def store_exchange(prepared: Prepared, completion: ChatCompletion) -> ExchangeRe
         )
         for message, tokens in zip(prepared.incoming, prepared.incoming_tokens, strict=True)
     ]
-    reply = reply_row(chat, completion, prepared.variant)
+    reply = reply_row(chat, completion, prepared.variant, prepared.waited_ms)
     stored = append_messages(chat, prepared.token, [*rows, reply])
     queue_memory_work(chat, prepared.snapshot, stored)
     return ExchangeResult(stored, completion)

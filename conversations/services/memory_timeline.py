@@ -37,6 +37,7 @@ class Turn:
     at: datetime
     prompt_tokens: int  # as the model reported them (0: not reported)
     unfolded: int  # messages after W in the context the reply was made from
+    waited: bool = False  # over its bound, it waited for the fold in flight
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,8 +100,11 @@ def memory_timeline(chat: Chat) -> Timeline:
     replies = (
         Message.objects.filter(chat_id=chat.pk, role=Role.ASSISTANT)
         .order_by("seq")
-        .annotate(prompt=KeyTextTransform("prompt_tokens", "metadata"))
-        .values_list("seq", "created_at", "prompt")
+        .annotate(
+            prompt=KeyTextTransform("prompt_tokens", "metadata"),
+            waited=KeyTextTransform("waited_for_fold_ms", "metadata"),
+        )
+        .values_list("seq", "created_at", "prompt", "waited")
     )
     rows = (
         Consolidation.objects.filter(chat_id=chat.pk, status=ConsolidationStatus.SUCCEEDED)
@@ -115,10 +119,11 @@ def memory_timeline(chat: Chat) -> Timeline:
     for row in committed:
         watermarks.append(max(row[4], watermarks[-1] if watermarks else 0))
     turns = []
-    for seq, at, prompt in replies:
+    for seq, at, prompt, waited in replies:
         before = bisect_right(finished, at)
         watermark = watermarks[before - 1] if before else 0
-        turns.append(Turn(seq, at, _tokens(prompt), max(seq - 1 - watermark, 0)))
+        unfolded = max(seq - 1 - watermark, 0)
+        turns.append(Turn(seq, at, _tokens(prompt), unfolded, waited is not None))
     times = [turn.at for turn in turns]
     folds = [
         Fold(

@@ -54,6 +54,7 @@ def store_turn(
     completion: ChatCompletion,
     *,
     on_stored: Callable[[TurnResult], None] | None = None,
+    waited_ms: int | None = None,
 ) -> TurnResult:
     """``on_stored`` runs right after the commit, before the memory hooks, so a streamed turn's
     final event never waits for them (an enqueue can take seconds if the broker is down)."""
@@ -68,7 +69,7 @@ def store_turn(
         metadata=request.metadata or {},
     )
     user_message, assistant_message = append_messages(
-        chat, request.token, [user_row, reply_row(chat, completion, request.variant)]
+        chat, request.token, [user_row, reply_row(chat, completion, request.variant, waited_ms)]
     )
     result = TurnResult(user_message, assistant_message)
     # After commit: at once when the append was its own transaction, else when the caller's ends.
@@ -78,8 +79,11 @@ def store_turn(
     return result
 
 
-def reply_row(chat: Chat, completion: ChatCompletion, variant: ModelVariant) -> Message:
-    """The assistant message of a completion, not yet numbered or saved."""
+def reply_row(
+    chat: Chat, completion: ChatCompletion, variant: ModelVariant, waited_ms: int | None = None
+) -> Message:
+    """The assistant message of a completion, not yet numbered or saved; ``waited_ms``: how long
+    its turn waited for a fold in flight (the admin's timeline marks those turns)."""
     metadata: dict[str, object] = {
         "model": completion.model,
         "finish_reason": completion.finish_reason,
@@ -89,6 +93,8 @@ def reply_row(chat: Chat, completion: ChatCompletion, variant: ModelVariant) -> 
     if completion.capped_at_chars is not None:
         metadata["capped_at_chars"] = completion.capped_at_chars
     metadata.update(completion.cache)
+    if waited_ms is not None:
+        metadata["waited_for_fold_ms"] = waited_ms
     # Counted here, once per reply the model produced (chatmem_model_input_tokens_total).
     log.info(
         "model usage",

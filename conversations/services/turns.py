@@ -105,16 +105,19 @@ def complete_turn(
     """Steps 3-7 of the turn (docs/design.md), with the turn slot already claimed by the caller
     (``snapshot``: the memory snapshot read since the claim, if any)."""
     chat = request.chat
-    snapshot = bounded_snapshot(
+    bounded = bounded_snapshot(
         chat, request.token, request.variant, request.user_tokens, first=snapshot
     )
+    snapshot = bounded.snapshot
     messages = build_model_messages(
         chat, snapshot, [{"role": Role.USER.value, "content": request.content}]
     )
     prompt = turn_prompt_tokens(chat, snapshot, request.variant, request.user_tokens)
     options = reply_options(request.variant, prompt, chat_id=chat.pk)
     completion = call_model(messages, request.variant, options)
-    return store_turn(request, snapshot, completion, on_stored=on_stored)
+    return store_turn(
+        request, snapshot, completion, on_stored=on_stored, waited_ms=bounded.waited_ms
+    )
 
 
 def start_streamed_turn(
