@@ -128,8 +128,8 @@ ENQUEUE_SKIPPED = Counter(
 # Each Celery pool process sets 1 at start; the worker's scrape sums its live processes.
 WORKER_POOL_PROCESSES = Gauge(
     "chatmem_worker_pool_processes",
-    "Celery pool processes alive in this worker (its scrape target); count() the targets for "
-    "the number of workers.",
+    "Celery pool processes alive in this worker (its scrape target; 0 on web processes); count "
+    "the targets above 0 for the number of workers.",
     multiprocess_mode="livesum",
 )
 THROTTLE_SKIPPED = Counter(
