@@ -123,9 +123,12 @@ def window_plan() -> str:
     from django.db import connection
 
     with connection.cursor() as cursor:
+        # The page's own aggregate of a window (services.fleet.window), as Django writes it.
         cursor.execute(
-            "EXPLAIN SELECT count(*) FROM conversations_consolidation "
-            "WHERE finished_at >= now() - interval '1 day'"
+            "EXPLAIN SELECT count(id) FILTER (WHERE status = 'succeeded' AND trigger <> 'edit'), "
+            "count(id) FILTER (WHERE status = 'failed'), "
+            "count(id) FILTER (WHERE status = 'superseded') "
+            "FROM conversations_consolidation WHERE finished_at >= now() - interval '1 day'"
         )
         return "\n".join(row[0] for row in cursor.fetchall())
 

@@ -1,13 +1,16 @@
 """The admin's memory timeline: a chat's turns and folds as one SVG drawn on the server (no script,
-nothing from a CDN). Top: each reply's prompt tokens, the summary's size after each fold, and the
-token bounds with the background thresholds below them; bottom: the unfolded messages each turn
-carried against the message bound. Each fold is a vertical mark where it committed, coloured by
-kind, its range and summary in a tooltip (an SVG <title>); a triangle marks each turn that
-waited for the fold in flight.
+nothing from a CDN). Top: each turn's history (the summary, pins and unfolded messages, as the
+token bound counts them) and the prompt tokens the model reported, the summary's size after
+each fold, and the token bounds with the background thresholds below them; bottom: the unfolded
+messages each turn's context held against the message bound. Each fold is a vertical mark at
+the first turn it served, coloured by kind, its range and summary in a tooltip (an SVG
+<title>); a triangle marks each turn that waited for the fold in flight. The x-axis has a slot
+after the last turn, for the folds no turn has used yet.
 
 A long chat is drawn sampled: at most MAX_POINTS points per line, each the largest value of the
-turns it stands for (so a peak that neared a bound still shows), and at most MAX_FOLD_MARKS fold
-marks (the rest counted in the legend): the page stays small and quick at any length."""
+turns it stands for (so a peak that neared a bound still shows), and the latest MAX_FOLD_MARKS
+folds and MAX_WAITED_MARKS waited turns (all counted in the legend): the SVG stays under
+300 KB at any length."""
 
 from collections.abc import Callable, Sequence
 from html import escape
@@ -16,8 +19,9 @@ from django.utils.safestring import SafeString, mark_safe
 
 from conversations.services.memory_timeline import KINDS, Fold, Timeline, Turn
 
-MAX_POINTS = 1500
-MAX_FOLD_MARKS = 1500
+MAX_POINTS = 1000
+MAX_FOLD_MARKS = 700
+MAX_WAITED_MARKS = 200
 WIDTH, LEFT, RIGHT = 960, 64, 16
 TOKENS_TOP, TOKENS_HEIGHT = 28, 220
 MESSAGES_TOP, MESSAGES_HEIGHT = 290, 110
@@ -29,7 +33,8 @@ COLOURS = {
     "fallback": "#ff7f0e",
     "edit": "#2ca02c",
 }
-PROMPT, SUMMARY, BOUND, THRESHOLD = "#444", "#17becf", "#d62728", "#e7a33b"
+PROMPT, HISTORY, SUMMARY = "#999", "#333", "#17becf"
+BOUND, THRESHOLD = "#d62728", "#e7a33b"
 WAITED = "#8c564b"
 # Shared by every mark of a kind: said once, not on each of a long chat's marks.
 STYLE = (
@@ -46,18 +51,20 @@ def timeline_svg(timeline: Timeline) -> SafeString:
         return mark_safe("<p>(no replies yet: the timeline starts with the first turn)</p>")
     x = _x_scale(len(turns))
     parts: list[str] = []
-    # Tokens: the prompt, the summary, and the token lines that fall within reach of the data.
+    # Tokens: the history and the prompt, the summary, and the token lines within reach of the
+    # data (a 128k window's prompt bound over a short chat is named, not drawn).
     token_lines = [
         ("prompt bound", "bound", limits.prompt_bound),
         ("prompt threshold", "threshold", limits.prompt_trigger),
         ("history token bound", "bound", limits.token_bound),
         ("history token threshold", "threshold", limits.token_trigger),
     ]
-    peak = max([t.prompt_tokens for t in turns] + [f.summary_tokens for f in folds] + [1])
+    values = [max(t.prompt_tokens, t.history_tokens) for t in turns]
+    peak = max([*values, *(f.summary_tokens for f in folds), 1])
     drawn = [(n, c, v) for n, c, v in token_lines if v is not None and v <= peak * 3]
     top = max([peak, *(v for _, _, v in drawn)]) * 1.08
     y = _y_scale(top, TOKENS_TOP, TOKENS_HEIGHT)
-    parts.append(_axis("prompt tokens", TOKENS_TOP, TOKENS_HEIGHT, top))
+    parts.append(_axis("tokens", TOKENS_TOP, TOKENS_HEIGHT, top))
     for name, css, value in drawn:
         parts.append(_level(name, css, value, y))
     above = [(n, v) for n, c, v in token_lines if v is not None and v > peak * 3]
@@ -65,6 +72,7 @@ def timeline_svg(timeline: Timeline) -> SafeString:
         text = "; ".join(f"{n} {v:,}" for n, v in above) + " (above the chart)"
         parts.append(_text(LEFT + 4, TOKENS_TOP - 8, text, "note"))
     parts.append(_polyline("prompt", PROMPT, _points(turns, lambda t: t.prompt_tokens, x, y)))
+    parts.append(_polyline("history", HISTORY, _points(turns, lambda t: t.history_tokens, x, y)))
     parts.append(_summary_steps(folds, len(turns), x, y))
     # Unfolded messages against the message bound.
     message_peak = max([t.unfolded for t in turns] + [limits.message_bound or 0, 1])
@@ -77,7 +85,7 @@ def timeline_svg(timeline: Timeline) -> SafeString:
         if level is not None:
             parts.append(_level(label, kind, level, y_messages))
     unfolded = _points(turns, lambda t: t.unfolded, x, y_messages)
-    parts.append(_polyline("unfolded", PROMPT, unfolded))
+    parts.append(_polyline("unfolded", HISTORY, unfolded))
     parts.append(_fold_marks(folds, x))
     parts.append(_waited_marks(turns, x))
     parts.append(_legend(folds, len(turns), sum(t.waited for t in turns)))
@@ -93,8 +101,9 @@ def timeline_svg(timeline: Timeline) -> SafeString:
 
 
 def _x_scale(count: int) -> Callable[[float], float]:
+    """Turns at 0..count-1, and a slot at count (the right edge) for what came after the last."""
     span = WIDTH - LEFT - RIGHT
-    return lambda index: LEFT + span * (index / max(count - 1, 1))
+    return lambda index: LEFT + span * (min(index, count) / max(count, 1))
 
 
 def _y_scale(top: float, offset: int, height: int) -> Callable[[float], float]:
@@ -138,7 +147,7 @@ def _summary_steps(
     for fold in folds:
         points += [(x(fold.turn_index), y(size)), (x(fold.turn_index), y(fold.summary_tokens))]
         size = fold.summary_tokens
-    points.append((x(turns - 1), y(size)))
+    points.append((x(turns), y(size)))
     if len(points) > 2 * MAX_POINTS:
         step = -(-len(points) // (2 * MAX_POINTS))
         points = [*points[::step], points[-1]]
@@ -168,13 +177,13 @@ def _fold_marks(folds: Sequence[Fold], x: Callable[[float], float]) -> str:
 
 
 def _waited_marks(turns: Sequence[Turn], x: Callable[[float], float]) -> str:
-    """A triangle under each turn that waited for the fold in flight (the latest MAX_FOLD_MARKS)."""
+    """A triangle under each turn that waited for the fold in flight (the latest of them)."""
     waited = [(index, turn) for index, turn in enumerate(turns) if turn.waited]
     bottom = TOKENS_TOP + TOKENS_HEIGHT
     return "".join(
         f'<path class="waited" data-seq="{turn.seq}" d="M{x(index):.1f} {bottom - 7} l-4 7 h8 z">'
         f"<title>turn {turn.seq}: waited for the fold in flight</title></path>"
-        for index, turn in waited[-MAX_FOLD_MARKS:]
+        for index, turn in waited[-MAX_WAITED_MARKS:]
     )
 
 
@@ -212,7 +221,8 @@ def _axis(label: str, top: int, height: int, maximum: float) -> str:
 def _legend(folds: Sequence[Fold], turns: int, waited: int) -> str:
     counts = {kind: sum(f.kind == kind for f in folds) for kind in KINDS}
     items = [
-        ("prompt tokens / unfolded messages", PROMPT, "series"),
+        ("history tokens / unfolded messages", HISTORY, "series"),
+        ("prompt tokens (as the model reported)", PROMPT, "series"),
         ("summary tokens", SUMMARY, "series"),
         ("bound", BOUND, "series"),
         ("threshold", THRESHOLD, "series"),

@@ -47,7 +47,13 @@ class Chat(models.Model):
 
     class Meta:
         ordering = ["-created_at", "-id"]
-        indexes = [models.Index(fields=["owner", "-created_at"])]
+        indexes = [
+            models.Index(fields=["owner", "-created_at"]),
+            # The fleet page counts the few chats whose folds a person paused.
+            models.Index(
+                fields=["id"], name="chat_folds_paused", condition=models.Q(folds_paused=True)
+            ),
+        ]
         constraints = [
             models.UniqueConstraint(
                 fields=["owner", "external_id"],
@@ -132,6 +138,14 @@ class Brief(models.Model):
                 fields=["enqueue_missed_at"],
                 name="brief_enqueue_missed",
                 condition=models.Q(enqueue_missed_at__isnull=False),
+            ),
+            # The admin's fleet page counts and lists the few degraded and failing chats without
+            # reading every brief (conversations.services.fleet).
+            models.Index(fields=["chat"], name="brief_degraded", condition=models.Q(degraded=True)),
+            models.Index(
+                fields=["consecutive_failures"],
+                name="brief_failing",
+                condition=models.Q(consecutive_failures__gt=0),
             ),
         ]
 

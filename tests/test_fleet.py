@@ -65,7 +65,7 @@ def test_the_counts_are_the_ledgers_in_each_window(ledger: dict[str, Chat]) -> N
     assert (day.committed, day.failed, day.superseded, day.fallen_back) == (6, 1, 1, 1)
     assert hour.per_minute(hour.committed) == pytest.approx(5 / 60)
     spend = {s.variant: s for s in hour.spend}
-    assert (spend[""].calls, spend[""].input_tokens, spend[""].folds) == (4, 400, 5)
+    assert (spend[""].calls, spend[""].input_tokens, spend[""].attempts) == (4, 400, 5)
     assert (spend["deep"].calls, spend["deep"].input_tokens, spend["deep"].output_tokens) == (
         2,
         300,
@@ -87,20 +87,22 @@ def test_the_lag_percentiles_interpolate_as_percentile_cont(user: Any) -> None:
     assert percentiles([]) == (None, None) and percentiles([2.5]) == (2.5, 2.5)
 
 
-def test_the_chats_that_need_attention_degraded_first_then_failing_then_behind(user: Any) -> None:
+def test_the_chats_that_need_attention_degraded_then_failing_then_not_queued(user: Any) -> None:
     degraded, failing = make_chat(user, "broken"), make_chat(user, "flaky")
-    make_chat(user, "slow", last_seq=90)
-    fine = make_chat(user, "fine", last_seq=4)
+    missed = make_chat(user, "missed", last_seq=90)
+    long_tail = make_chat(user, "long tail", last_seq=400)  # unfolded by design: not listed
+    paused = make_chat(user, "paused", last_seq=4)
     Brief.objects.filter(chat=degraded).update(degraded=True, consecutive_failures=5)
     Brief.objects.filter(chat=failing).update(consecutive_failures=1, last_error="429")
-    Brief.objects.filter(chat=fine).update(last_consolidated=4)
-    Chat.objects.filter(pk=fine.pk).update(folds_paused=True)
+    Brief.objects.filter(chat=missed).update(enqueue_missed_at=database_now())
+    Chat.objects.filter(pk=paused.pk).update(folds_paused=True)
     figures = fleet()
-    assert [(c.title, c.why) for c in figures.attention] == [
-        ("broken", "degraded"),
-        ("flaky", "failing"),
-        ("slow", "behind"),
+    assert [(c.title, c.why, c.unfolded) for c in figures.attention] == [
+        ("broken", "degraded", 0),
+        ("flaky", "failing", 0),
+        ("missed", "not queued", 90),
     ]
+    assert long_tail.pk not in {c.chat_id for c in figures.attention}
     assert (figures.degraded_chats, figures.failing_chats, figures.paused_chats) == (1, 1, 1)
 
 
@@ -113,11 +115,14 @@ def test_the_fleet_page_shows_the_figures_to_staff_only(
     url = "/admin/conversations/chat/fleet/"
     client.force_login(user)
     assert client.get(url).status_code == 302  # not staff: the admin's log-in page
+    user.is_staff = True  # staff who may not view chats
+    user.save(update_fields=["is_staff"])
+    assert client.get(url).status_code == 403
     client.force_login(admin_user)
     page = client.get(url).content.decode()
     assert 'data-figure="committed" data-window="last hour">5<' in page
     assert 'data-figure="superseded" data-window="last day">1<' in page
-    assert f"/admin/conversations/chat/{ledger['plain'].pk}/change/" not in page  # none behind
+    assert f"/admin/conversations/chat/{ledger['plain'].pk}/change/" not in page  # all well
     assert "Fleet" in client.get("/admin/conversations/chat/").content.decode()
 
 

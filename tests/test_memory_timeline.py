@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
-from conversations.admin_timeline import MAX_POINTS, timeline_svg
+from conversations.admin_timeline import MAX_POINTS, RIGHT, WIDTH, timeline_svg
 from conversations.models import Brief, Chat, Consolidation, ConsolidationStatus, Message, Role
 from conversations.services.memory_timeline import (
     Fold,
@@ -63,18 +63,60 @@ def test_the_bounds_and_thresholds_are_the_engines_for_the_chats_policy(api: Any
     assert "prompt bound" not in lines and "prompt bound 115,200" in svg
 
 
-def test_a_turns_unfolded_messages_are_those_after_the_last_fold_before_it(api: Any) -> None:
+def test_each_reply_keeps_the_memory_its_context_was_built_from(api: Any) -> None:
+    chat = chat_with_summary(api, turns=4)  # no fold until the manual one at the end
+    later = api.post(f"/api/v1/chats/{chat.pk}/turns/", {"content": "one more"}, format="json")
+    assert later.status_code == 201
+    brief = Brief.objects.get(chat=chat)
+    reply = Message.objects.get(chat=chat, seq=later.json()["assistant_message"]["seq"])
+    unfolded = reply.seq - 2 - brief.last_consolidated  # stored before its user message, after W
+    assert reply.metadata["context"]["watermark"] == brief.last_consolidated
+    assert reply.metadata["context"]["unfolded"] == unfolded
+    assert reply.metadata["context"]["history_tokens"] > brief.summary_tokens
+    turns = memory_timeline(chat).turns
+    assert [t.unfolded for t in turns[:4]] == [0, 2, 4, 6]
+    assert (turns[-1].unfolded, turns[-1].watermark) == (unfolded, brief.last_consolidated)
+
+
+def test_replies_from_before_the_context_was_recorded_are_placed_by_time(api: Any) -> None:
     chat = chat_with_summary(api, turns=4)
     first_fold = timezone.now()
     Consolidation.objects.filter(chat=chat).update(finished_at=first_fold)
     Message.objects.filter(chat=chat).update(created_at=first_fold - timedelta(seconds=1))
     later = api.post(f"/api/v1/chats/{chat.pk}/turns/", {"content": "one more"}, format="json")
     assert later.status_code == 201
+    for reply in Message.objects.filter(chat=chat, role=Role.ASSISTANT):
+        reply.metadata.pop("context")
+        reply.save(update_fields=["metadata"])
     watermark = Brief.objects.get(chat=chat).last_consolidated
-    turns = memory_timeline(chat).turns
-    # before any fold: the earlier messages and the turn's own user message
-    assert [t.unfolded for t in turns[:4]] == [2 * i + 1 for i in range(4)]
-    assert turns[-1].unfolded == turns[-1].seq - 1 - watermark
+    timeline = memory_timeline(chat)
+    assert [t.unfolded for t in timeline.turns[:4]] == [0, 2, 4, 6]
+    assert timeline.turns[-1].unfolded == timeline.turns[-1].seq - 2 - watermark
+    assert [f.turn_index for f in timeline.folds] == [4]  # the first turn after it
+
+
+def test_a_fold_is_drawn_at_the_first_turn_whose_context_it_served_whatever_the_clocks(
+    api: Any,
+) -> None:
+    chat = chat_with_summary(api, turns=4)
+    fold = Consolidation.objects.get(chat=chat, status=ConsolidationStatus.SUCCEEDED)
+    later = api.post(f"/api/v1/chats/{chat.pk}/turns/", {"content": "one more"}, format="json")
+    assert later.status_code == 201
+    # The fold's commit stamped after the reply it served (another host's clock ahead).
+    Consolidation.objects.filter(pk=fold.pk).update(finished_at=timezone.now() + timedelta(hours=1))
+    timeline = memory_timeline(chat)
+    assert [f.turn_index for f in timeline.folds] == [4]
+
+
+def test_a_fold_no_turn_has_used_yet_sits_at_the_right_edge(api: Any) -> None:
+    chat = chat_with_summary(api, turns=4)  # the manual fold came after the last reply
+    timeline = memory_timeline(chat)
+    assert [f.turn_index for f in timeline.folds] == [len(timeline.turns)]
+    svg = str(timeline_svg(timeline))
+    xs = [float(m["x1"]) for m in marks(svg, "fold")]
+    assert xs == [WIDTH - RIGHT]
+    coordinates = re.findall(r'points="([^"]*)"', svg)
+    assert all(float(p.split(",")[0]) <= WIDTH - RIGHT for c in coordinates for p in c.split())
 
 
 @pytest.mark.parametrize(
@@ -107,7 +149,10 @@ def long_timeline(turns: int, every: int) -> Timeline:
 
 
 def test_a_ten_thousand_turn_chat_is_drawn_sampled_and_small() -> None:
-    svg = str(timeline_svg(long_timeline(10_000, 15)))
+    timeline = long_timeline(10_000, 15)
+    # A twentieth of the turns waited for a fold: their marks share the size budget too.
+    turns = [replace(t, waited=i % 20 == 0) for i, t in enumerate(timeline.turns)]
+    svg = str(timeline_svg(replace(timeline, turns=turns)))
     assert len(svg.encode()) < 300_000
     prompt = re.search(r'data-series="prompt"[^>]*points="([^"]*)"', svg)
     assert prompt is not None and len(prompt.group(1).split()) <= MAX_POINTS

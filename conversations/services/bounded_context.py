@@ -85,6 +85,7 @@ def bounded_snapshot(
                 "The memory fold needed before this turn is longer than a turn may wait; what "
                 "was folded is kept and nothing was stored: retry to continue."
             )
+        asked = time.monotonic()
         outcome = fold_before_turn(
             chat,
             snapshot,
@@ -101,7 +102,7 @@ def bounded_snapshot(
             )
         folds += outcome.status != FoldStatus.WAITED
         if outcome.status == FoldStatus.WAITED:
-            waited_ms = round((time.monotonic() - started) * 1000)
+            waited_ms = (waited_ms or 0) + round((time.monotonic() - asked) * 1000)
         # succeeded, superseded, or waited for a fold in flight: re-read and check again
         renew_turn_slot(chat, token)
         snapshot = snapshot_of_live_chat(chat)

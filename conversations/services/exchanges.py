@@ -270,7 +270,7 @@ def store_exchange(prepared: Prepared, completion: ChatCompletion) -> ExchangeRe
         )
         for message, tokens in zip(prepared.incoming, prepared.incoming_tokens, strict=True)
     ]
-    reply = reply_row(chat, completion, prepared.variant, prepared.waited_ms)
+    reply = reply_row(chat, completion, prepared.variant, prepared.snapshot, prepared.waited_ms)
     stored = append_messages(chat, prepared.token, [*rows, reply])
     queue_memory_work(chat, prepared.snapshot, stored)
     return ExchangeResult(stored, completion)

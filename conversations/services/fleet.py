@@ -1,12 +1,13 @@
 """How the fleet's memory work is doing, for the admin's fleet page: over the last hour and day,
 the folds committed, failed, superseded and fallen back, the fold lag's p50 and p95, and
 summarizer calls and tokens by model variant; now, the queue backlog, the degraded, failing and
-paused chats, and the chats that need attention.
+paused chats, and the chats that need attention (degraded, failing, or not queued).
 
 Cheap on a large ledger: every ledger figure reads only its window's rows, through the index on
 ``finished_at`` (a day of folds, not the million rows before it), in one query per figure; the
 lag's percentiles are computed by PostgreSQL (percentile_cont), in Python on SQLite (the
-embedded default). The chat counts read the briefs and chats, not the ledger."""
+embedded default). The chat counts and lists read partial indexes of the few degraded, failing,
+paused or not-queued chats, not every chat."""
 
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -30,7 +31,7 @@ ATTENTION_ROWS = 10
 @dataclass(frozen=True, slots=True)
 class Spend:
     variant: str  # the chats' model variant ("" the default)
-    folds: int
+    attempts: int  # fold attempts that finished (failed and superseded ones called it too)
     calls: int
     input_tokens: int
     output_tokens: int
@@ -56,7 +57,7 @@ class Window:
 class AttentionChat:
     chat_id: int
     title: str
-    why: str  # degraded / failing / behind
+    why: str  # degraded / failing / not queued
     unfolded: int
     consecutive_failures: int
     last_error: str
@@ -97,11 +98,11 @@ def window(label: str, since: datetime, span: timedelta) -> Window:
     )
     p50, p95 = lag_percentiles(since)
     spend = [
-        Spend(row["variant"], row["folds"], row["calls"], row["inputs"], row["outputs"])
+        Spend(row["variant"], row["attempts"], row["calls"], row["inputs"], row["outputs"])
         for row in rows.exclude(trigger=engine.Trigger.EDIT)
         .values(variant=F("chat__model_variant"))
         .annotate(
-            folds=Count("id"),
+            attempts=Count("id"),
             calls=Sum("summarizer_calls"),
             inputs=Sum("input_tokens"),
             outputs=Sum("output_tokens"),
@@ -166,11 +167,10 @@ def queue_backlog() -> dict[str, int] | None:
 
 
 def attention() -> list[AttentionChat]:
-    """Degraded chats first, then failing ones, then the chats furthest behind."""
-    fields = ("chat_id", "chat__title", "consecutive_failures", "last_error")
-    found: list[AttentionChat] = []
-    seen: set[int] = set()
-    behind = F("chat__last_seq") - F("last_consolidated")
+    """Degraded chats first, then failing ones (the last fold failed), then those whose fold
+    the broker did not take (the sweep queues them); each list through its partial index."""
+    fields = ("chat_id", "chat__title", "consecutive_failures", "last_error", "unfolded")
+    unfolded = F("chat__last_seq") - F("last_consolidated")
     queries = (
         ("degraded", Brief.objects.filter(degraded=True).order_by("-consecutive_failures")),
         (
@@ -179,10 +179,15 @@ def attention() -> list[AttentionChat]:
                 "-consecutive_failures"
             ),
         ),
-        ("behind", Brief.objects.annotate(behind=behind).filter(behind__gt=0).order_by("-behind")),
+        (
+            "not queued",
+            Brief.objects.filter(enqueue_missed_at__isnull=False).order_by("enqueue_missed_at"),
+        ),
     )
+    found: list[AttentionChat] = []
+    seen: set[int] = set()
     for why, query in queries:
-        for row in query.annotate(unfolded=behind).values(*fields, "unfolded")[:ATTENTION_ROWS]:
+        for row in query.annotate(unfolded=unfolded).values(*fields)[:ATTENTION_ROWS]:
             if row["chat_id"] in seen:
                 continue
             seen.add(row["chat_id"])

@@ -19,10 +19,12 @@ from conversations.chat_model.tokens import count_tokens
 from conversations.models import Chat, Message, Role
 from conversations.services.agent_state import queue_agent_summary
 from conversations.variants import ModelVariant
+from memory_worker.engine.state import history_tokens
 from memory_worker.memory import (
     MemorySnapshot,
     RequestReason,
     decide_for_chat,
+    engine_state,
     request_fold,
     with_appended,
 )
@@ -69,7 +71,9 @@ def store_turn(
         metadata=request.metadata or {},
     )
     user_message, assistant_message = append_messages(
-        chat, request.token, [user_row, reply_row(chat, completion, request.variant, waited_ms)]
+        chat,
+        request.token,
+        [user_row, reply_row(chat, completion, request.variant, snapshot, waited_ms)],
     )
     result = TurnResult(user_message, assistant_message)
     # After commit: at once when the append was its own transaction, else when the caller's ends.
@@ -80,10 +84,16 @@ def store_turn(
 
 
 def reply_row(
-    chat: Chat, completion: ChatCompletion, variant: ModelVariant, waited_ms: int | None = None
+    chat: Chat,
+    completion: ChatCompletion,
+    variant: ModelVariant,
+    snapshot: MemorySnapshot | None = None,
+    waited_ms: int | None = None,
 ) -> Message:
-    """The assistant message of a completion, not yet numbered or saved; ``waited_ms``: how long
-    its turn waited for a fold in flight (the admin's timeline marks those turns)."""
+    """The assistant message of a completion, not yet numbered or saved. Its metadata keeps the
+    memory its context was built from (``snapshot``: W, the unfolded messages and the history's
+    tokens as the engine counts them) and how long its turn waited for a fold in flight
+    (``waited_ms``): the admin's timeline draws them."""
     metadata: dict[str, object] = {
         "model": completion.model,
         "finish_reason": completion.finish_reason,
@@ -93,6 +103,12 @@ def reply_row(
     if completion.capped_at_chars is not None:
         metadata["capped_at_chars"] = completion.capped_at_chars
     metadata.update(completion.cache)
+    if snapshot is not None:
+        metadata["context"] = {
+            "watermark": snapshot.last_consolidated,
+            "unfolded": len(snapshot.unfolded),
+            "history_tokens": history_tokens(engine_state(chat, snapshot, variant.context_tokens)),
+        }
     if waited_ms is not None:
         metadata["waited_for_fold_ms"] = waited_ms
     # Counted here, once per reply the model produced (chatmem_model_input_tokens_total).
