@@ -19,6 +19,7 @@ PASSWORD = "admin-pw-123"
 @contextmanager
 def admin_browser(live_server: Any, failure: str) -> Iterator[Any]:
     from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
 
     get_user_model().objects.create_superuser("root", "root@example.com", PASSWORD)
     driver = chromium_driver()
@@ -29,6 +30,14 @@ def admin_browser(live_server: Any, failure: str) -> Iterator[Any]:
         driver.find_element(By.NAME, "username").send_keys("root")
         driver.find_element(By.NAME, "password").send_keys(PASSWORD)
         driver.find_element(By.CSS_SELECTOR, "input[type=submit]").click()
+        # Logged in once the admin's index is there: a page asked for before that would race
+        # the log-in's redirect, which then replaces it.
+        WebDriverWait(driver, 20).until(
+            lambda _: (
+                driver.find_elements(By.ID, "user-tools")
+                and driver.current_url.rstrip("/").endswith("/admin")
+            )
+        )
         yield driver
     except Exception:
         driver.save_screenshot(str(ARTIFACTS / failure))
