@@ -5,7 +5,7 @@ the ``openai`` SDK (``CHAT_DIRECT_HTTP=false``), as a gunicorn process of 200 th
     python -m bench.model_call [--threads 200] [--seconds 8] [--rounds 2] [--latency 1.0]
                                [--messages 60] [--out bench/results/model_call.json]
 
-The fake OpenAI-compatible server (tests/support/fake_openai.py) runs in its own process and answers
+The fake OpenAI-compatible server (tests/support/fake_openai/) runs in its own process and answers
 after ``--latency`` seconds, so ``--threads`` requests are in flight at once, as in
 bench.slow_model. Each phase runs one way of sending for ``--seconds``: every thread sends a
 ``--messages``-message context (a turn's tail on sliding-window) back to back. Reported: this

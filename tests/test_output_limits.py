@@ -3,7 +3,7 @@ and streamed), the daily notes' extraction and the agent state's one-sentence su
 limit in the field the endpoint honours (OPENAI_TOKEN_LIMIT_FIELD), and
 a chat reply has a limit (CHAT_MAX_REPLY_TOKENS, or its default share of the window). Against
 the fake model server in a mode that honours one field only and otherwise runs on, as a looping
-small model does (tests/support/fake_openai.py, LIMIT_MODES), no call's output exceeds its limit."""
+small model does (tests/support/fake_openai/, LIMIT_MODES), no call's output exceeds its limit."""
 
 import json
 from typing import Any

@@ -24,7 +24,7 @@ from tests import test_worker_faults as worker_faults
 from tests.conftest import contract_chat_after_turns
 from tests.support.workers import Worker, wait_until
 
-# Faults of the fake model server (tests/support/fake_openai.py), by the class they must land in.
+# Faults of the fake model server (tests/support/fake_openai/), by the class they must land in.
 TRANSIENT_FAULTS = ["429", "500", "timeout"]
 REJECTED_FAULTS = ["insufficient_quota", "401"]
 INVALID_FAULTS = ["empty", "truncated"]
