@@ -13,7 +13,7 @@ from conversations.models import Brief, Chat
 from conversations.services.turn_slot import TurnSlotLease, raise_if_deleted, renew_turn_slot
 from conversations.variants import ModelVariant
 from memory_worker.engine import policy as engine
-from memory_worker.engine.state import prompt_tokens
+from memory_worker.engine.state import history_tokens, prompt_tokens
 from memory_worker.memory import (
     FoldStatus,
     MemorySnapshot,
@@ -40,10 +40,12 @@ class ContextOverBound(Exception):
 
 @dataclass(frozen=True, slots=True)
 class Bounded:
-    """The snapshot a turn's context is built from, and how long the turn waited for a fold in
-    flight before it fit (None: it did not wait), which its reply's metadata keeps."""
+    """The snapshot a turn's context is built from, the history's tokens in it as the bound
+    counts them, and how long the turn waited for a fold in flight before it fit (None: it did
+    not wait); its reply's metadata keeps them."""
 
     snapshot: MemorySnapshot
+    history_tokens: int
     waited_ms: int | None = None
 
 
@@ -77,7 +79,7 @@ def bounded_snapshot(
         if not pre_turn.fits:
             raise ContextOverBound(too_big_message(opens_turn), retryable=False)
         if pre_turn.fold is None:
-            return Bounded(snapshot, waited_ms)
+            return Bounded(snapshot, history_tokens(state), waited_ms)
         if folds and not time_for_a_chunk(fold_deadline):
             # The turn folded what its deadline allowed, and that is not enough: what it folded
             # stays, and a retry (or the chat's background fold) goes on from there.

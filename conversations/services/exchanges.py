@@ -26,7 +26,7 @@ from conversations.chat_model.contract import ChatCompletion, CompletionStream, 
 from conversations.chat_model.tokens import count_tokens
 from conversations.models import Chat, Message, Role
 from conversations.services import chats as chat_service
-from conversations.services.bounded_context import bounded_snapshot
+from conversations.services.bounded_context import Bounded, bounded_snapshot
 from conversations.services.chat_backend import get_chat_model
 from conversations.services.context import build_model_messages
 from conversations.services.turn_model import reply_options, turn_prompt_tokens
@@ -48,7 +48,6 @@ from conversations.services.turn_stream import (
 from conversations.services.turns import log_turn_failure
 from conversations.variants import ModelVariant, turn_variant
 from memory_worker.engine.state import ROLE_OVERHEAD_TOKENS
-from memory_worker.memory import MemorySnapshot
 
 log = logging.getLogger("chatmem.turn")
 
@@ -193,12 +192,11 @@ class Prepared:
     chat: Chat
     token: uuid.UUID
     variant: ModelVariant
-    snapshot: MemorySnapshot
+    bounded: Bounded
     incoming: list[Incoming]
     incoming_tokens: list[int]
     context: list[dict[str, object]]
     prompt_tokens: int  # the context's, as the bound counts it
-    waited_ms: int | None  # how long the turn waited for a fold in flight (None: not at all)
 
     def options(self, tools: ToolOptions | None) -> dict[str, object]:
         """The client's options with the reply's output limit (turn_model.reply_options)."""
@@ -219,9 +217,7 @@ def prepare(chat: Chat, incoming: list[Incoming], *, variant_name: str | None) -
         snapshot = bounded.snapshot
         context = build_model_messages(chat, snapshot, [model_entry(m) for m in incoming])
         prompt = turn_prompt_tokens(chat, snapshot, variant, new_messages_tokens(tokens))
-    return Prepared(
-        chat, token, variant, snapshot, incoming, tokens, context, prompt, bounded.waited_ms
-    )
+    return Prepared(chat, token, variant, bounded, incoming, tokens, context, prompt)
 
 
 def incoming_tokens(message: Incoming, model: str) -> int:
@@ -270,9 +266,9 @@ def store_exchange(prepared: Prepared, completion: ChatCompletion) -> ExchangeRe
         )
         for message, tokens in zip(prepared.incoming, prepared.incoming_tokens, strict=True)
     ]
-    reply = reply_row(chat, completion, prepared.variant, prepared.snapshot, prepared.waited_ms)
+    reply = reply_row(chat, completion, prepared.variant, prepared.bounded)
     stored = append_messages(chat, prepared.token, [*rows, reply])
-    queue_memory_work(chat, prepared.snapshot, stored)
+    queue_memory_work(chat, prepared.bounded.snapshot, stored)
     return ExchangeResult(stored, completion)
 
 

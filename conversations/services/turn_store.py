@@ -18,13 +18,12 @@ from conversations.chat_model.contract import ChatCompletion, cached_prompt_toke
 from conversations.chat_model.tokens import count_tokens
 from conversations.models import Chat, Message, Role
 from conversations.services.agent_state import queue_agent_summary
+from conversations.services.bounded_context import Bounded
 from conversations.variants import ModelVariant
-from memory_worker.engine.state import history_tokens
 from memory_worker.memory import (
     MemorySnapshot,
     RequestReason,
     decide_for_chat,
-    engine_state,
     request_fold,
     with_appended,
 )
@@ -52,11 +51,10 @@ class TurnResult:
 
 def store_turn(
     request: TurnRequest,
-    snapshot: MemorySnapshot,
+    bounded: Bounded,
     completion: ChatCompletion,
     *,
     on_stored: Callable[[TurnResult], None] | None = None,
-    waited_ms: int | None = None,
 ) -> TurnResult:
     """``on_stored`` runs right after the commit, before the memory hooks, so a streamed turn's
     final event never waits for them (an enqueue can take seconds if the broker is down)."""
@@ -73,27 +71,23 @@ def store_turn(
     user_message, assistant_message = append_messages(
         chat,
         request.token,
-        [user_row, reply_row(chat, completion, request.variant, snapshot, waited_ms)],
+        [user_row, reply_row(chat, completion, request.variant, bounded)],
     )
     result = TurnResult(user_message, assistant_message)
     # After commit: at once when the append was its own transaction, else when the caller's ends.
     if on_stored is not None:
         transaction.on_commit(partial(on_stored, result))  # registered first: runs first
-    queue_memory_work(chat, snapshot, [user_message, assistant_message])
+    queue_memory_work(chat, bounded.snapshot, [user_message, assistant_message])
     return result
 
 
 def reply_row(
-    chat: Chat,
-    completion: ChatCompletion,
-    variant: ModelVariant,
-    snapshot: MemorySnapshot | None = None,
-    waited_ms: int | None = None,
+    chat: Chat, completion: ChatCompletion, variant: ModelVariant, bounded: Bounded | None = None
 ) -> Message:
     """The assistant message of a completion, not yet numbered or saved. Its metadata keeps the
-    memory its context was built from (``snapshot``: W, the unfolded messages and the history's
-    tokens as the engine counts them) and how long its turn waited for a fold in flight
-    (``waited_ms``): the admin's timeline draws them."""
+    memory its context was built from (``bounded``: W, the unfolded messages and the history's
+    tokens as the bound counts them) and how long its turn waited for a fold in flight: the
+    admin's timeline draws them."""
     metadata: dict[str, object] = {
         "model": completion.model,
         "finish_reason": completion.finish_reason,
@@ -103,14 +97,14 @@ def reply_row(
     if completion.capped_at_chars is not None:
         metadata["capped_at_chars"] = completion.capped_at_chars
     metadata.update(completion.cache)
-    if snapshot is not None:
+    if bounded is not None:
         metadata["context"] = {
-            "watermark": snapshot.last_consolidated,
-            "unfolded": len(snapshot.unfolded),
-            "history_tokens": history_tokens(engine_state(chat, snapshot, variant.context_tokens)),
+            "watermark": bounded.snapshot.last_consolidated,
+            "unfolded": len(bounded.snapshot.unfolded),
+            "history_tokens": bounded.history_tokens,
         }
-    if waited_ms is not None:
-        metadata["waited_for_fold_ms"] = waited_ms
+        if bounded.waited_ms is not None:
+            metadata["waited_for_fold_ms"] = bounded.waited_ms
     # Counted here, once per reply the model produced (chatmem_model_input_tokens_total).
     log.info(
         "model usage",

@@ -115,9 +115,7 @@ def complete_turn(
     prompt = turn_prompt_tokens(chat, snapshot, request.variant, request.user_tokens)
     options = reply_options(request.variant, prompt, chat_id=chat.pk)
     completion = call_model(messages, request.variant, options)
-    return store_turn(
-        request, snapshot, completion, on_stored=on_stored, waited_ms=bounded.waited_ms
-    )
+    return store_turn(request, bounded, completion, on_stored=on_stored)
 
 
 def start_streamed_turn(
