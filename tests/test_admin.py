@@ -2,7 +2,7 @@
 
 Inspecting: memory shown once and plainly (the summary against its cap, folded/verbatim marks,
 the next fold's outlook), ledger, context preview, filters, the "consolidate now" action; the
-same page in headless Chromium is tests/test_first_hour.py's (chromium_driver below). The pages
+same page in headless Chromium is tests/test_first_hour.py's (tests/support/browser.py). The pages
 that grow with the data (the owner select, the message and ledger lists, the daily notes) stay
 cheap as it grows (docs/operations.md, "The admin").
 
@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import importlib
 import re
-import shutil
 from datetime import date, timedelta
 from typing import Any
 
@@ -45,7 +44,7 @@ from memory_worker.folding.effective_policy import effective_policy
 from memory_worker.folding.execute import decide_for_chat, fold_once
 from memory_worker.folding.snapshot import load_snapshot
 from memory_worker.scheduling.manual import ManualRequest
-from tests.conftest import contract_chat_after_turns, require
+from tests.conftest import contract_chat_after_turns
 
 pytestmark = pytest.mark.django_db
 
@@ -176,24 +175,6 @@ def test_consolidate_now_action(client: Any, admin_user: Any, api: Any, settings
     )
     # Dispatch is off here: the action reports honestly that nothing could be queued.
     assert "The next consolidation could not be queued" in response.content.decode()
-
-
-def chromium_driver() -> Any:
-    chromium = shutil.which("chromium")
-    chromedriver = shutil.which("chromedriver")
-    if not chromium or not chromedriver:
-        require("Chromium", "install Debian's chromium and chromium-driver (.ci/run does)")
-    try:
-        from selenium import webdriver
-        from selenium.webdriver.chrome.service import Service
-    except ImportError as error:
-        require("selenium", str(error))
-    options = webdriver.ChromeOptions()
-    options.binary_location = str(chromium)
-    for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage"):
-        options.add_argument(argument)
-    options.add_argument("--window-size=1400,2400")
-    return webdriver.Chrome(service=Service(str(chromedriver)), options=options)
 
 
 def test_chat_page_shows_daily_notes(client: Any, admin_user: Any, api: Any) -> None:

@@ -11,22 +11,18 @@ for the admin's chat page, ``first-hour-failure.png`` for the page a failed step
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
-from django.contrib.auth import get_user_model
 from rest_framework.authtoken.models import Token
 
 from conversations.models import Brief, Chat, Message
-from tests.test_admin import chat_with_summary, chromium_driver
+from tests.support.browser import ARTIFACTS, admin_browser, chromium_driver
+from tests.test_admin import chat_with_summary
 
 pytestmark = pytest.mark.django_db
 
-ROOT = Path(__file__).resolve().parent.parent
-ARTIFACTS = ROOT / "artifacts"
 PASSWORD = "pw-alice-123"  # tests/conftest.py's user
-ADMIN_PASSWORD = "admin-pw-123"
 
 
 def find_operation(driver: Any, operation_id: str) -> Any:
@@ -134,14 +130,7 @@ def test_the_admin_shows_a_folded_chats_memory_once_and_plainly(live_server: Any
 
     chat = chat_with_summary(api)  # a contract chat whose turns and a manual fold folded it
     brief = Brief.objects.get(chat=chat)
-    get_user_model().objects.create_superuser("root", "root@example.com", ADMIN_PASSWORD)
-    driver = chromium_driver()
-    try:
-        driver.implicitly_wait(2)
-        driver.get(f"{live_server.url}/admin/login/?next=/admin/")
-        driver.find_element(By.NAME, "username").send_keys("root")
-        driver.find_element(By.NAME, "password").send_keys(ADMIN_PASSWORD)
-        driver.find_element(By.CSS_SELECTOR, "input[type=submit]").click()
+    with admin_browser(live_server, "first-hour-failure.png") as driver:
         driver.find_element(By.LINK_TEXT, "Chats").click()
         driver.find_element(By.LINK_TEXT, str(chat.pk)).click()
         summaries = driver.find_elements(By.CSS_SELECTOR, ".chatmem-summary")
@@ -160,11 +149,4 @@ def test_the_admin_shows_a_folded_chats_memory_once_and_plainly(live_server: Any
         assert "What the model sees next" in body
         last = chat.messages.order_by("-seq").first()
         assert last is not None and last.content[:40] in body
-        ARTIFACTS.mkdir(exist_ok=True)
         assert driver.save_screenshot(str(ARTIFACTS / "first-hour-admin-chat.png"))
-    except Exception:
-        ARTIFACTS.mkdir(exist_ok=True)
-        driver.save_screenshot(str(ARTIFACTS / "first-hour-failure.png"))
-        raise
-    finally:
-        driver.quit()

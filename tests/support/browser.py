@@ -1,8 +1,9 @@
-"""The admin in headless Chromium, logged in as a superuser; a failing step's page is kept in
-``artifacts/`` (gitignored; CI keeps what is there)."""
+"""Debian's headless Chromium for the browser tests, and the admin in it logged in as a
+superuser; a failing step's page is kept in ``artifacts/`` (gitignored; CI keeps what is there)."""
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -10,10 +11,28 @@ from typing import Any
 
 from django.contrib.auth import get_user_model
 
-from tests.test_admin import chromium_driver
+from tests.conftest import require
 
 ARTIFACTS = Path(__file__).resolve().parents[2] / "artifacts"
 PASSWORD = "admin-pw-123"
+
+
+def chromium_driver() -> Any:
+    chromium = shutil.which("chromium")
+    chromedriver = shutil.which("chromedriver")
+    if not chromium or not chromedriver:
+        require("Chromium", "install Debian's chromium and chromium-driver (.ci/run does)")
+    try:
+        from selenium import webdriver
+        from selenium.webdriver.chrome.service import Service
+    except ImportError as error:
+        require("selenium", str(error))
+    options = webdriver.ChromeOptions()
+    options.binary_location = str(chromium)
+    for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage"):
+        options.add_argument(argument)
+    options.add_argument("--window-size=1400,2400")
+    return webdriver.Chrome(service=Service(str(chromedriver)), options=options)
 
 
 @contextmanager
