@@ -19,18 +19,16 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Sequence
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 from bench.common import configure_django, ensure_database, machine_info, write_report
+from bench.topology_measures import code_revision
 
 DEFAULT_DATABASE_URL = "postgres://postgres@127.0.0.1:5432/chatmem_pages"
-ROOT = Path(__file__).resolve().parent.parent
 FOLD_EVERY = 15
 LEDGER_CHATS = 2000
 ENV = {"MEMORY_DISPATCH": "off", "CHAT_BACKEND": "offline", "MEMORY_DAILY_NOTES": "false"}
@@ -167,13 +165,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return len(response.content)
 
     fleet_ms, page_bytes = timed(fleet_page, args.repeats)
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
-    ).stdout.strip()
     report = {
         "command": "python -m bench.admin_pages " + " ".join(sys.argv[1:]),
         "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        "code": {"commit": commit},
+        "code": code_revision(),
         "machine": machine_info(),
         "repeats": args.repeats,
         "timeline": {

@@ -9,8 +9,8 @@ after the last turn, for the folds no turn has used yet.
 
 A long chat is drawn sampled: at most MAX_POINTS points per line, each the largest value of the
 turns it stands for (so a peak that neared a bound still shows), and the latest MAX_FOLD_MARKS
-folds and MAX_WAITED_MARKS waited turns (all counted in the legend): the SVG stays under
-300 KB at any length."""
+folds and MAX_WAITED_MARKS waited turns (all counted in the legend): the SVG's size is bounded
+whatever the chat's length."""
 
 from collections.abc import Callable, Sequence
 from html import escape
